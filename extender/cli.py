@@ -1,0 +1,78 @@
+"""The `deepres` command: one entry point, one subcommand per job.
+
+Each subcommand lives in the module that owns the work and exposes two functions:
+`add_arguments(parser)` and `run(args) -> int` (the exit code). Modules are imported only when
+their subcommand runs, so `deepres predict` never pays for Flask and `deepres serve` never for
+scikit-learn. Exit codes: 0 success, 1 failure, 2 bad input (one line on stderr saying why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# subcommand -> (module, one-line help). Bench targets dispatch inside `extender.bench`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("extender.server", "run the scheduler extender (gunicorn) with the embedded predictor"),
+    "agent": ("extender.agent.main", "run the node agent: sample GPUs, report to the extender, /metrics"),
+    "predict": ("predictor.predict_cli", "predict the GPU demand of an annotated pod or JobSpec"),
+    "dataset": ("predictor.dataset.generate", "generate the traced, calibrated training-job dataset"),
+    "train": ("predictor.train", "train the Transformer-BiGRU predictor and write the shipped artifact"),
+    "evaluate": ("predictor.evaluate", "compare the predictor with the baselines; write reports/predictor.*"),
+    "simulate": ("extender.simulate.main", "replay public GPU cluster traces through the policies"),
+    "bench": ("extender.bench", "run a benchmark (predictor, extender, agent) and write reports/bench-*.json"),
+}
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the `selected` subcommand's module is imported to add its arguments."""
+    parser = argparse.ArgumentParser(prog="deepres", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(_module=module_name)
+        if name == selected:
+            _load(module_name).add_arguments(command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in args_list if a in COMMANDS), None)
+    parser = build_parser(selected)
+    args = parser.parse_args(args_list)
+    _configure_logging(args.verbose, args.quiet)
+    try:
+        code: int = _load(args._module).run(args)
+    except UsageError as err:
+        print(f"deepres {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"deepres {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def _load(module_name: str) -> Any:
+    return importlib.import_module(module_name)
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else logging.DEBUG if verbose > 1 else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The shared vocabulary between the predictor and the extender: what a training job is (JobSpec)
+and what it will need from a GPU (Demand).
+
+A JobSpec is parsed from `key -> string` pairs named like the pod annotations without their
+`deepres.io/` prefix (`model-type`, `batch-size`, ...), so the data scientist's annotations, the
+dataset rows and the `/v1/predict` endpoint all share one parser and one set of error messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
+
+#: Architecture families the predictor has templates for.
+MODEL_FAMILIES: tuple[str, ...] = ("mlp", "cnn", "resnet", "rnn", "lstm", "gru", "transformer", "gpt", "vit")
+
+#: Accepted spellings (case-insensitive) mapped to their family.
+MODEL_ALIASES: dict[str, str] = {
+    **{family: family for family in MODEL_FAMILIES},
+    "vgg": "cnn",
+    "convnet": "cnn",
+    "bert": "transformer",
+    "encoder": "transformer",
+    "llm": "gpt",
+    "decoder": "gpt",
+    "fc": "mlp",
+    "vision-transformer": "vit",
+}
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
+
+#: Families whose `input-dim` is an image side; for sequence models it is a sequence length and for
+#: an MLP the number of input features.
+VISION_FAMILIES: frozenset[str] = frozenset({"cnn", "resnet", "vit"})
+
+#: Defaults applied when an optional key is missing. `input-dim` and `num-layers` depend on the family.
+DEFAULT_PARAMS_MILLIONS = 25.0
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_ITERATIONS = 10_000
+DEFAULT_PRECISION = "fp32"
+DEFAULT_OPTIMIZER = "adam"
+DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_INPUT_DIM: dict[str, int] = {
+    "mlp": 1024, "cnn": 224, "resnet": 224, "vit": 224,
+    "rnn": 128, "lstm": 128, "gru": 128, "transformer": 512, "gpt": 1024,
+}
+DEFAULT_NUM_LAYERS: dict[str, int] = {
+    "mlp": 4, "cnn": 5, "resnet": 4, "vit": 12,
+    "rnn": 2, "lstm": 2, "gru": 2, "transformer": 12, "gpt": 12,
+}
+
+# Accepted ranges: wide enough for any real job, narrow enough to catch typos (a batch of 10^9).
+PARAMS_MILLIONS_RANGE = (0.001, 1_000_000.0)
+BATCH_SIZE_RANGE = (1, 1_000_000)
+INPUT_DIM_RANGE = (1, 10_000_000)
+NUM_LAYERS_RANGE = (1, 10_000)
+ITERATIONS_RANGE = (1, 10**12)
+LEARNING_RATE_RANGE = (0.0, 100.0)
+
+_TRUE = frozenset({"true", "yes", "1", "on"})
+_FALSE = frozenset({"false", "no", "0", "off"})
+
+
+class SpecError(ValueError):
+    """A job description value that cannot be accepted; names the key, the value and what is accepted."""
+
+    def __init__(self, key: str, value: object, accepted: str) -> None:
+        self.key = key
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
+
+    def with_prefix(self, prefix: str) -> SpecError:
+        """The same error with the key as the user wrote it (e.g. with `deepres.io/`)."""
+        return SpecError(prefix + self.key, self.value, self.accepted)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training process's description, as the data scientist annotates it.
+
+    `batch_size` is per GPU. `input_dim` is the sequence length (text/sequence models), the image
+    side (vision models) or the number of features (MLP). `defaulted` lists the keys that were
+    missing and took a default; it does not take part in equality, so caching ignores it.
+    """
+
+    model_type: str
+    params_millions: float = DEFAULT_PARAMS_MILLIONS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    input_dim: int = 0  # 0: the family's default, filled in by __post_init__
+    num_layers: int = 0  # 0: the family's default, filled in by __post_init__
+    iterations: int = DEFAULT_ITERATIONS
+    precision: str = DEFAULT_PRECISION
+    optimizer: str = DEFAULT_OPTIMIZER
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    regularization: bool = False
+    data_augmentation: bool = False
+    defaulted: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        family = MODEL_ALIASES.get(str(self.model_type).strip().lower())
+        if family is None:
+            raise SpecError("model-type", self.model_type, _one_of(sorted(MODEL_ALIASES)))
+        object.__setattr__(self, "model_type", family)
+        if self.input_dim == 0:
+            object.__setattr__(self, "input_dim", DEFAULT_INPUT_DIM[family])
+        if self.num_layers == 0:
+            object.__setattr__(self, "num_layers", DEFAULT_NUM_LAYERS[family])
+        _check_range("params-millions", self.params_millions, PARAMS_MILLIONS_RANGE, low_open=False)
+        _check_range("batch-size", self.batch_size, BATCH_SIZE_RANGE)
+        _check_range("input-dim", self.input_dim, INPUT_DIM_RANGE)
+        _check_range("num-layers", self.num_layers, NUM_LAYERS_RANGE)
+        _check_range("iterations", self.iterations, ITERATIONS_RANGE)
+        _check_range("learning-rate", self.learning_rate, LEARNING_RATE_RANGE, low_open=True)
+        if self.precision not in PRECISIONS:
+            raise SpecError("precision", self.precision, _one_of(PRECISIONS))
+        if self.optimizer not in OPTIMIZERS:
+            raise SpecError("optimizer", self.optimizer, _one_of(OPTIMIZERS))
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> JobSpec:
+        """Parse annotation-style string values (keys without prefix); raises SpecError.
+
+        Unknown keys are ignored here: the caller decides what else its mapping may hold.
+        """
+        if "model-type" not in raw:
+            raise SpecError("model-type", None, _one_of(sorted(MODEL_ALIASES)))
+        values: dict[str, Any] = {"model_type": raw["model-type"].strip()}
+        defaulted: set[str] = set()
+        for key, attr, parser in _PARSERS:
+            if key in raw:
+                values[attr] = parser(key, raw[key])
+            else:
+                defaulted.add(key)
+        try:
+            return cls(**values, defaulted=frozenset(defaulted))
+        except SpecError as err:  # report the text the user wrote, not the parsed number
+            raise SpecError(err.key, raw.get(err.key, err.value), err.accepted) from None
+
+    def to_annotations(self) -> dict[str, str]:
+        """The inverse of `parse`: annotation-style strings (without prefix)."""
+        out = {"model-type": self.model_type}
+        for key, attr, _ in _PARSERS:
+            value = getattr(self, attr)
+            out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("defaulted")
+        return data
+
+    @property
+    def is_vision(self) -> bool:
+        return self.model_type in VISION_FAMILIES
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one training process of a JobSpec needs from each GPU it runs on.
+
+    `memory_mib` is the peak GPU memory as nvidia-smi shows it (tensors at the peak + allocator
+    overhead + CUDA context); `memory_mib_upper` is a calibrated upper bound used for admission.
+    """
+
+    memory_mib: float
+    memory_mib_upper: float
+    gflops_per_iteration: float
+    gpu_seconds: float
+    model_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DemandPredictor(Protocol):
+    """Anything that turns a JobSpec into a Demand (the shipped `predictor.runtime.Predictor`)."""
+
+    def predict(self, spec: JobSpec) -> Demand: ...
+
+
+#: Reference sustained throughput used to turn FLOPs into GPU time: an A100's dense peak
+#: (TF32 156 TFLOPS for fp32 training, 312 TFLOPS for fp16/bf16/amp) at a model FLOPs utilisation
+#: of 40%, typical of well-tuned training. Only relative values matter to the scheduler.
+REFERENCE_TFLOPS: dict[str, float] = {"fp32": 156.0, "fp16": 312.0, "bf16": 312.0, "amp": 312.0}
+REFERENCE_UTILISATION = 0.4
+
+
+def estimate_gpu_seconds(gflops_per_iteration: float, iterations: int, precision: str) -> float:
+    """GPU time of the whole job on the reference GPU (seconds)."""
+    tflops = REFERENCE_TFLOPS[precision] * REFERENCE_UTILISATION
+    return gflops_per_iteration * iterations / (tflops * 1000.0)
+
+
+def _one_of(options: Any) -> str:
+    return "one of " + ", ".join(str(o) for o in options)
+
+
+def _check_range(
+    key: str, value: float, bounds: tuple[float, float], *, low_open: bool = False
+) -> None:
+    low, high = bounds
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise SpecError(key, value, f"a number in {bracket}{low:g}, {high:g}]")
+
+
+def _parse_int(key: str, text: str) -> int:
+    try:
+        number = float(text.strip())
+    except ValueError:
+        raise SpecError(key, text, "a whole number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise SpecError(key, text, "a whole number")
+    return int(number)
+
+
+def _parse_float(key: str, text: str) -> float:
+    try:
+        number = float(text.strip())
+    except ValueError:
+        raise SpecError(key, text, "a number (e.g. 67.9 or 3e-4)") from None
+    if not math.isfinite(number):
+        raise SpecError(key, text, "a finite number")
+    return number
+
+
+def _parse_choice(options: tuple[str, ...]) -> Any:
+    def parse(key: str, text: str) -> str:
+        value = text.strip().lower()
+        if value not in options:
+            raise SpecError(key, text, _one_of(options))
+        return value
+
+    return parse
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SpecError(key, text, "true or false")
+
+
+# (annotation key, JobSpec attribute, parser) for every optional field, in the table's order.
+_PARSERS: tuple[tuple[str, str, Any], ...] = (
+    ("params-millions", "params_millions", _parse_float),
+    ("batch-size", "batch_size", _parse_int),
+    ("input-dim", "input_dim", _parse_int),
+    ("num-layers", "num_layers", _parse_int),
+    ("iterations", "iterations", _parse_int),
+    ("precision", "precision", _parse_choice(PRECISIONS)),
+    ("optimizer", "optimizer", _parse_choice(OPTIMIZERS)),
+    ("learning-rate", "learning_rate", _parse_float),
+    ("regularization", "regularization", _parse_bool),
+    ("data-augmentation", "data_augmentation", _parse_bool),
+)
+
+#: The annotation keys (without prefix) that describe the job to the predictor.
+JOB_KEYS: tuple[str, ...] = ("model-type", *(key for key, _, _ in _PARSERS))
+
+#: JobSpec attribute names in the order the seed's dataset lists them.
+JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobSpec) if f.name != "defaulted")
