@@ -84,7 +84,8 @@ class NodeReport:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready (lists, not tuples), the inverse of `parse_report`."""
+        return asdict(self, dict_factory=_json_ready)
 
 
 def parse_report(body: Any) -> NodeReport:
@@ -162,6 +163,10 @@ def _pod(raw: Any, path: str) -> PodUsage:
         gpu_uuids=tuple(uuids),
         first_seen_s=_number(obj, "first_seen_s", path, minimum=0.0, default=0.0),
     )
+
+
+def _json_ready(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in items}
 
 
 _MISSING = object()

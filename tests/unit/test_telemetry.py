@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from typing import Any
@@ -57,7 +58,5 @@ def test_bad_fields_are_named(mutate: Any, path: str) -> None:
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                  max_size=4), max_leaves=20))
 def test_arbitrary_json_raises_only_report_error(body: Any) -> None:
-    try:
+    with contextlib.suppress(ReportError):
         parse_report(body)
-    except ReportError:
-        pass
