@@ -1,0 +1,78 @@
+"""The DeepRes policies as pure functions: no I/O, no clock (time is always the `now_s` argument),
+no globals. The extender's HTTP layer and the trace simulator call exactly these.
+
+Records (frozen dataclasses, `extender.policy.types`)
+    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True)
+        derived: free_mib = capacity - max(used, reserved) (-1 when unhealthy); empty
+    NodeView(name, gpus: tuple[GpuView, ...], received_s)
+        derived once: healthy, free_desc, capacity_desc (build one per node and telemetry/ledger
+        change, then reuse it for every call: the filter is O(1) per node)
+    PodRequest(uid, namespace, name, gpus=1, admission_mib=0, predicted_mib=0, priority=0, gpu_job=True)
+    PriorityInputs(criticality=1, deadline_s=None, gpu_seconds=0, gpus=1)
+    Reservation(pod_uid, namespace, name, node, gpu_uuids, memory_mib, admission_mib, predicted_mib,
+                priority_inputs, bound_s, signature="", predictor_version="")
+    PolicyParams(telemetry_ttl_s=30, spread_priority=20, fragmentation_weight=0.2, neutral_score=5,
+                 usage_warmup_s=120, usage_margin=1.10, min_reservation_mib=256,
+                 size_scale_gpu_s=1e6, deadline_floor_s=60)
+    FilterResult(passed: tuple[str, ...], failed: dict[str, str], unresolvable: dict[str, str],
+                 kinds: dict[str, int])
+
+Functions
+    filter_nodes(pod, names, nodes: Mapping[str, NodeView], now_s, params) -> FilterResult
+    node_failure(pod, node | None, now_s, params) -> (kind, reason, unresolvable) | None
+    score_nodes(pod, names, nodes, params) -> list[(name, score 0..10)]
+    score_node(pod, node | None, params) -> int
+    choose_gpus(pod, node, params) -> tuple[GpuView, ...] | None     (bind uses the same rule)
+    priority_of(inputs: PriorityInputs, now_s, params) -> float      (0..45, formula in .priority)
+    criticality_level(name) -> int; cap_criticality(level, ceiling) -> int;
+    criticality_from_priority_class(value) -> int
+    follow_usage(reservation, peak_mib_per_gpu, now_s, params) -> Reservation
+    PeakStore(capacity).record(signature, peak_mib) / .get(signature) -> Correction | None
+    corrected_admission(predicted_upper_mib, correction | None, params) -> float
+    plan_victims(pod, node, reservations_on_node, now_s, params) -> tuple[uid, ...] | None
+
+Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = priority_of(...)` at
+the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
+"""
+
+from extender.policy.filtering import filter_nodes, node_failure
+from extender.policy.preemption import plan_victims
+from extender.policy.priority import cap_criticality, criticality_from_priority_class, criticality_level, priority_of
+from extender.policy.scoring import choose_gpus, score_node, score_nodes, spreads
+from extender.policy.types import (
+    CRITICALITIES,
+    FilterResult,
+    GpuView,
+    NodeView,
+    PodRequest,
+    PolicyParams,
+    PriorityInputs,
+    Reservation,
+)
+from extender.policy.usage import Correction, PeakStore, corrected_admission, follow_usage
+
+__all__ = [
+    "CRITICALITIES",
+    "Correction",
+    "FilterResult",
+    "GpuView",
+    "NodeView",
+    "PeakStore",
+    "PodRequest",
+    "PolicyParams",
+    "PriorityInputs",
+    "Reservation",
+    "cap_criticality",
+    "choose_gpus",
+    "corrected_admission",
+    "criticality_from_priority_class",
+    "criticality_level",
+    "filter_nodes",
+    "follow_usage",
+    "node_failure",
+    "plan_victims",
+    "priority_of",
+    "score_node",
+    "score_nodes",
+    "spreads",
+]

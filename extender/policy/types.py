@@ -1,0 +1,171 @@
+"""The frozen records the DeepRes policies read: GPUs and nodes as the extender sees them, the pod
+being placed, reservations, and the tunable parameters.
+
+They carry no behaviour beyond derived fields computed once at construction, so the policy
+functions can be called thousands of times per second (and by the simulator with its own
+snapshots) without re-deriving per-GPU figures on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: A GPU whose occupied memory is at most this is "whole" (nothing placed on it): an idle GPU shows
+#: a few MiB used, a CUDA context alone is ~300 MiB.
+EMPTY_SLACK_MIB = 128.0
+
+#: Criticality levels, lowest first; their index is the level stored in `PriorityInputs`.
+CRITICALITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU as the policies see it: capacity, observed use, and the sum of reservations on it.
+
+    `free_mib` (derived) is the effective free memory, capacity - max(observed used, reserved), and
+    -1 for an unhealthy GPU so that nothing ever fits on it.
+    """
+
+    uuid: str
+    index: int
+    capacity_mib: float
+    used_mib: float = 0.0
+    reserved_mib: float = 0.0
+    utilization: float = 0.0  # ratio 0..1, from the last telemetry
+    healthy: bool = True
+    free_mib: float = field(init=False, default=0.0)
+    empty: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        occupied = max(self.used_mib, self.reserved_mib, 0.0)
+        free = max(self.capacity_mib - occupied, 0.0) if self.healthy else -1.0
+        object.__setattr__(self, "free_mib", free)
+        object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
+
+    @property
+    def label(self) -> str:
+        return f"gpu-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node's GPUs at `received_s` (the extender's clock when the telemetry arrived).
+
+    Derived once: `healthy` (the healthy GPUs), `free_desc` (their free memory, largest first) and
+    `capacity_desc` (their capacities, largest first) make the filter O(1) per node.
+    """
+
+    name: str
+    gpus: tuple[GpuView, ...]
+    received_s: float
+    healthy: tuple[GpuView, ...] = field(init=False, default=())
+    free_desc: tuple[float, ...] = field(init=False, default=())
+    capacity_desc: tuple[float, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        healthy = tuple(g for g in self.gpus if g.healthy)
+        object.__setattr__(self, "healthy", healthy)
+        object.__setattr__(self, "free_desc", tuple(sorted((g.free_mib for g in healthy), reverse=True)))
+        object.__setattr__(self, "capacity_desc", tuple(sorted((g.capacity_mib for g in healthy), reverse=True)))
+
+    def gpu(self, uuid: str) -> GpuView | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityInputs:
+    """What a pod's DeepRes priority is computed from (see `policy.priority.priority_of`).
+
+    `criticality` is an index into CRITICALITIES, already capped by the namespace policy or taken
+    from the PriorityClass. `gpu_seconds` is the predicted run time of one process on the reference
+    GPU (so also the wall time); `gpus` multiplies it into the job's size.
+    """
+
+    criticality: int = 1
+    deadline_s: float | None = None  # Unix seconds; None: no deadline
+    gpu_seconds: float = 0.0
+    gpus: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """The pod being placed, reduced to what filter, score and preempt need.
+
+    `admission_mib` is the memory each of its `gpus` GPUs must have free (the prediction's upper
+    bound, a signature's observed peak, or the user's override). `priority` is `priority_of(...)`
+    evaluated at the decision time. A pod that is not a GPU job passes every node, neutrally scored.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    gpus: int = 1
+    admission_mib: float = 0.0
+    predicted_mib: float = 0.0
+    priority: float = 0.0
+    gpu_job: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Memory held for a bound pod on each of its GPUs (`memory_mib` per GPU).
+
+    `admission_mib` is what was admitted at bind; `memory_mib` starts there and, after the warm-up,
+    follows the observed peak (usage rule). `bound_s` is the extender's clock at bind.
+    """
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    gpu_uuids: tuple[str, ...]
+    memory_mib: float
+    admission_mib: float
+    predicted_mib: float
+    priority_inputs: PriorityInputs
+    bound_s: float
+    signature: str = ""
+    predictor_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    """Tunables of the DeepRes policies (the `policy` section of the extender's Settings)."""
+
+    telemetry_ttl_s: float = 30.0
+    """A node whose last report is older than this fails the filter ("telemetry stale")."""
+    spread_priority: float = 20.0
+    """Pods with priority >= this spread to the least utilised GPUs; below it they pack (best fit)."""
+    fragmentation_weight: float = 0.2
+    """Share (0..1) of the score given to keeping GPUs whole; the rest rates fit or idleness."""
+    neutral_score: int = 5
+    """Score of every node for a pod that is not a GPU job (all nodes equal: no preference)."""
+    usage_warmup_s: float = 120.0
+    """A running pod's reservation follows its observed peak only after this long since bind."""
+    usage_margin: float = 1.10
+    """Safety margin on observed peaks (reservation = peak x margin), and on signature corrections."""
+    min_reservation_mib: float = 256.0
+    """Floor of a usage-following reservation: a CUDA context alone takes ~300 MiB."""
+    size_scale_gpu_s: float = 1.0e6
+    """Job size (GPU-seconds) that earns no size points in the priority; smaller jobs earn up to 5."""
+    deadline_floor_s: float = 60.0
+    """Time left below this counts as this, so urgency stays finite near and past the deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """The filter's answer: nodes that pass, nodes that fail (preemption may help), nodes that fail
+    whatever happens (unresolvable), and how many nodes failed per reason kind (for metrics)."""
+
+    passed: tuple[str, ...]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    kinds: dict[str, int]

@@ -1,0 +1,261 @@
+"""The pure DeepRes policies: filter, score, GPU choice, priority, usage rule, preemption."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender.policy import (
+    FilterResult,
+    GpuView,
+    NodeView,
+    PeakStore,
+    PodRequest,
+    PolicyParams,
+    PriorityInputs,
+    Reservation,
+    cap_criticality,
+    choose_gpus,
+    corrected_admission,
+    criticality_from_priority_class,
+    criticality_level,
+    filter_nodes,
+    follow_usage,
+    plan_victims,
+    priority_of,
+    score_node,
+    score_nodes,
+)
+
+P = PolicyParams()
+NOW = 1_000_000.0
+GIB = 1024.0
+
+
+def node(name: str, *gpus: tuple[float, float, float], received_s: float = NOW, util: float = 0.0) -> NodeView:
+    """gpus as (capacity, used, reserved) in GiB."""
+    return NodeView(name, tuple(GpuView(f"{name}-g{i}", i, c * GIB, u * GIB, r * GIB, util)
+                                for i, (c, u, r) in enumerate(gpus)), received_s)
+
+
+def pod(need_gib: float, gpus: int = 1, priority: float = 10.0, gpu_job: bool = True) -> PodRequest:
+    return PodRequest("uid-p", "ns", "p", gpus, need_gib * GIB, need_gib * GIB * 0.9, priority, gpu_job)
+
+
+# ---- filter ----
+
+@pytest.mark.parametrize(
+    ("view", "need", "gpus", "kind", "reason", "final"),
+    [
+        (node("n", (40, 10, 0)), 20, 1, None, None, False),
+        (node("n", (40, 0, 25)), 20, 1, "memory", "gpu-0: needs 20.0 GiB, 15.0 GiB free", False),
+        (node("n", (40, 30, 5)), 20, 1, "memory", "gpu-0: needs 20.0 GiB, 10.0 GiB free", False),
+        (node("n", (16, 0, 0)), 20, 1, "too_large", "needs 20.0 GiB per GPU, larger than this node's GPUs (16.0 GiB)",
+         True),
+        (node("n", (40, 0, 0)), 10, 2, "too_few_gpus", "needs 2 GPU(s), node has 1 healthy", True),
+        (node("n", (40, 0, 0), received_s=NOW - 95), 10, 1, "stale", "telemetry stale (95s old)", True),
+        (node("n", (40, 30, 0), (40, 0, 0)), 20, 2, "memory",
+         "needs 2 GPUs with 20.0 GiB free each; gpu-1: 40.0 GiB free, gpu-0: 10.0 GiB free", False),
+    ],
+)
+def test_filter_reasons(view: NodeView, need: float, gpus: int, kind: str | None, reason: str | None,
+                        final: bool) -> None:
+    result = filter_nodes(pod(need, gpus), ["n"], {"n": view}, NOW, P)
+    if kind is None:
+        assert result.passed == ("n",)
+        return
+    assert result.passed == ()
+    assert (result.unresolvable if final else result.failed) == {"n": reason}
+    assert result.kinds == {kind: 1}
+
+
+def test_unknown_node_has_no_agent_report_and_duplicates_are_answered_once() -> None:
+    result = filter_nodes(pod(1), ["a", "a", "b"], {"b": node("b", (40, 0, 0))}, NOW, P)
+    assert result.passed == ("b",)
+    assert result.unresolvable == {"a": "no agent report"}
+
+
+def test_unhealthy_gpu_never_fits() -> None:
+    view = NodeView("n", (GpuView("u0", 0, 40 * GIB, healthy=False), GpuView("u1", 1, 40 * GIB, 39 * GIB)), NOW)
+    result = filter_nodes(pod(2), ["n"], {"n": view}, NOW, P)
+    assert result.failed == {"n": "gpu-1: needs 2.0 GiB, 1.0 GiB free"}
+
+
+def test_not_a_gpu_job_passes_fresh_nodes_and_scores_neutrally() -> None:
+    nodes = {"a": node("a", (40, 40, 0)), "b": node("b")}
+    request = pod(0, gpu_job=False)
+    assert filter_nodes(request, ["a", "b"], nodes, NOW, P).passed == ("a", "b")
+    assert {s for _, s in score_nodes(request, ["a", "b"], nodes, P)} == {P.neutral_score}
+
+
+names_st = st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=12)
+gpu_st = st.tuples(st.floats(1, 80), st.floats(0, 1), st.floats(0, 1.2))
+
+
+@st.composite
+def cluster_st(draw: st.DrawFn) -> dict[str, NodeView]:
+    out = {}
+    for i in range(draw(st.integers(0, 8))):
+        gpus = draw(st.lists(gpu_st, min_size=0, max_size=4))
+        age = draw(st.floats(0, 60))
+        out[f"n{i}"] = node(f"n{i}", *[(c, c * u, c * r) for c, u, r in gpus], received_s=NOW - age)
+    return out
+
+
+pod_st = st.builds(pod, st.floats(0, 90), st.integers(1, 4), st.floats(0, 45))
+
+
+@settings(max_examples=200, deadline=None)
+@given(cluster_st(), names_st, pod_st)
+def test_filter_is_a_partition_of_a_subset_of_its_input(nodes: dict[str, NodeView], names: list[str],
+                                                       request: PodRequest) -> None:
+    result: FilterResult = filter_nodes(request, names, nodes, NOW, P)
+    answered = set(result.passed) | set(result.failed) | set(result.unresolvable)
+    assert answered == set(names)
+    assert len(result.passed) + len(result.failed) + len(result.unresolvable) == len(set(names))
+    assert sum(result.kinds.values()) == len(set(names))
+    for name in result.passed:  # what passes really fits: the GPUs bind would choose exist
+        chosen = choose_gpus(request, nodes[name], P)
+        assert chosen is not None and len(chosen) == request.gpus
+        assert all(g.free_mib >= request.admission_mib for g in chosen)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cluster_st(), names_st, pod_st)
+def test_scores_lie_in_0_to_10_and_non_fitting_nodes_score_0(nodes: dict[str, NodeView], names: list[str],
+                                                            request: PodRequest) -> None:
+    scores = score_nodes(request, names, nodes, P)
+    assert [n for n, _ in scores] == list(dict.fromkeys(names))
+    for name, score in scores:
+        assert 0 <= score <= 10
+        if name not in nodes or choose_gpus(request, nodes[name], P) is None:
+            assert score == 0
+
+
+# ---- scoring rules ----
+
+def test_low_priority_packs_into_partly_used_gpu() -> None:
+    nodes = {"busy": node("busy", (40, 28, 0)), "idle": node("idle", (40, 0, 0))}
+    low = pod(10, priority=5)
+    scores = dict(score_nodes(low, ["busy", "idle"], nodes, P))
+    assert scores["busy"] > scores["idle"]
+
+
+def test_high_priority_spreads_to_least_utilised_gpu() -> None:
+    nodes = {"busy": node("busy", (40, 28, 0), util=0.9), "idle": node("idle", (40, 0, 0))}
+    high = pod(10, priority=30)
+    scores = dict(score_nodes(high, ["busy", "idle"], nodes, P))
+    assert scores["idle"] > scores["busy"]
+
+
+def test_choose_gpus_best_fit_prefers_partly_used_and_keeps_whole_gpus() -> None:
+    view = node("n", (40, 0, 0), (40, 20, 0), (40, 35, 0))
+    assert [g.index for g in choose_gpus(pod(10, priority=0), view, P) or ()] == [1]
+    assert [g.index for g in choose_gpus(pod(10, priority=40), view, P) or ()] == [0]
+    assert choose_gpus(pod(30, gpus=2), view, P) is None
+
+
+def test_ties_broken_towards_fewer_fragmented_gpus() -> None:
+    # same fit on the chosen GPU, but placing on "frag" leaves one more partly used GPU
+    whole = node("whole", (40, 20, 0), (40, 0, 0))
+    frag = node("frag", (40, 20, 0), (40, 10, 0))
+    low = pod(20, priority=0)
+    assert score_node(low, whole, P) > score_node(low, frag, P)
+
+
+# ---- priority ----
+
+def test_priority_formula() -> None:
+    base = PriorityInputs(criticality=1, gpu_seconds=3600.0, gpus=1)
+    size = 5 * (1 - math.log10(3601) / math.log10(1 + 1e6))
+    assert priority_of(base, NOW, P) == pytest.approx(10 + size)
+    urgent = PriorityInputs(criticality=1, deadline_s=NOW + 7200, gpu_seconds=3600.0, gpus=1)
+    assert priority_of(urgent, NOW, P) == pytest.approx(10 + 5 + size)
+    late = PriorityInputs(criticality=1, deadline_s=NOW - 10, gpu_seconds=3600.0, gpus=1)
+    assert priority_of(late, NOW, P) == pytest.approx(10 + 10 + size)
+
+
+@given(st.integers(0, 3), st.one_of(st.none(), st.floats(-1e7, 1e7)), st.floats(0, 1e9), st.integers(1, 64),
+       st.floats(0, 1e7))
+def test_priority_bounded_and_criticality_dominates(level: int, deadline: float | None, gpu_s: float, gpus: int,
+                                                   now: float) -> None:
+    value = priority_of(PriorityInputs(level, None if deadline is None else now + deadline, gpu_s, gpus), now, P)
+    assert 10 * level <= value <= 10 * level + 15 + 1e-9
+    if level < 3:
+        above = priority_of(PriorityInputs(level + 1, None, 1e12, gpus), now, P)
+        assert above >= value - 15 + 10 - 1e-9
+
+
+def test_criticality_helpers() -> None:
+    assert criticality_level(" High ") == 2
+    with pytest.raises(ValueError):
+        criticality_level("urgent")
+    assert cap_criticality(3, 1) == 1 and cap_criticality(0, 2) == 0
+    assert [criticality_from_priority_class(v) for v in (-5, 0, 1000, 2_000_000_000)] == [0, 1, 2, 3]
+
+
+# ---- usage ----
+
+def reservation(uid: str = "r", gpus: tuple[str, ...] = ("n-g0",), mem_gib: float = 10, level: int = 1,
+                bound_s: float = NOW - 1000, node_name: str = "n", deadline: float | None = None) -> Reservation:
+    return Reservation(uid, "ns", uid, node_name, gpus, mem_gib * GIB, mem_gib * GIB, mem_gib * GIB,
+                       PriorityInputs(level, deadline, 1e5, len(gpus)), bound_s, "sig")
+
+
+def test_usage_follows_peak_after_warmup_down_and_up() -> None:
+    fresh = reservation(bound_s=NOW - 10)
+    assert follow_usage(fresh, 2 * GIB, NOW, P) is fresh
+    old = reservation()
+    assert follow_usage(old, 2 * GIB, NOW, P).memory_mib == pytest.approx(2 * GIB * P.usage_margin)
+    assert follow_usage(old, 20 * GIB, NOW, P).memory_mib == pytest.approx(20 * GIB * P.usage_margin)
+    assert follow_usage(old, 10.0, NOW, P).memory_mib == P.min_reservation_mib
+
+
+def test_peak_store_is_bounded_and_corrects_admission() -> None:
+    store = PeakStore(capacity=2)
+    store.record("a", 1000.0)
+    store.record("a", 800.0)
+    store.record("b", 500.0)
+    store.record("c", 100.0)
+    assert store.get("a") is None and len(store) == 2
+    correction = store.get("b")
+    assert correction is not None and correction.observations == 1
+    assert corrected_admission(9000.0, correction, P) == pytest.approx(max(500.0 * P.usage_margin,
+                                                                             P.min_reservation_mib))
+    assert corrected_admission(9000.0, None, P) == 9000.0
+
+
+# ---- preemption ----
+
+def test_preemption_evicts_only_strictly_lower_priority_and_minimal_sets() -> None:
+    view = node("n", (40, 0, 35))
+    low = reservation("low", mem_gib=20, level=0)
+    mid = reservation("mid", mem_gib=15, level=1)
+    request = pod(20, priority=priority_of(mid.priority_inputs, NOW, P))  # equal to mid: mid is no victim
+    assert plan_victims(request, view, [low, mid], NOW, P) == ("low",)
+    request_low = pod(20, priority=0.0)
+    assert plan_victims(request_low, view, [low, mid], NOW, P) is None
+    assert plan_victims(pod(4), view, [low, mid], NOW, P) == ()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(1, 20), st.integers(0, 1)), max_size=6),
+       st.floats(1, 40), st.floats(0, 45))
+def test_preemption_victims_are_lower_priority_and_make_room(res_spec: list[tuple[int, float, int]],
+                                                            need: float, prio: float) -> None:
+    reservations = [reservation(f"r{i}", (f"n-g{g}",), mem, level) for i, (level, mem, g) in enumerate(res_spec)]
+    reserved = [sum(r.memory_mib for r in reservations if r.gpu_uuids[0] == f"n-g{g}") for g in range(2)]
+    view = NodeView("n", tuple(GpuView(f"n-g{g}", g, 40 * GIB, 0.0, reserved[g]) for g in range(2)), NOW)
+    request = pod(need, priority=prio)
+    victims = plan_victims(request, view, reservations, NOW, P)
+    if victims is None:
+        return
+    by_uid = {r.pod_uid: r for r in reservations}
+    for uid in victims:
+        assert priority_of(by_uid[uid].priority_inputs, NOW, P) < prio
+    freed = [reserved[g] - sum(by_uid[u].memory_mib for u in victims if by_uid[u].gpu_uuids[0] == f"n-g{g}")
+             for g in range(2)]
+    assert any(40 * GIB - f >= need * GIB - 1e-6 for f in freed)
