@@ -1,0 +1,218 @@
+"""The agent's only contact with the Kubernetes API: the pods on this node, and the Node annotation
+that wakes kube-scheduler when GPU memory frees up. Both run off the sampling path (their own
+threads), so a slow API server never delays a sample. Without a cluster (`--no-kube`) the file and
+null variants stand in.
+
+RBAC the agent needs: get/list/watch pods (cluster-wide list filtered by spec.nodeName) and patch
+nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+FREE_MIB_ANNOTATION = "deepres.io/gpu-free-mib"
+ASSIGNED_GPUS_ANNOTATION = "deepres.io/assigned-gpus"
+PREDICTED_MEMORY_ANNOTATION = "deepres.io/predicted-memory-mib"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the agent needs of a pod bound to its node."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    phase: str = "Running"
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+class PodLister(Protocol):
+    def pods(self) -> list[PodInfo]:
+        """The pods bound to this node as last seen (never blocks on the network)."""
+        ...
+
+
+class NodeAnnotator(Protocol):
+    def publish_free_mib(self, free_mib: int) -> None:
+        """Ask for `deepres.io/gpu-free-mib` to be set on this node (asynchronously)."""
+        ...
+
+
+class NoPods:
+    def pods(self) -> list[PodInfo]:
+        return []
+
+
+class NullAnnotator:
+    def publish_free_mib(self, free_mib: int) -> None:
+        log.debug("--no-kube: not publishing %s=%d", FREE_MIB_ANNOTATION, free_mib)
+
+
+def pod_from_object(obj: Mapping[str, Any]) -> PodInfo | None:
+    """A PodInfo from a Pod as JSON/YAML (Kubernetes casing); None when it has no uid."""
+    meta = obj.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    if not uid:
+        return None
+    annotations = meta.get("annotations") or {}
+    return PodInfo(
+        uid=uid,
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        phase=str((obj.get("status") or {}).get("phase") or "Running"),
+        annotations={str(k): str(v) for k, v in annotations.items()},
+    )
+
+
+class FilePods:
+    """Pods from a local YAML/JSON file (a PodList, a list of Pods, or one Pod), re-read when it
+    changes: the `--no-kube` stand-in for the API, e.g. to drive the simulated source by hand."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._pods: list[PodInfo] = []
+
+    def pods(self) -> list[PodInfo]:
+        try:
+            st = os.stat(self.path)
+            if (st.st_mtime_ns, st.st_size) != self._stamp:
+                self._stamp = (st.st_mtime_ns, st.st_size)
+                self._pods = self._load()
+        except OSError as err:
+            if self._stamp is not None:
+                log.warning("cannot read pods file %s: %s", self.path, err)
+            self._stamp, self._pods = None, []
+        return list(self._pods)
+
+    def _load(self) -> list[PodInfo]:
+        try:
+            data = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            log.warning("pods file %s is not valid YAML/JSON: %s", self.path, err)
+            return []
+        items = data.get("items", [data]) if isinstance(data, dict) else data if isinstance(data, list) else []
+        pods = [pod_from_object(item) for item in items if isinstance(item, dict)]
+        return [p for p in pods if p is not None]
+
+
+def core_api() -> Any:
+    """A CoreV1Api from the in-cluster ServiceAccount, else from ~/.kube/config."""
+    import importlib
+
+    config: Any = importlib.import_module("kubernetes.config")
+    client: Any = importlib.import_module("kubernetes.client")
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CoreV1Api()
+
+
+class KubePods:
+    """Pods on `node`, listed every `refresh_s` in a background thread (field selector on the node)."""
+
+    def __init__(self, api: Any, node: str, refresh_s: float = 5.0) -> None:
+        self._api, self._node, self._refresh_s = api, node, refresh_s
+        self._pods: list[PodInfo] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deepres-pods", daemon=True)
+        self._failing = False
+
+    def start(self) -> KubePods:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pods(self) -> list[PodInfo]:
+        return list(self._pods)
+
+    def refresh(self) -> None:
+        try:
+            answer = self._api.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self._node}", _request_timeout=10
+            )
+        except Exception as err:  # ApiException, connection errors: keep the last list
+            if not self._failing:
+                log.warning("cannot list pods on node %s: %s", self._node, _first_line(err))
+            self._failing = True
+            return
+        self._failing = False
+        pods = [pod_from_object(self._api.api_client.sanitize_for_serialization(item)) for item in answer.items]
+        self._pods = [p for p in pods if p is not None]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self._refresh_s)
+
+
+class KubeNodeAnnotator:
+    """Patches `deepres.io/gpu-free-mib` on the Node from a background thread (newest value wins)."""
+
+    def __init__(self, api: Any, node: str) -> None:
+        self._api, self._node = api, node
+        self._value: int | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deepres-annotator", daemon=True)
+        self.patched = 0
+
+    def start(self) -> KubeNodeAnnotator:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def publish_free_mib(self, free_mib: int) -> None:
+        self._value = free_mib
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            value, self._value = self._value, None
+            if value is None or self._stop.is_set():
+                continue
+            body = {"metadata": {"annotations": {FREE_MIB_ANNOTATION: str(value)}}}
+            try:
+                self._api.patch_node(self._node, body, _request_timeout=10)
+                self.patched += 1
+                log.debug("node %s: %s=%d", self._node, FREE_MIB_ANNOTATION, value)
+            except Exception as err:  # RBAC or API trouble: the next change will try again
+                log.warning("cannot annotate node %s: %s", self._node, _first_line(err))
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def dump_pods(pods: list[PodInfo]) -> str:
+    """A pods file FilePods reads back (used by tests and local demos)."""
+    items = [
+        {
+            "metadata": {"uid": p.uid, "name": p.name, "namespace": p.namespace, "annotations": dict(p.annotations)},
+            "status": {"phase": p.phase},
+        }
+        for p in pods
+    ]
+    return json.dumps({"items": items}, indent=1)

@@ -1,0 +1,338 @@
+"""`deepres agent`: sample this node's GPUs every interval, report to the extender, serve /metrics.
+
+Wiring only: the sampling round (`Agent.step`) calls the source, attributes processes to pods,
+tracks peaks and decides whether to report or to nudge the scheduler (pure helpers in `tracking`);
+delivery, pod listing and the node annotation run on their own threads so sampling never waits on
+the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from extender.agent import AGENT_VERSION
+from extender.agent.cgroups import CgroupReader, PodRef
+from extender.agent.kube import (
+    FilePods,
+    KubeNodeAnnotator,
+    KubePods,
+    NodeAnnotator,
+    NoPods,
+    NullAnnotator,
+    PodLister,
+    core_api,
+)
+from extender.agent.metrics import AgentMetrics, Health, make_app, serve
+from extender.agent.nvml import NvmlSource
+from extender.agent.reporter import HttpPoster, Reporter, TokenFile
+from extender.agent.simulated import SPEC_EXAMPLE, SimulatedSource, parse_gpu_spec
+from extender.agent.sources import SOURCE_NAMES, GpuSource, SourceUnavailable
+from extender.agent.tracking import (
+    FreeMemoryTrigger,
+    PodTracker,
+    attribute_processes,
+    free_memory_mib,
+    significant_change,
+)
+from extender.cli import EXIT_FAILURE, EXIT_OK, UsageError
+from extender.telemetry import NodeReport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOKEN_FILE = "/var/run/secrets/deepres/token"
+DEFAULT_SIMULATED_GPUS = "2xA100-40GB"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Everything `deepres agent` is told; see `add_arguments` for the why of each default."""
+
+    node: str
+    extender_url: str = "http://127.0.0.1:8888"
+    source: str = "nvml"
+    simulated_gpus: str = DEFAULT_SIMULATED_GPUS
+    simulated_pods_file: str = ""  # --no-kube: pods for the simulated source, re-read on change
+    interval_s: float = 5.0
+    heartbeat_s: float = 15.0
+    token_file: str = ""
+    listen: str = "0.0.0.0:9400"
+    no_kube: bool = False
+    proc_root: str = "/proc"
+    change_threshold_mib: float = 256.0
+    free_threshold_mib: float = 1024.0
+    annotate_min_interval_s: float = 10.0
+    forget_pods_after_s: float = 600.0
+    request_timeout_s: float = 5.0
+    ca_file: str = ""
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each with the flag, the value and what is accepted."""
+        found = []
+        if self.source not in SOURCE_NAMES:
+            found.append(f"--source must be one of {', '.join(SOURCE_NAMES)}, got {self.source!r}")
+        if not self.node:
+            found.append("--node-name is empty: set it or NODE_NAME (downward API: spec.nodeName)")
+        if not self.extender_url.startswith(("http://", "https://")):
+            found.append(f"--extender-url must start with http:// or https://, got {self.extender_url!r}")
+        if not 0.1 <= self.interval_s <= 3600:
+            found.append(f"--interval-s must be in [0.1, 3600], got {self.interval_s:g}")
+        if self.heartbeat_s < self.interval_s:
+            found.append(f"--heartbeat-s must be >= --interval-s ({self.interval_s:g}), got {self.heartbeat_s:g}")
+        if self.source == "simulated":
+            try:
+                parse_gpu_spec(self.simulated_gpus)
+            except ValueError as err:
+                found.append(f"--simulated-gpus: {err}")
+        try:
+            parse_listen(self.listen)
+        except ValueError as err:
+            found.append(f"--listen: {err}")
+        for flag, value in (("--change-threshold-mib", self.change_threshold_mib),
+                            ("--free-threshold-mib", self.free_threshold_mib),
+                            ("--annotate-min-interval-s", self.annotate_min_interval_s),
+                            ("--forget-pods-after-s", self.forget_pods_after_s),
+                            ("--request-timeout-s", self.request_timeout_s)):
+            if not value >= 0:
+                found.append(f"{flag} must be >= 0, got {value:g}")
+        return found
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::]:9400`) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class Agent:
+    """One node's sampling loop. Collaborators are injected so tests drive `step()` directly."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        source: GpuSource,
+        reporter: Reporter,
+        *,
+        pods: PodLister | None = None,
+        annotator: NodeAnnotator | None = None,
+        metrics: AgentMetrics | None = None,
+        health: Health | None = None,
+        pod_of: Callable[[int], PodRef | None] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.reporter = reporter
+        self.pods = pods or NoPods()
+        self.annotator = annotator or NullAnnotator()
+        self.metrics = metrics or AgentMetrics()
+        self.health = health or Health(max_age_s=max(3 * settings.interval_s, 15.0))
+        self.pod_of = pod_of or CgroupReader(settings.proc_root).pod_of
+        self.clock, self.monotonic = clock, monotonic
+        self.tracker = PodTracker(settings.forget_pods_after_s)
+        self.trigger = FreeMemoryTrigger(settings.free_threshold_mib, settings.annotate_min_interval_s)
+        # sequence numbers start from the wall clock in ms so they keep increasing across restarts
+        self.next_sequence = int(clock() * 1000)
+        self.last_sent: NodeReport | None = None
+        self._last_sent_s = float("-inf")
+
+    def step(self) -> NodeReport:
+        """One round: sample, attribute, track, publish metrics, report if due, nudge if memory freed."""
+        started = self.monotonic()
+        sample = self.source.sample()
+        gpus = attribute_processes(sample.gpus, self.pod_of)
+        now_s = self.clock()
+        report = NodeReport(
+            node=self.settings.node,
+            sequence=self.next_sequence,
+            timestamp_s=now_s,
+            agent_version=AGENT_VERSION,
+            source=self.source.name,
+            gpus=gpus,
+            pods=self.tracker.update(gpus, now_s),
+            interval_s=self.settings.interval_s,
+        )
+        done = self.monotonic()
+        self.metrics.sample_seconds.observe(done - started)
+        self.health.record(sample.responsive, sample.error, done)
+        pods = self.pods.pods()
+        self.metrics.update(report, {p.uid: (p.namespace, p.name) for p in pods})
+        due = done - self._last_sent_s >= self.settings.heartbeat_s
+        if due or significant_change(self.last_sent, report, self.settings.change_threshold_mib):
+            self.reporter.submit(report)
+            self.next_sequence += 1
+            self.last_sent, self._last_sent_s = report, done
+        if sample.responsive:
+            value = self.trigger.observe(free_memory_mib(gpus), done)
+            if value is not None:
+                self.annotator.publish_free_mib(value)
+        return report
+
+    def run(self, stop: threading.Event) -> None:
+        """Step every interval on a fixed schedule (a slow round does not shift the next ones)."""
+        next_s = self.monotonic()
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a bug in one round must not end the agent: log it, try the next
+                log.exception("sampling round failed")
+            next_s += self.settings.interval_s
+            now = self.monotonic()
+            if next_s < now:  # fell behind (e.g. a hung NVML call): skip, do not burst
+                next_s = now
+            stop.wait(next_s - now)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--extender-url", default="http://127.0.0.1:8888", help="extender base URL")
+    parser.add_argument("--node-name", default=None,
+                        help="this node's name (default: env NODE_NAME; with --no-kube, the host name)")
+    parser.add_argument("--source", default="nvml", choices=SOURCE_NAMES,
+                        help="nvml (default, the only production source) or simulated (kind/local runs)")
+    parser.add_argument("--simulated-gpus", default=DEFAULT_SIMULATED_GPUS,
+                        help=f"GPUs of the simulated source, e.g. {SPEC_EXAMPLE}")
+    parser.add_argument("--simulated-pods", default="", metavar="FILE",
+                        help="--no-kube only: pods (PodList YAML/JSON) whose predicted memory the simulated GPUs hold")
+    parser.add_argument("--interval-s", type=float, default=5.0, help="sampling period (s)")
+    parser.add_argument("--heartbeat-s", type=float, default=15.0,
+                        help="report at least this often even without change (s)")
+    parser.add_argument("--token-file", default=None,
+                        help=f"bearer token for the extender (default {DEFAULT_TOKEN_FILE}, the projected "
+                        "ServiceAccount token, audience deepres-extender); re-read when it changes")
+    parser.add_argument("--listen", default="0.0.0.0:9400", help="HOST:PORT for /metrics and /healthz")
+    parser.add_argument("--no-kube", action="store_true",
+                        help="no API server: no pod names, no node annotation, simulated pods from --simulated-pods")
+    parser.add_argument("--proc-root", default="/proc", help="where /proc/<pid>/cgroup is read (hostPID)")
+    parser.add_argument("--change-threshold-mib", type=float, default=256.0,
+                        help="report before the heartbeat when a GPU's used memory moves this much")
+    parser.add_argument("--free-threshold-mib", type=float, default=1024.0,
+                        help="annotate the node when its free GPU memory grows by more than this")
+    parser.add_argument("--annotate-min-interval-s", type=float, default=10.0,
+                        help="at most one node annotation per this many seconds")
+    parser.add_argument("--forget-pods-after-s", type=float, default=600.0,
+                        help="keep reporting a gone pod's peak this long")
+    parser.add_argument("--request-timeout-s", type=float, default=5.0, help="timeout of one report POST")
+    parser.add_argument("--extender-ca-file", default="", help="CA bundle for an https:// extender")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed of the simulated source")
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    """Settings from the command line; UsageError lists every problem."""
+    node = args.node_name if args.node_name is not None else os.environ.get("NODE_NAME", "")
+    if not node and args.no_kube:
+        node = socket.gethostname()
+    token_file = args.token_file
+    problems = []
+    if token_file is not None and not Path(token_file).is_file():
+        problems.append(f"--token-file {token_file}: no such file")
+    if args.simulated_pods and not args.no_kube:
+        problems.append("--simulated-pods is for --no-kube runs; in a cluster the pods come from the API")
+    settings = AgentSettings(
+        node=node,
+        extender_url=args.extender_url,
+        source=args.source,
+        simulated_gpus=args.simulated_gpus,
+        simulated_pods_file=args.simulated_pods,
+        interval_s=args.interval_s,
+        heartbeat_s=args.heartbeat_s,
+        token_file=token_file if token_file is not None else DEFAULT_TOKEN_FILE,
+        listen=args.listen,
+        no_kube=args.no_kube,
+        proc_root=args.proc_root,
+        change_threshold_mib=args.change_threshold_mib,
+        free_threshold_mib=args.free_threshold_mib,
+        annotate_min_interval_s=args.annotate_min_interval_s,
+        forget_pods_after_s=args.forget_pods_after_s,
+        request_timeout_s=args.request_timeout_s,
+        ca_file=args.extender_ca_file,
+        seed=args.seed,
+    )
+    problems.extend(settings.problems())
+    if problems:
+        raise UsageError("; ".join(problems))
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    api: Any = None
+    pods: PodLister = NoPods()
+    annotator: NodeAnnotator = NullAnnotator()
+    threads: list[Any] = []
+    if settings.no_kube:
+        if settings.simulated_pods_file:
+            pods = FilePods(settings.simulated_pods_file)
+    else:
+        try:
+            api = core_api()
+        except Exception as err:
+            log.error("cannot load Kubernetes credentials (%s); outside a cluster use --no-kube", err)
+            return EXIT_FAILURE
+        kube_pods = KubePods(api, settings.node, refresh_s=settings.interval_s).start()
+        kube_annotator = KubeNodeAnnotator(api, settings.node).start()
+        pods, annotator = kube_pods, kube_annotator
+        threads += [kube_pods, kube_annotator]
+    source: GpuSource
+    try:
+        if settings.source == "nvml":
+            source = NvmlSource.open()
+        else:
+            source = SimulatedSource(settings.node, parse_gpu_spec(settings.simulated_gpus), pods, seed=settings.seed)
+    except SourceUnavailable as err:
+        log.error("%s", err)
+        return EXIT_FAILURE
+    token = TokenFile(settings.token_file)
+    if token.get() is None:
+        log.warning("no token in %s: reports go without one (the extender will refuse them if it wants one)",
+                    settings.token_file)
+    metrics = AgentMetrics()
+    reporter = Reporter(
+        HttpPoster(settings.extender_url, settings.request_timeout_s, settings.ca_file or None),
+        token,
+        on_result=metrics.count_report,
+    ).start()
+    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics)
+    host, port = parse_listen(settings.listen)
+    try:
+        server, _ = serve(make_app(metrics, agent.health), host, port)
+    except OSError as err:
+        log.error("cannot listen on %s: %s", settings.listen, err)
+        reporter.stop(0.1)
+        source.close()
+        return EXIT_FAILURE
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "agent %s on node %s: source=%s interval=%gs heartbeat=%gs extender=%s token_file=%s metrics=http://%s:%d "
+        "kube=%s proc_root=%s", AGENT_VERSION, settings.node, source.name, settings.interval_s, settings.heartbeat_s,
+        settings.extender_url, settings.token_file, host, server.server_port, not settings.no_kube, settings.proc_root,
+    )
+    try:
+        agent.run(stop)
+    finally:
+        server.shutdown()
+        reporter.stop(settings.request_timeout_s)
+        for thread in threads:
+            thread.stop()
+        source.close()
+    return EXIT_OK

@@ -1,0 +1,221 @@
+"""Delivers reports to the extender without ever holding up sampling.
+
+Sampling hands each report to `Reporter.submit`, which only appends to a bounded queue; a sender
+thread posts to `<extender>/v1/telemetry`. A report is a full snapshot (pod peaks included), so when
+several wait, only the newest is sent and the older ones are counted as superseded: after an outage
+the extender gets the current state at once and sequence numbers reach it in increasing order.
+
+Failures: connection errors, timeouts and 5xx are retried with exponential backoff and jitter
+(`backoff_s`); 401/403 also (the token may just have rotated: it is re-read); any other 4xx is the
+extender refusing this report (e.g. a stale sequence number) and is not retried. The token is read
+from a file (projected ServiceAccount token in a cluster, shared token outside), re-read when the
+file changes, and never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import ssl
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from extender.agent import AGENT_VERSION
+from extender.telemetry import NodeReport
+
+log = logging.getLogger(__name__)
+
+TELEMETRY_PATH = "/v1/telemetry"
+RESULTS = ("ok", "unauthorized", "rejected", "error", "superseded")
+
+
+class TokenFile:
+    """The bearer token in a file, re-read whenever the file changes (kubelet rotates projected tokens)."""
+
+    def __init__(self, path: Path | str | None) -> None:
+        self.path = Path(path) if path else None
+        self._stamp: tuple[int, int, int] | None = None
+        self._token: str | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"TokenFile(path={str(self.path)!r})"
+
+    def get(self) -> str | None:
+        """The current token, or None when there is no file (reports then go without one)."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_ino, st.st_size)
+            if stamp != self._stamp:
+                self._token = self.path.read_text(encoding="utf-8").strip() or None
+                self._stamp = stamp
+        except OSError:
+            self._stamp, self._token = None, None
+        return self._token
+
+    def invalidate(self) -> None:
+        """Forget the cached token so the next `get` reads the file again."""
+        self._stamp = None
+
+
+def backoff_s(attempt: int, initial_s: float, max_s: float, rng: random.Random) -> float:
+    """Delay before retry `attempt` (1, 2, ...): exponential, capped, with "equal jitter": half the
+    step is fixed so retries never hammer, half is random so agents that lost the extender together
+    do not come back in lockstep."""
+    step = min(max_s, initial_s * 2.0 ** (attempt - 1))
+    return step / 2.0 + rng.uniform(0.0, step / 2.0)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The outcome of one POST: `result` is one of RESULTS; `status` the HTTP status (0: none)."""
+
+    result: str
+    status: int = 0
+    detail: str = ""
+
+
+Poster = Callable[[bytes, str | None], Delivery]
+
+
+class HttpPoster:
+    """POSTs a JSON body with urllib (stdlib; no proxy: the extender is a cluster-local service)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0, ca_file: str | None = None) -> None:
+        self.url = base_url.rstrip("/") + TELEMETRY_PATH
+        self.timeout_s = timeout_s
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if self.url.startswith("https:"):
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def __call__(self, body: bytes, token: str | None) -> Delivery:
+        headers = {"Content-Type": "application/json", "User-Agent": f"deepres-agent/{AGENT_VERSION}"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                response.read()
+                return Delivery("ok", response.status)
+        except urllib.error.HTTPError as err:
+            detail = _short(err.read())
+            if err.code in (401, 403):
+                return Delivery("unauthorized", err.code, detail)
+            if 400 <= err.code < 500 and err.code not in (408, 429):
+                return Delivery("rejected", err.code, detail)
+            return Delivery("error", err.code, detail)
+        except (OSError, ValueError) as err:  # URLError, refused, reset, timeout, bad URL
+            return Delivery("error", 0, str(getattr(err, "reason", err)))
+
+
+def _short(raw: bytes, limit: int = 300) -> str:
+    text = raw.decode("utf-8", errors="replace").strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def encode_report(report: NodeReport) -> bytes:
+    """The wire body: compact JSON of the shared schema."""
+    return json.dumps(report.to_dict(), separators=(",", ":")).encode("utf-8")
+
+
+class Reporter:
+    """The sender thread and its newest-wins queue."""
+
+    def __init__(
+        self,
+        post: Poster,
+        token: TokenFile,
+        *,
+        queue_size: int = 4,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        on_result: Callable[[str], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._post = post
+        self._token = token
+        self._queue: deque[NodeReport] = deque(maxlen=max(1, queue_size))
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._on_result = on_result or (lambda _result: None)
+        self._rng = rng or random.Random()
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deepres-reporter", daemon=True)
+        self.last_delivery: Delivery | None = None
+        self.delivered_sequence = -1
+
+    def start(self) -> Reporter:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def submit(self, report: NodeReport) -> None:
+        """Queue a report; never blocks. When the queue is full the oldest report is dropped."""
+        with self._cond:
+            if len(self._queue) == self._queue.maxlen:
+                self._on_result("superseded")
+            self._queue.append(report)
+            self._cond.notify()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def _next(self) -> NodeReport | None:
+        with self._cond:
+            while not self._queue and not self._stopping.is_set():
+                self._cond.wait()
+            if not self._queue:
+                return None
+            report = self._queue.pop()
+            for _ in self._queue:
+                self._on_result("superseded")
+            self._queue.clear()
+            return report
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            report = self._next()
+            if report is None:
+                return
+            delivery = self._post(encode_report(report), self._token.get())
+            self.last_delivery = delivery
+            self._on_result(delivery.result)
+            if delivery.result in ("ok", "rejected"):
+                if delivery.result == "ok":
+                    self.delivered_sequence = report.sequence
+                    if failures:
+                        log.info("extender reachable again after %d failed attempts", failures)
+                else:
+                    log.warning("extender refused report seq=%d (HTTP %d): %s", report.sequence, delivery.status,
+                                delivery.detail)
+                failures = 0
+                continue
+            failures += 1
+            if delivery.result == "unauthorized":
+                self._token.invalidate()
+                log.warning("extender answered HTTP %d to our token (file %s): check the token audience or the "
+                            "shared token; retrying", delivery.status, self._token.path)
+            elif failures == 1:
+                status = f"HTTP {delivery.status}: " if delivery.status else ""
+                log.warning("cannot deliver report seq=%d: %s%s; retrying with backoff", report.sequence, status,
+                            delivery.detail)
+            with self._cond:
+                if not self._queue:  # nothing newer arrived: retry this one
+                    self._queue.append(report)
+            self._stopping.wait(backoff_s(failures, *self._backoff, self._rng))
