@@ -80,10 +80,12 @@ class _SnapshotCollector:
                 if value is not None:
                     families[name].add_metric(labels, value)
         used = GaugeMetricFamily(
-            "deepres_pod_gpu_memory_used_bytes", "a pod's GPU memory now, on its most loaded GPU", labels=POD_LABELS
+            "deepres_pod_gpu_memory_used_bytes", "a pod's GPU memory now, summed over its GPUs", labels=POD_LABELS
         )
         peak = GaugeMetricFamily(
-            "deepres_pod_gpu_memory_peak_bytes", "a pod's peak GPU memory (per GPU) since first seen", labels=POD_LABELS
+            "deepres_pod_gpu_memory_peak_bytes",
+            "a pod's peak GPU memory (summed over its GPUs) since first seen",
+            labels=POD_LABELS,
         )
         for pod in report.pods:
             namespace, name = names.get(pod.pod_uid, ("", ""))

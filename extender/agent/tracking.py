@@ -1,9 +1,9 @@
 """What the agent derives from raw samples: pod attribution, per-pod peaks, when to report, when to
 nudge the scheduler. Pure: no files, no network, and the clock is an argument.
 
-A pod's memory is measured per GPU, like the predictor's `Demand.memory_mib` and the extender's
-per-GPU reservations: `current_memory_mib` is the pod's memory on its most loaded GPU now (the sum of
-its processes there), `peak_memory_mib` the largest such value since the agent first saw the pod.
+A pod's memory is the sum over all its processes on all its GPUs (`gpu_uuids`): `current_memory_mib`
+now, `peak_memory_mib` the largest such sum since the agent first saw the pod. The extender divides by
+the number of GPUs to compare with its per-GPU reservation (extender/state.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class PodTracker:
         for gone in self._pods.values():
             gone.current_mib = 0.0
         for uid, by_gpu in per_gpu.items():
-            current = max(by_gpu.values())
+            current = sum(by_gpu.values())
             state = self._pods.get(uid)
             if state is None:
                 self._pods[uid] = _PodState(now_s, now_s, current, current, frozenset(by_gpu))
