@@ -20,26 +20,34 @@ def plan_victims(
     on_node: Sequence[Reservation],
     now_s: float,
     params: PolicyParams,
+    evicted: Sequence[Reservation] = (),
 ) -> tuple[str, ...] | None:
     """UIDs of the reservations to evict for `pod` to fit on `node` (empty: fits already), or None
-    when even evicting every strictly-lower-priority pod would not make it fit."""
-    if _fits(pod, node, ()):
+    when even evicting every strictly-lower-priority pod would not make it fit.
+
+    `evicted` are reservations leaving anyway (victims kube-scheduler already chose); their memory
+    counts as freed and they are not returned again.
+    """
+    gone = list(evicted)
+    gone_ids = {r.pod_uid for r in gone}
+    if _fits(pod, node, gone):
         return ()
     ranked = sorted(
-        ((priority_of(r.priority_inputs, now_s, params), r) for r in on_node if r.node == node.name),
+        ((priority_of(r.priority_inputs, now_s, params), r) for r in on_node
+         if r.node == node.name and r.pod_uid not in gone_ids),
         key=lambda pr: (pr[0], -pr[1].memory_mib, pr[1].pod_uid),
     )
     candidates = [r for p, r in ranked if p < pod.priority]
     chosen: list[Reservation] = []
     for res in candidates:
         chosen.append(res)
-        if _fits(pod, node, chosen):
+        if _fits(pod, node, chosen + gone):
             break
     else:
         return None
     for res in list(reversed(chosen)):  # drop victims that turn out unnecessary
         rest = [c for c in chosen if c is not res]
-        if _fits(pod, node, rest):
+        if _fits(pod, node, rest + gone):
             chosen = rest
     return tuple(r.pod_uid for r in chosen)
 

@@ -1,0 +1,183 @@
+"""Pod annotations (`deepres.io/*`) -> the job description and the priority inputs.
+
+The job keys go through `predictor.spec.JobSpec.parse`, so the pod, the dataset and `/v1/predict`
+share one parser; this module adds the scheduling keys (`gpus`, `deadline`, `criticality`,
+`gpu-memory`). Every error names the key as the user wrote it (with the `deepres.io/` prefix), the
+value, and what is accepted. A pod with neither `model-type` nor `gpu-memory` is not a GPU job.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from extender.policy.priority import cap_criticality, criticality_from_priority_class
+from extender.policy.types import CRITICALITIES
+from predictor.spec import JOB_KEYS, JobSpec, SpecError
+
+PREFIX = "deepres.io/"
+MAX_GPUS = 64
+DEFAULT_GPUS = 1
+DEFAULT_CRITICALITY = "normal"
+#: gpu-memory override bounds (MiB): below 64 MiB nothing trains; above 4 TiB is a typo.
+GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
+#: deadline durations longer than this (a year) are typos.
+MAX_DEADLINE_S = 366 * 86400.0
+
+SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
+#: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
+ASSIGNED_GPUS = "assigned-gpus"
+PREDICTED_MEMORY = "predicted-memory-mib"
+ADMISSION_MEMORY = "admission-memory-mib"
+PREDICTOR_VERSION = "predictor-version"
+ASSIGNED_NODE = "assigned-node"
+WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE)
+KNOWN_KEYS: frozenset[str] = frozenset((*JOB_KEYS, *SCHEDULING_KEYS, *WRITTEN_KEYS))
+
+_BINARY = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0, "Ti": 1024.0**2}
+_DECIMAL = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # bytes
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|M|G|T)\s*$")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(d|h|m|s)")
+_DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:d|h|m|s))+$")
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+class AnnotationError(ValueError):
+    """A pod annotation that cannot be accepted: the key (with prefix), its value, what is accepted."""
+
+    def __init__(self, key: str, value: object, accepted: str) -> None:
+        self.key = key
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a pod asks for. `spec` is None when only `gpu-memory` was given (no prediction)."""
+
+    gpu_job: bool
+    spec: JobSpec | None = None
+    gpus: int = DEFAULT_GPUS
+    memory_override_mib: float | None = None
+    deadline_s: float | None = None
+    criticality: int = 1
+    criticality_source: str = "default"  # "annotation", "annotation (capped)", "PriorityClass", "default"
+
+    @property
+    def signature(self) -> str:
+        """A stable key for the usage rule's per-signature peaks: the job's description."""
+        if self.spec is None:
+            return ""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.spec.to_annotations().items()))
+
+
+def parse_job(
+    annotations: Mapping[str, str],
+    *,
+    created_s: float | None,
+    now_s: float,
+    priority_value: int | None = None,
+    priority_class: str = "",
+    criticality_ceiling: int = len(CRITICALITIES) - 1,
+) -> JobRequest:
+    """Annotations -> JobRequest; raises AnnotationError naming the first bad key.
+
+    `created_s` anchors a duration deadline (`6h` from pod creation; `now_s` when unknown). A
+    PriorityClass (`priority_class` set and `priority_value` known) sets the criticality and wins
+    over the annotation; otherwise the annotation is capped by `criticality_ceiling`.
+    """
+    ours = {key[len(PREFIX):]: value for key, value in annotations.items() if key.startswith(PREFIX)}
+    for key, value in ours.items():
+        if key not in KNOWN_KEYS:
+            raise AnnotationError(PREFIX + key, value, "one of the keys " + ", ".join(
+                PREFIX + k for k in (*JOB_KEYS, *SCHEDULING_KEYS)))
+    override = _memory(ours["gpu-memory"]) if "gpu-memory" in ours else None
+    if "model-type" not in ours and override is None:
+        return JobRequest(gpu_job=False)
+    spec: JobSpec | None = None
+    if "model-type" in ours:
+        try:
+            spec = JobSpec.parse({k: v for k, v in ours.items() if k in JOB_KEYS})
+        except SpecError as err:
+            raise AnnotationError(PREFIX + err.key, err.value, err.accepted) from None
+    gpus = _gpus(ours["gpus"]) if "gpus" in ours else DEFAULT_GPUS
+    anchor_s = created_s if created_s is not None else now_s
+    deadline = _deadline(ours["deadline"], anchor_s) if "deadline" in ours else None
+    requested = _criticality(ours.get("criticality", DEFAULT_CRITICALITY))
+    if priority_class and priority_value is not None:
+        level, source = criticality_from_priority_class(priority_value), "PriorityClass"
+    else:
+        level = cap_criticality(requested, criticality_ceiling)
+        source = "annotation (capped)" if level < requested else ("annotation" if "criticality" in ours else "default")
+    return JobRequest(True, spec, gpus, override, deadline, level, source)
+
+
+def parse_memory_quantity(text: str) -> float:
+    """`24Gi`, `24576Mi`, `25G` -> MiB; raises ValueError for anything else."""
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(text)
+    number, unit = float(match.group(1)), match.group(2)
+    return number * _BINARY[unit] if unit in _BINARY else number * _DECIMAL[unit] / (1024.0 * 1024.0)
+
+
+def parse_duration_s(text: str) -> float:
+    """`6h`, `1h30m`, `2d`, `90s` -> seconds; raises ValueError for anything else."""
+    compact = text.strip()
+    if not _DURATION.match(compact):
+        raise ValueError(text)
+    return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(compact))
+
+
+def _memory(text: str) -> float:
+    accepted = "a memory quantity with a unit, e.g. 24Gi or 24576Mi (Ki, Mi, Gi, Ti, k, M, G, T), 64Mi to 4Ti"
+    try:
+        mib = parse_memory_quantity(text)
+    except ValueError:
+        raise AnnotationError(PREFIX + "gpu-memory", text, accepted) from None
+    low, high = GPU_MEMORY_RANGE_MIB
+    if not low <= mib <= high:
+        raise AnnotationError(PREFIX + "gpu-memory", text, accepted)
+    return mib
+
+
+def _gpus(text: str) -> int:
+    accepted = f"a whole number from 1 to {MAX_GPUS}"
+    value = text.strip()
+    if not value.isdigit() or not 1 <= int(value) <= MAX_GPUS:
+        raise AnnotationError(PREFIX + "gpus", text, accepted)
+    return int(value)
+
+
+def _deadline(text: str, anchor_s: float) -> float:
+    accepted = "an RFC 3339 time with a zone (2026-05-01T18:00:00Z) or a duration from pod creation (6h, 1h30m, 2d)"
+    value = text.strip()
+    try:
+        seconds = parse_duration_s(value)
+    except ValueError:
+        pass
+    else:
+        if seconds <= 0 or seconds > MAX_DEADLINE_S:
+            raise AnnotationError(PREFIX + "deadline", text, accepted)
+        return anchor_s + seconds
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise AnnotationError(PREFIX + "deadline", text, accepted) from None
+    if moment.tzinfo is None or "T" not in value.upper():
+        raise AnnotationError(PREFIX + "deadline", text, accepted)
+    stamp = moment.timestamp()
+    if not math.isfinite(stamp):
+        raise AnnotationError(PREFIX + "deadline", text, accepted)
+    return stamp
+
+
+def _criticality(text: str) -> int:
+    try:
+        return CRITICALITIES.index(text.strip().lower())
+    except ValueError:
+        raise AnnotationError(PREFIX + "criticality", text, "one of " + ", ".join(CRITICALITIES)) from None

@@ -1,0 +1,658 @@
+"""The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
+
+`Extender` holds the process's single cluster state and turns a decoded request into policy calls
+(annotations -> PodRequest -> filter/score/choose/preempt); the routes in `create_app` only move
+bytes and JSON in and out. Bad input never yields a 5xx or a traceback: the verbs answer HTTP 200
+with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a message.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from extender import annotations as ann
+from extender.annotations import AnnotationError, JobRequest
+from extender.kube import Cluster, ClusterError, ClusterHandlers, InMemoryCluster, KubeCluster, pod_meta
+from extender.metrics import ExtenderMetrics
+from extender.openapi import openapi_document
+from extender.policy import (
+    PodRequest,
+    PriorityInputs,
+    Reservation,
+    corrected_admission,
+    filter_nodes,
+    plan_victims,
+    priority_of,
+    score_nodes,
+)
+from extender.policy.filtering import gib
+from extender.protocol import (
+    PodInfo,
+    ProtocolError,
+    binding_result,
+    filter_all_unresolvable,
+    filter_error,
+    filter_result,
+    host_priority_list,
+    parse_binding_args,
+    parse_extender_args,
+    parse_pod,
+    parse_preemption_args,
+    preemption_result,
+)
+from extender.settings import Settings, describe, load_settings
+from extender.state import ACCEPTED, ClusterState
+from extender.telemetry import ReportError, parse_report
+from predictor.spec import Demand, DemandPredictor
+
+log = logging.getLogger(__name__)
+
+VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
+WARNED_MAX = 10_000
+
+
+class BadRequest(ValueError):
+    """A request body that cannot be used (not JSON, not UTF-8, wrong shape)."""
+
+
+class PredictorUnavailable(RuntimeError):
+    """The predictor is still loading or failed to load."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided about one pod at one time: its request and how it was derived."""
+
+    request: PodRequest
+    job: JobRequest
+    demand: Demand | None
+    inputs: PriorityInputs
+    source: str  # model, corrected, override, none
+
+
+class Extender:
+    """The process's cluster state, predictor and API access, and the verbs' logic."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        predictor: DemandPredictor | None,
+        cluster: Cluster,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.params = settings.policy.params()
+        self.state = ClusterState(self.params, settings.policy.peak_store_size)
+        self.cluster = cluster
+        self.clock = clock
+        self.metrics = ExtenderMetrics(self.state, clock)
+        self.local = settings.kube.no_kube
+        self.token = settings.telemetry_token_value()
+        self._predictor = predictor
+        self._predictor_error = ""
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+        if predictor is None:
+            threading.Thread(target=self._load_predictor, name="deepres-predictor-load", daemon=True).start()
+        if self.local and not self.token:
+            log.warning("no telemetry token configured: /v1/telemetry refuses every report "
+                        "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")
+
+    # ---- start-up ----
+    def _load_predictor(self) -> None:
+        try:
+            runtime: Any = importlib.import_module("predictor.runtime")
+            loaded = runtime.Predictor.load(self.settings.predictor_path or None)
+        except Exception as err:  # shown by /readyz; the verbs answer with Error meanwhile
+            self._predictor_error = f"{type(err).__name__}: {err}"
+            log.error("predictor failed to load: %s", self._predictor_error)
+            return
+        self._predictor = loaded
+        log.info("predictor loaded version=%s", getattr(loaded, "version", "?"))
+
+    def start_cluster(self) -> None:
+        self.cluster.start(ClusterHandlers(
+            pod_changed=self.on_pod_changed, pods_listed=self.on_pods_listed,
+            node_deleted=self.state.forget_node, nodes_listed=self.on_nodes_listed,
+        ))
+
+    def readiness(self) -> list[str]:
+        waiting = []
+        if self._predictor is None:
+            waiting.append(f"predictor ({self._predictor_error})" if self._predictor_error else "predictor")
+        if not self.cluster.synced():
+            waiting.append("first cluster sync")
+        return waiting
+
+    @property
+    def predictor_version(self) -> str:
+        return str(getattr(self._predictor, "version", "") or "")
+
+    # ---- planning ----
+    def plan(self, pod: PodInfo, now_s: float) -> Plan:
+        """Annotations + prediction + observed peaks -> PodRequest. Raises AnnotationError,
+        PredictorUnavailable."""
+        job = ann.parse_job(
+            pod.annotations, created_s=pod.created_s, now_s=now_s, priority_value=pod.priority,
+            priority_class=pod.priority_class, criticality_ceiling=self.settings.policy.ceiling(pod.namespace),
+        )
+        if not job.gpu_job:
+            inputs = PriorityInputs(criticality=job.criticality)
+            return Plan(PodRequest(pod.uid, pod.namespace, pod.name, gpu_job=False), job, None, inputs, "none")
+        demand: Demand | None = None
+        if job.spec is not None:
+            predictor = self._predictor
+            if predictor is None:
+                raise PredictorUnavailable(self._predictor_error or "the predictor is still loading")
+            try:
+                demand = predictor.predict(job.spec)
+            except Exception as err:
+                raise PredictorUnavailable(f"prediction failed: {type(err).__name__}: {err}") from None
+        if job.memory_override_mib is not None:
+            admission, source = job.memory_override_mib, "override"
+            predicted = demand.memory_mib if demand is not None else job.memory_override_mib
+        else:
+            assert demand is not None
+            correction = self.state.correction(job.signature)
+            admission = corrected_admission(demand.memory_mib_upper, correction, self.params)
+            source = "model" if correction is None else "corrected"
+            predicted = demand.memory_mib
+        inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
+        req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
+                         priority_of(inputs, now_s, self.params), True)
+        self.metrics.predictions.labels(source).inc()
+        self.metrics.predicted_memory.observe(admission)
+        return Plan(req, job, demand, inputs, source)
+
+    def remember(self, raw_pod: Any, pod: PodInfo) -> None:
+        """Keep the pod kube-scheduler sent, so bind (which only gets names) can read its annotations."""
+        if not pod.uid:
+            return
+        with self._lock:
+            self._recent[pod.uid] = raw_pod
+            self._recent.move_to_end(pod.uid)
+            while len(self._recent) > self.settings.recent_pods:
+                self._recent.popitem(last=False)
+
+    def warn_once(self, raw_pod: Mapping[str, Any], uid: str, reason: str, message: str) -> None:
+        """A Warning event on the pod, once per pod and message (kube-scheduler retries often)."""
+        key = (uid, message)
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned[key] = None
+            while len(self._warned) > WARNED_MAX:
+                self._warned.popitem(last=False)
+        self.cluster.event(raw_pod, reason, message, warning=True)
+
+    # ---- verbs ----
+    def filter(self, body: Any) -> dict[str, Any]:
+        try:
+            args = parse_extender_args(body)
+        except ProtocolError as err:
+            return filter_error(f"bad ExtenderArgs: {err}")
+        now = self.clock()
+        self.remember(body["Pod"], args.pod)
+        try:
+            plan = self.plan(args.pod, now)
+        except AnnotationError as err:
+            self.metrics.filter_nodes.labels("bad_annotation").inc(len(args.node_names))
+            self.warn_once(body["Pod"], args.pod.uid, "InvalidAnnotation", str(err))
+            return filter_all_unresolvable(args, str(err))
+        except PredictorUnavailable as err:
+            return filter_error(f"predictor unavailable: {err}", args)
+        result = filter_nodes(plan.request, args.node_names, self.state.views, now, self.params)
+        for kind, count in result.kinds.items():
+            self.metrics.filter_nodes.labels(kind).inc(count)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
+                      args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
+                      len(result.failed), len(result.unresolvable))
+        return filter_result(result, args)
+
+    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        """Scores; on any problem an empty list (kube-scheduler ignores prioritize errors anyway)."""
+        try:
+            args = parse_extender_args(body)
+        except ProtocolError as err:
+            log.info("prioritize: bad ExtenderArgs: %s", err)
+            return []
+        self.remember(body["Pod"], args.pod)
+        try:
+            plan = self.plan(args.pod, self.clock())
+        except (AnnotationError, PredictorUnavailable):
+            return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
+        return host_priority_list(score_nodes(plan.request, args.node_names, self.state.views, self.params))
+
+    def bind(self, body: Any) -> dict[str, str]:
+        try:
+            args = parse_binding_args(body)
+        except ProtocolError as err:
+            return binding_result(f"bad ExtenderBindingArgs: {err}")
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        with self._lock:
+            raw = self._recent.get(args.pod_uid)
+        if raw is None:
+            raw = self.cluster.get_pod(args.pod_namespace, args.pod_name)
+        if raw is None:
+            self.metrics.binds.labels("failed").inc()
+            return binding_result(f"pod {key} (uid {args.pod_uid}) is unknown to the extender")
+        try:
+            pod = parse_pod(raw)
+        except ProtocolError as err:
+            return binding_result(f"pod {key}: {err}")
+        if pod.uid and pod.uid != args.pod_uid:
+            return binding_result(f"pod {key} has uid {pod.uid}, not {args.pod_uid}: it was recreated")
+        now = self.clock()
+        try:
+            plan = self.plan(pod, now)
+        except (AnnotationError, PredictorUnavailable) as err:
+            self.metrics.binds.labels("failed").inc()
+            return binding_result(f"pod {key}: {err}")
+        if not plan.request.gpu_job:
+            return self._bind_plain(raw, key, args.node)
+        version = self.predictor_version
+        req = plan.request
+
+        def build(uuids: tuple[str, ...]) -> Reservation:
+            return Reservation(req.uid, req.namespace, req.name, args.node, uuids, req.admission_mib,
+                               req.admission_mib, req.predicted_mib, plan.inputs, now, plan.job.signature, version)
+
+        outcome = self.state.reserve_on(req, args.node, build, now)
+        if isinstance(outcome, str):
+            self.metrics.overcommit_refused.inc()
+            self.metrics.binds.labels("refused").inc()
+            log.info("bind refused pod=%s node=%s reason=%r", key, args.node, outcome)
+            return binding_result(f"cannot bind {key} to {args.node}: {outcome}")
+        res = outcome
+        written = {
+            ann.PREFIX + ann.ASSIGNED_GPUS: ",".join(res.gpu_uuids),
+            ann.PREFIX + ann.PREDICTED_MEMORY: f"{res.predicted_mib:.0f}",
+            ann.PREFIX + ann.ADMISSION_MEMORY: f"{res.admission_mib:.0f}",
+            ann.PREFIX + ann.PREDICTOR_VERSION: version or "none",
+            ann.PREFIX + ann.ASSIGNED_NODE: args.node,
+        }
+        patched = False
+        try:
+            self.cluster.patch_pod_annotations(raw, written)
+            patched = True
+            self.cluster.bind(raw, args.node)
+        except ClusterError as err:
+            self.state.release(res.pod_uid)
+            if patched:
+                try:
+                    self.cluster.patch_pod_annotations(raw, dict.fromkeys(written))
+                except ClusterError as undo:
+                    log.warning("pod=%s could not remove annotations after failed bind: %s", key, undo)
+            self.metrics.binds.labels("failed").inc()
+            log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)
+            return binding_result(str(err))
+        self.metrics.binds.labels("bound").inc()
+        view = self.state.node_view(args.node)
+        indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
+        self.cluster.event(raw, "Placed", self._placed_message(plan, args.node, indexes))
+        log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),
+                 res.admission_mib)
+        return binding_result("")
+
+    def _bind_plain(self, raw: Mapping[str, Any], key: str, node: str) -> dict[str, str]:
+        try:
+            self.cluster.bind(raw, node)
+        except ClusterError as err:
+            self.metrics.binds.labels("failed").inc()
+            return binding_result(str(err))
+        self.metrics.binds.labels("bound").inc()
+        log.info("bound pod=%s node=%s (not a GPU job)", key, node)
+        return binding_result("")
+
+    @staticmethod
+    def _placed_message(plan: Plan, node: str, indexes: list[str]) -> str:
+        where = f"placed on {node} gpu {','.join(indexes) or '?'}"
+        if plan.source == "override":
+            return f"gpu-memory override {gib(plan.request.admission_mib)}; {where}"
+        demand = plan.demand
+        assert demand is not None
+        what = f"predicted {gib(demand.memory_mib)} (upper {gib(demand.memory_mib_upper)})"
+        if plan.source == "corrected":
+            what += f", admitted {gib(plan.request.admission_mib)} from observed peaks"
+        return f"{what}, {demand.gflops_per_iteration:.0f} GFLOP/iter; {where}"
+
+    def preempt(self, body: Any) -> dict[str, Any]:
+        """Victims per node, only strictly lower DeepRes priority; nodes without victims are dropped."""
+        try:
+            args = parse_preemption_args(body)
+        except ProtocolError as err:
+            log.info("preempt: bad ExtenderPreemptionArgs: %s", err)
+            return preemption_result({}, {})
+        now = self.clock()
+        try:
+            plan = self.plan(args.pod, now)
+        except (AnnotationError, PredictorUnavailable) as err:
+            log.info("preempt pod=%s: %s", args.pod.key, err)
+            return preemption_result({}, {})
+        req = plan.request
+        out: dict[str, tuple[str, ...]] = {}
+        for node, proposed in args.victims.items():
+            ledger = {r.pod_uid: r for r in self.state.reservations_on(node)}
+            known = [ledger[uid] for uid in proposed if uid in ledger]
+            if any(priority_of(r.priority_inputs, now, self.params) >= req.priority for r in known):
+                continue  # kube-scheduler's plan would evict a pod we rank at least as high
+            extra: tuple[str, ...] = ()
+            if req.gpu_job:
+                view = self.state.node_view(node)
+                if view is None or now - view.received_s > self.params.telemetry_ttl_s:
+                    continue
+                planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known)
+                if planned is None:
+                    continue
+                extra = planned
+            victims = tuple(dict.fromkeys((*proposed, *extra)))
+            if victims:
+                out[node] = victims
+        self.metrics.preemptions.inc(sum(len(v) for v in out.values()))
+        return preemption_result(out, args.pdb_violations)
+
+    # ---- telemetry ----
+    def authenticate(self, header: str) -> tuple[bool, str, str]:
+        """(ok, node the token is bound to or "", why not)."""
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return False, "", "missing bearer token"
+        if self.local:
+            if self.token and hmac.compare_digest(token.encode("utf-8"), self.token.encode("utf-8")):
+                return True, "", ""
+            return False, "", "invalid token"
+        identity = self.cluster.review_token(token, self.settings.kube.token_audience)
+        if identity is None:
+            return False, "", "token not authenticated for audience " + self.settings.kube.token_audience
+        allowed = self.settings.kube.agent_service_accounts
+        if allowed and identity.username not in allowed:
+            return False, "", f"{identity.username} may not post telemetry"
+        if not identity.node_name:
+            return False, "", "token is not bound to a node (use a projected ServiceAccount token)"
+        return True, identity.node_name, ""
+
+    def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
+        try:
+            report = parse_report(body)
+        except ReportError as err:
+            self.metrics.telemetry_reports.labels("invalid").inc()
+            return 400, {"error": str(err)}
+        if bound_node and report.node != bound_node:
+            self.metrics.telemetry_reports.labels("unauthorized").inc()
+            return 401, {"error": f"token is bound to node {bound_node}, report is for {report.node}"}
+        outcome = self.state.apply_report(report, self.clock())
+        label = "accepted" if outcome == ACCEPTED else "old_sequence"
+        self.metrics.telemetry_reports.labels(label).inc()
+        return 200, {"accepted": outcome == ACCEPTED, "outcome": outcome}
+
+    def predict(self, body: Any) -> tuple[int, dict[str, Any]]:
+        if not isinstance(body, dict):
+            return 400, {"error": "body must be a JSON object: a Pod, {\"annotations\": {...}} or JobSpec keys"}
+        if isinstance(body.get("metadata"), dict):
+            raw_annotations = body["metadata"].get("annotations") or {}
+        elif "annotations" in body:
+            raw_annotations = body["annotations"]
+        else:
+            raw_annotations = body
+        if not isinstance(raw_annotations, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in raw_annotations.items()):
+            return 400, {"error": "annotations must be an object of strings"}
+        annotations = {k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
+        now = self.clock()
+        pod = PodInfo(name="predict", namespace="default", uid="", annotations=annotations)
+        try:
+            plan = self.plan(pod, now)
+        except AnnotationError as err:
+            return 400, {"error": str(err)}
+        except PredictorUnavailable as err:
+            return 409, {"error": f"predictor unavailable: {err}"}
+        return 200, {
+            "gpu_job": plan.request.gpu_job,
+            "gpus": plan.request.gpus,
+            "demand": plan.demand.to_dict() if plan.demand else None,
+            "admission_memory_mib": plan.request.admission_mib,
+            "admission_source": plan.source,
+            "priority": plan.request.priority,
+            "criticality": plan.job.criticality,
+            "predictor_version": self.predictor_version,
+        }
+
+    # ---- cluster events ----
+    def on_pod_changed(self, raw: dict[str, Any], deleted: bool) -> None:
+        try:
+            pod = parse_pod(raw)
+        except ProtocolError as err:
+            log.debug("ignoring unparsable pod from the watch: %s", err)
+            return
+        if deleted or pod.phase in ("Succeeded", "Failed"):
+            if self.state.release(pod.uid) is not None:
+                log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
+            return
+        self._restore(pod)
+
+    def on_pods_listed(self, pods: list[dict[str, Any]]) -> None:
+        alive: set[str] = set()
+        for raw in pods:
+            try:
+                pod = parse_pod(raw)
+            except ProtocolError:
+                continue
+            if pod.phase in ("Succeeded", "Failed"):
+                continue
+            alive.add(pod.uid)
+            self._restore(pod)
+        for res in self.state.reservations():
+            if res.pod_uid not in alive:
+                self.state.release(res.pod_uid)
+                log.info("released pod=%s (gone at relist)", res.key)
+
+    def on_nodes_listed(self, names: list[str]) -> None:
+        present = set(names)
+        for node in list(self.state.views):
+            if node not in present:
+                self.state.forget_node(node)
+
+    def _restore(self, pod: PodInfo) -> None:
+        """Rebuild a bound pod's reservation from the annotations written at bind."""
+        gpus = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
+        if not gpus or not pod.node_name or self.state.reservation(pod.uid) is not None:
+            return
+        try:
+            admission = float(pod.annotations[ann.PREFIX + ann.ADMISSION_MEMORY])
+            predicted = float(pod.annotations.get(ann.PREFIX + ann.PREDICTED_MEMORY, admission))
+        except (KeyError, ValueError):
+            log.warning("pod=%s has %s but no usable %s: not restored", pod.key, ann.ASSIGNED_GPUS,
+                        ann.ADMISSION_MEMORY)
+            return
+        now = self.clock()
+        inputs = PriorityInputs()
+        signature = ""
+        try:
+            plan = self.plan(pod, now)
+            inputs, signature = plan.inputs, plan.job.signature
+        except (AnnotationError, PredictorUnavailable) as err:
+            log.info("pod=%s restored with default priority: %s", pod.key, err)
+        res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, tuple(gpus.split(",")), admission,
+                          admission, predicted, inputs, now, signature,
+                          pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
+        if self.state.restore(res):
+            log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
+                     gpus, admission)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+def create_app(
+    settings: Settings | None = None,
+    predictor: DemandPredictor | None = None,
+    clock: Callable[[], float] = time.time,
+    cluster: Cluster | None = None,
+) -> Flask:
+    """The WSGI app. `settings` default to defaults + `DEEPRES_*` env; `predictor` defaults to the
+    shipped `predictor.runtime.Predictor.load()` (loaded in the background; /readyz waits for it);
+    `cluster` to the real API server, or an in-memory one in local mode (`kube.no_kube`)."""
+    settings = settings if settings is not None else load_settings()
+    problems = settings.validate()
+    if problems:
+        from extender.settings import SettingsError
+
+        raise SettingsError(problems)
+    if cluster is None:
+        cluster = InMemoryCluster() if settings.kube.no_kube else KubeCluster(
+            settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s)
+    ext = Extender(settings, predictor, cluster, clock)
+    log.info("deepres extender settings: %s", describe(settings))
+    ext.start_cluster()
+
+    app = Flask("deepres-extender")
+    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
+    app.extensions["deepres"] = ext
+    metrics = ext.metrics
+
+    def respond(payload: Any, status: int = 200) -> Response:
+        return Response(json.dumps(payload, separators=(",", ":")), status=status, mimetype="application/json")
+
+    def body_json() -> Any:
+        data = request.get_data(cache=False)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise BadRequest(f"body is not UTF-8 ({err.reason} at byte {err.start})") from None
+        except (ValueError, RecursionError) as err:
+            raise BadRequest(f"body is not valid JSON: {err}") from None
+
+    def verb(name: str, handler: Callable[[Any], Any], error_shape: Callable[[str], Any]) -> Response:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            try:
+                payload = handler(body_json())
+            except BadRequest as err:
+                outcome = "error"
+                payload = error_shape(str(err))
+            if isinstance(payload, dict) and payload.get("Error"):
+                outcome = "error"
+            return respond(payload)
+        finally:
+            metrics.latency.labels(name).observe(time.perf_counter() - started)
+            metrics.requests.labels(name, outcome).inc()
+
+    @app.post("/filter")
+    def filter_route() -> Response:
+        return verb("filter", ext.filter, filter_error)
+
+    @app.post("/prioritize")
+    def prioritize_route() -> Response:
+        return verb("prioritize", ext.prioritize, lambda message: [])
+
+    @app.post("/bind")
+    def bind_route() -> Response:
+        return verb("bind", ext.bind, binding_result)
+
+    @app.post("/preempt")
+    def preempt_route() -> Response:
+        return verb("preempt", ext.preempt, lambda message: preemption_result({}, {}))
+
+    @app.post("/v1/telemetry")
+    def telemetry_route() -> Response:
+        started = time.perf_counter()
+        try:
+            ok, bound_node, why = ext.authenticate(request.headers.get("Authorization", ""))
+            if not ok:
+                metrics.telemetry_reports.labels("unauthorized").inc()
+                response = respond({"error": f"unauthorized: {why}"}, 401)
+                response.headers["WWW-Authenticate"] = 'Bearer realm="deepres-extender"'
+                return response
+            request.max_content_length = settings.telemetry.telemetry_max_bytes
+            try:
+                body = body_json()
+            except BadRequest as err:
+                metrics.telemetry_reports.labels("invalid").inc()
+                return respond({"error": str(err)}, 400)
+            status, payload = ext.telemetry(body, bound_node)
+            return respond(payload, status)
+        finally:
+            metrics.latency.labels("telemetry").observe(time.perf_counter() - started)
+
+    @app.post("/v1/predict")
+    def predict_route() -> Response:
+        started = time.perf_counter()
+        try:
+            try:
+                body = body_json()
+            except BadRequest as err:
+                return respond({"error": str(err)}, 400)
+            status, payload = ext.predict(body)
+            return respond(payload, status)
+        finally:
+            metrics.latency.labels("predict").observe(time.perf_counter() - started)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return respond({"ok": True})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        waiting = ext.readiness()
+        return respond({"ready": not waiting, "waiting_for": waiting}, 200 if not waiting else 503)
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @app.get("/openapi.json")
+    def openapi_route() -> Response:
+        return respond(openapi_document())
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Response:
+        code = err.code or 400
+        if code == 413:
+            limit = request.max_content_length or settings.server.max_body_bytes
+            return respond({"error": f"request body larger than {limit} bytes"}, 413)
+        return respond({"error": f"{err.name}: {err.description}"}, code)
+
+    @app.errorhandler(Exception)
+    def unexpected(err: Exception) -> Response:  # a bug: log it, never leak a traceback
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        name = VERB_PATHS.get(request.path)
+        message = f"internal error ({type(err).__name__}); see the extender's log"
+        if name == "filter":
+            return respond(filter_error(message))
+        if name == "bind":
+            return respond(binding_result(message))
+        if name == "prioritize":
+            return respond([])
+        if name == "preempt":
+            return respond(preemption_result({}, {}))
+        return respond({"error": message}, 500)
+
+    return app
+
+
+def extender_of(app: Flask) -> Extender:
+    """The Extender behind an app made by create_app (tests, the bench)."""
+    ext: Extender = app.extensions["deepres"]
+    return ext
+
+
+__all__ = ["Extender", "create_app", "extender_of", "pod_meta"]

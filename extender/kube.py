@@ -1,0 +1,356 @@
+"""The only module that talks to the Kubernetes API: watches, pod annotation patches, Bindings,
+Events and TokenReviews, behind the small `Cluster` interface.
+
+`KubeCluster` (the production default) uses the official `kubernetes` client; `InMemoryCluster`
+serves local mode (`--no-kube`) and tests with the same behaviour and no API server. Pods travel
+as plain dicts in Kubernetes' JSON casing (what `ApiClient().sanitize_for_serialization` yields),
+so the extender parses a watched pod and a pod sent by kube-scheduler with one parser.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import logging
+import threading
+import time
+import uuid as uuid_module
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+#: TokenReview's extra key carrying the node a projected ServiceAccount token is bound to.
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+TOKEN_CACHE_MAX = 10_000
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class ClusterError(RuntimeError):
+    """An API call that failed; the message says which call and why."""
+
+
+@dataclass(frozen=True)
+class TokenIdentity:
+    """Who a bearer token belongs to, per TokenReview."""
+
+    username: str
+    node_name: str = ""  # the node a bound ServiceAccount token was issued for
+    audiences: tuple[str, ...] = ()
+
+
+@dataclass
+class ClusterHandlers:
+    """What the cluster tells the extender. `pods_listed` gets the full list after every (re)list so
+    reservations of pods deleted while the watch was down are released."""
+
+    pod_changed: Callable[[dict[str, Any], bool], None]  # (pod, deleted)
+    pods_listed: Callable[[list[dict[str, Any]]], None]
+    node_deleted: Callable[[str], None]
+    nodes_listed: Callable[[list[str]], None] = field(default=lambda names: None)
+
+
+class Cluster(Protocol):
+    """The extender's view of the API server."""
+
+    def start(self, handlers: ClusterHandlers) -> None:
+        """List pods of our scheduler and nodes (calling the handlers), then keep watching."""
+
+    def synced(self) -> bool:
+        """True once the first list of pods has been handed to the handlers."""
+
+    def stop(self) -> None: ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
+        """Set (or with None remove) annotations; raises ClusterError."""
+
+    def bind(self, pod: Mapping[str, Any], node: str) -> None:
+        """Create the pod's Binding to `node`; raises ClusterError."""
+
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """Record an Event on the pod; never raises (events are best effort)."""
+
+    def review_token(self, token: str, audience: str) -> TokenIdentity | None:
+        """The token's identity when the API server authenticates it for `audience`, else None."""
+
+
+def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(namespace, name, uid) of a pod dict."""
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or "")
+
+
+class InMemoryCluster:
+    """A cluster double: pods in a dict, Bindings set `spec.nodeName`, Events kept in a list.
+
+    Pods it has not seen are recorded when patched or bound (local mode learns pods from
+    kube-scheduler's requests). `fail_patch` / `fail_bind` make the next calls fail (tests).
+    """
+
+    def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None) -> None:
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[tuple[str, str, str, bool]] = []  # (namespace/name, reason, message, warning)
+        self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
+        self.fail_patch = False
+        self.fail_bind = False
+        self.deleted_nodes: list[str] = []
+        self._handlers: ClusterHandlers | None = None
+        self._synced = False
+        self._lock = threading.Lock()
+
+    def start(self, handlers: ClusterHandlers) -> None:
+        self._handlers = handlers
+        with self._lock:
+            pods = [copy.deepcopy(p) for p in self.pods.values()]
+        handlers.pods_listed(pods)
+        self._synced = True
+
+    def synced(self) -> bool:
+        return self._synced
+
+    def stop(self) -> None:
+        self._handlers = None
+
+    def add_pod(self, pod: Mapping[str, Any]) -> None:
+        ns, name, _ = pod_meta(pod)
+        with self._lock:
+            self.pods[(ns, name)] = copy.deepcopy(dict(pod))
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
+        if self.fail_patch:
+            raise ClusterError("patch pod annotations: injected failure")
+        ns, name, _ = pod_meta(pod)
+        with self._lock:
+            stored = self.pods.setdefault((ns, name), copy.deepcopy(dict(pod)))
+            meta = stored.setdefault("metadata", {})
+            current = meta.get("annotations") or {}
+            for key, value in annotations.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            meta["annotations"] = current
+
+    def bind(self, pod: Mapping[str, Any], node: str) -> None:
+        if self.fail_bind:
+            raise ClusterError("create binding: injected failure")
+        ns, name, uid = pod_meta(pod)
+        with self._lock:
+            stored = self.pods.setdefault((ns, name), copy.deepcopy(dict(pod)))
+            stored_uid = str((stored.get("metadata") or {}).get("uid") or "")
+            if uid and stored_uid and stored_uid != uid:
+                raise ClusterError(f"create binding: pod {ns}/{name} has uid {stored_uid}, not {uid}")
+            spec = stored.setdefault("spec", {})
+            if spec.get("nodeName"):
+                raise ClusterError(f"create binding: pod {ns}/{name} is already assigned to {spec['nodeName']}")
+            spec["nodeName"] = node
+            stored.setdefault("status", {})["phase"] = "Running"
+        handlers = self._handlers
+        if handlers is not None:
+            handlers.pod_changed(self.get_pod(ns, name) or {}, False)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            pod = self.pods.pop((namespace, name), None)
+        if pod is not None and self._handlers is not None:
+            self._handlers.pod_changed(pod, True)
+
+    def finish_pod(self, namespace: str, name: str, phase: str = "Succeeded") -> None:
+        with self._lock:
+            pod = self.pods[(namespace, name)]
+            pod.setdefault("status", {})["phase"] = phase
+            snapshot = copy.deepcopy(pod)
+        if self._handlers is not None:
+            self._handlers.pod_changed(snapshot, False)
+
+    def delete_node(self, name: str) -> None:
+        self.deleted_nodes.append(name)
+        if self._handlers is not None:
+            self._handlers.node_deleted(name)
+
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        ns, name, _ = pod_meta(pod)
+        with self._lock:
+            self.events.append((f"{ns}/{name}", reason, message, warning))
+            del self.events[:-1000]
+
+    def review_token(self, token: str, audience: str) -> TokenIdentity | None:
+        identity = self.tokens.get(token)
+        if identity is None or (identity.audiences and audience not in identity.audiences):
+            return None
+        return identity
+
+
+class KubeCluster:
+    """The real API server through the official client: in-cluster config, else ~/.kube/config."""
+
+    def __init__(self, scheduler_name: str, resync_s: float, token_cache_s: float) -> None:
+        client: Any = importlib.import_module("kubernetes.client")
+        config: Any = importlib.import_module("kubernetes.config")
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._client = client
+        self._api: Any = client.ApiClient()
+        self._core: Any = client.CoreV1Api(self._api)
+        self._auth: Any = client.AuthenticationV1Api(self._api)
+        self._watch: Any = importlib.import_module("kubernetes.watch")
+        self.scheduler_name = scheduler_name
+        self.resync_s = resync_s
+        self.token_cache_s = token_cache_s
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._tokens: dict[str, tuple[float, TokenIdentity | None]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ---- watches ----
+    def start(self, handlers: ClusterHandlers) -> None:
+        for target, name in ((self._watch_pods, "deepres-watch-pods"), (self._watch_nodes, "deepres-watch-nodes")):
+            thread = threading.Thread(target=target, args=(handlers,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch_pods(self, handlers: ClusterHandlers) -> None:
+        selector = f"spec.schedulerName={self.scheduler_name}"
+        while not self._stop.is_set():
+            try:
+                listed = self._core.list_pod_for_all_namespaces(field_selector=selector)
+                pods = [self._api.sanitize_for_serialization(p) for p in listed.items]
+                with self._lock:
+                    self._pods = {pod_meta(p)[:2]: p for p in pods}
+                handlers.pods_listed(pods)
+                self._synced.set()
+                stream = self._watch.Watch().stream(
+                    self._core.list_pod_for_all_namespaces, field_selector=selector,
+                    resource_version=listed.metadata.resource_version, timeout_seconds=int(self.resync_s),
+                )
+                for event in stream:
+                    if self._stop.is_set():
+                        return
+                    pod = self._api.sanitize_for_serialization(event["object"])
+                    deleted = event["type"] == "DELETED"
+                    with self._lock:
+                        if deleted:
+                            self._pods.pop(pod_meta(pod)[:2], None)
+                        else:
+                            self._pods[pod_meta(pod)[:2]] = pod
+                    handlers.pod_changed(pod, deleted)
+            except Exception as err:  # the watch must outlive any API hiccup: log, back off, relist
+                log.warning("pod watch failed, relisting in 5 s: %s", err)
+                self._stop.wait(5.0)
+
+    def _watch_nodes(self, handlers: ClusterHandlers) -> None:
+        while not self._stop.is_set():
+            try:
+                listed = self._core.list_node()
+                handlers.nodes_listed([n.metadata.name for n in listed.items])
+                stream = self._watch.Watch().stream(
+                    self._core.list_node, resource_version=listed.metadata.resource_version,
+                    timeout_seconds=int(self.resync_s))
+                for event in stream:
+                    if self._stop.is_set():
+                        return
+                    if event["type"] == "DELETED":
+                        handlers.node_deleted(event["object"].metadata.name)
+            except Exception as err:
+                log.warning("node watch failed, relisting in 5 s: %s", err)
+                self._stop.wait(5.0)
+
+    # ---- calls ----
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._pods.get((namespace, name))
+        if cached is not None:
+            return copy.deepcopy(cached)
+        try:
+            pod = self._core.read_namespaced_pod(name, namespace)
+        except Exception as err:
+            log.info("pod=%s/%s read failed: %s", namespace, name, err)
+            return None
+        result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
+        return result
+
+    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
+        ns, name, _ = pod_meta(pod)
+        try:
+            self._core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": dict(annotations)}})
+        except Exception as err:
+            raise ClusterError(f"patch annotations of pod {ns}/{name}: {_api_reason(err)}") from None
+
+    def bind(self, pod: Mapping[str, Any], node: str) -> None:
+        c: Any = self._client
+        ns, name, uid = pod_meta(pod)
+        body = c.V1Binding(
+            metadata=c.V1ObjectMeta(name=name, namespace=ns, uid=uid or None),
+            target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        try:  # _preload_content=False: the client cannot deserialise a Binding response (target unset)
+            self._core.create_namespaced_binding(ns, body, _preload_content=False)
+        except Exception as err:
+            raise ClusterError(f"bind pod {ns}/{name} to {node}: {_api_reason(err)}") from None
+
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        c: Any = self._client
+        ns, name, uid = pod_meta(pod)
+        now = datetime.now(UTC)
+        body = c.CoreV1Event(
+            metadata=c.V1ObjectMeta(name=f"{name}.{uuid_module.uuid4().hex[:12]}", namespace=ns),
+            involved_object=c.V1ObjectReference(api_version="v1", kind="Pod", name=name, namespace=ns, uid=uid),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            source=c.V1EventSource(component="deepres-extender"), first_timestamp=now, last_timestamp=now, count=1,
+        )
+        try:
+            self._core.create_namespaced_event(ns, body)
+        except Exception as err:
+            log.info("pod=%s/%s event %s not recorded: %s", ns, name, reason, _api_reason(err))
+
+    def review_token(self, token: str, audience: str) -> TokenIdentity | None:
+        key = hashlib.sha256(token.encode("utf-8")).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            cached = self._tokens.get(key)
+            if cached is not None and cached[0] > now:
+                return cached[1]
+        c: Any = self._client
+        review = c.V1TokenReview(spec=c.V1TokenReviewSpec(token=token, audiences=[audience]))
+        try:
+            status = self._auth.create_token_review(review).status
+        except Exception as err:
+            log.warning("TokenReview failed: %s", _api_reason(err))
+            return None
+        identity: TokenIdentity | None = None
+        if status is not None and status.authenticated and audience in (status.audiences or [audience]):
+            extra = (status.user.extra or {}) if status.user else {}
+            node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
+            identity = TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
+        with self._lock:
+            if len(self._tokens) >= TOKEN_CACHE_MAX:
+                self._tokens.clear()
+            # failures are cached briefly too, so a bad agent cannot make us hammer the API server
+            self._tokens[key] = (now + (self.token_cache_s if identity else min(self.token_cache_s, 5.0)), identity)
+        return identity
+
+
+def _api_reason(err: Exception) -> str:
+    status = getattr(err, "status", None)
+    reason = getattr(err, "reason", None)
+    return f"HTTP {status} {reason}" if status else str(err)

@@ -1,0 +1,83 @@
+"""The extender's Prometheus metrics, on a registry of its own (several apps can live in one test
+process, and /metrics shows only ours).
+
+Per-node telemetry age and the reservation figures are computed at scrape time from the cluster
+state by a collector, so a telemetry report costs no metric update at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extender.state import ClusterState
+
+VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict")
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+MEMORY_BUCKETS_MIB = (512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 81920, 163840)
+
+
+class ExtenderMetrics:
+    """Every metric the extender exports (names below, all prefixed `deepres_extender_`)."""
+
+    def __init__(self, state: ClusterState, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("deepres_extender_requests_total", "Requests per verb and outcome (ok, error).",
+                                ["verb", "outcome"], registry=r)
+        self.latency = Histogram("deepres_extender_request_seconds", "Request latency per verb.", ["verb"],
+                                 buckets=LATENCY_BUCKETS_S, registry=r)
+        self.filter_nodes = Counter("deepres_extender_filter_nodes_total",
+                                    "Filter outcomes per node by reason (passed, memory, stale, no_report, "
+                                    "too_few_gpus, too_large, bad_annotation).", ["reason"], registry=r)
+        self.predictions = Counter("deepres_extender_predictions_total",
+                                   "Predictions made, by source (model, override, corrected).", ["source"],
+                                   registry=r)
+        self.predicted_memory = Histogram("deepres_extender_predicted_memory_mib",
+                                          "Admission memory per GPU of predicted pods (MiB).",
+                                          buckets=MEMORY_BUCKETS_MIB, registry=r)
+        self.overcommit_refused = Counter("deepres_extender_overcommit_refused_total",
+                                          "Binds refused because the GPUs no longer had room.", registry=r)
+        self.telemetry_reports = Counter("deepres_extender_telemetry_reports_total",
+                                         "Telemetry reports by outcome (accepted, old_sequence, invalid, "
+                                         "unauthorized).", ["outcome"], registry=r)
+        self.binds = Counter("deepres_extender_binds_total", "Binds by outcome (bound, refused, failed).",
+                             ["outcome"], registry=r)
+        self.preemptions = Counter("deepres_extender_preemption_victims_total",
+                                   "Victims returned by preempt.", registry=r)
+        r.register(_StateCollector(state, clock))
+        for verb in VERBS:  # export zeros from the start, so rates work from the first scrape
+            self.latency.labels(verb)
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: ClusterState, clock: Callable[[], float]) -> None:
+        self.state = state
+        self.clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ages = GaugeMetricFamily("deepres_extender_telemetry_age_seconds",
+                                 "Seconds since the node's last accepted telemetry report.", labels=["node"])
+        for node, age in sorted(self.state.telemetry_ages(self.clock()).items()):
+            ages.add_metric([node], age)
+        yield ages
+        reservations = self.state.reservations()
+        yield GaugeMetricFamily("deepres_extender_reservations", "Pods holding a GPU reservation.",
+                                value=len(reservations))
+        reserved = GaugeMetricFamily("deepres_extender_reserved_memory_mib",
+                                     "Memory reserved per node (sum over its GPUs, MiB).", labels=["node"])
+        per_node: dict[str, float] = {}
+        for res in reservations:
+            per_node[res.node] = per_node.get(res.node, 0.0) + res.memory_mib * len(res.gpu_uuids)
+        for node, mib in sorted(per_node.items()):
+            reserved.add_metric([node], mib)
+        yield reserved
+        yield GaugeMetricFamily("deepres_extender_nodes_reporting", "Nodes with telemetry.",
+                                value=len(self.state.views))
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())

@@ -1,0 +1,292 @@
+"""kube-scheduler's extender v1 wire types <-> Python records.
+
+The Go structs (k8s.io/kube-scheduler/extender/v1) have no json tags, so the keys are the Go field
+names: `Pod`, `Nodes`, `NodeNames`, `FailedNodes`, `FailedAndUnresolvableNodes`, `Error`,
+`[{"Host", "Score"}]`, `PodName`/`PodNamespace`/`PodUID`/`Node`, `NodeNameToVictims`/
+`NodeNameToMetaVictims`; the embedded Pod and Node objects keep Kubernetes' own casing.
+Parsers raise only ProtocolError (naming the field path); encoders never emit null arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from extender.policy.types import FilterResult
+
+
+class ProtocolError(ValueError):
+    """A request that does not follow the extender protocol; `path` names the offending field."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the extender reads from a Pod object."""
+
+    name: str
+    namespace: str
+    uid: str
+    annotations: Mapping[str, str]
+    created_s: float | None = None
+    priority: int | None = None  # spec.priority (resolved from the PriorityClass by admission)
+    priority_class: str = ""
+    node_name: str = ""
+    phase: str = ""
+    scheduler_name: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """Filter / prioritize input: the pod and the candidate nodes, by name or as full objects."""
+
+    pod: PodInfo
+    node_names: tuple[str, ...]
+    nodes: tuple[dict[str, Any], ...] | None  # the full Node objects when nodeCacheCapable is false
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    """Preempt input: the preemptor and, per node, the victims kube-scheduler proposes (by UID)."""
+
+    pod: PodInfo
+    victims: dict[str, tuple[str, ...]]
+    pdb_violations: dict[str, int]
+    meta: bool  # True: NodeNameToMetaVictims (nodeCacheCapable), False: NodeNameToVictims
+
+
+# ---- decoding ----
+
+def parse_pod(raw: Any, path: str = "Pod") -> PodInfo:
+    """A Pod object (as kube-scheduler serialises it) -> PodInfo."""
+    pod = _object(raw, path)
+    meta = _object(pod.get("metadata"), f"{path}.metadata")
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if not isinstance(spec, dict):
+        raise ProtocolError(f"{path}.spec", f"must be an object, got {_kind(spec)}")
+    if not isinstance(status, dict):
+        raise ProtocolError(f"{path}.status", f"must be an object, got {_kind(status)}")
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise ProtocolError(f"{path}.metadata.annotations", f"must be an object, got {_kind(annotations)}")
+    for key, value in annotations.items():
+        if not isinstance(value, str):
+            raise ProtocolError(f"{path}.metadata.annotations[{key}]", f"must be a string, got {_kind(value)}")
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ProtocolError(f"{path}.spec.priority", f"must be a whole number, got {_kind(priority)}")
+    return PodInfo(
+        name=_string(meta, "name", f"{path}.metadata", required=True),
+        namespace=_string(meta, "namespace", f"{path}.metadata") or "default",
+        uid=_string(meta, "uid", f"{path}.metadata"),
+        annotations=annotations,
+        created_s=_timestamp(meta.get("creationTimestamp"), f"{path}.metadata.creationTimestamp"),
+        priority=priority,
+        priority_class=_string(spec, "priorityClassName", f"{path}.spec"),
+        node_name=_string(spec, "nodeName", f"{path}.spec"),
+        phase=_string(status, "phase", f"{path}.status"),
+        scheduler_name=_string(spec, "schedulerName", f"{path}.spec"),
+    )
+
+
+def parse_extender_args(body: Any) -> ExtenderArgs:
+    """ExtenderArgs JSON -> ExtenderArgs; exactly one of NodeNames / Nodes must be given."""
+    obj = _object(body, "ExtenderArgs")
+    pod = parse_pod(obj.get("Pod"))
+    names_raw = obj.get("NodeNames")
+    nodes_raw = obj.get("Nodes")
+    if names_raw is not None:
+        names = tuple(_string_list(names_raw, "NodeNames"))
+        return ExtenderArgs(pod, names, None)
+    if nodes_raw is not None:
+        node_list = _object(nodes_raw, "Nodes")
+        items = node_list.get("items") or []
+        if not isinstance(items, list):
+            raise ProtocolError("Nodes.items", f"must be a list, got {_kind(items)}")
+        nodes: list[dict[str, Any]] = []
+        names_list: list[str] = []
+        for i, item in enumerate(items):
+            node = _object(item, f"Nodes.items[{i}]")
+            meta = _object(node.get("metadata"), f"Nodes.items[{i}].metadata")
+            names_list.append(_string(meta, "name", f"Nodes.items[{i}].metadata", required=True))
+            nodes.append(node)
+        return ExtenderArgs(pod, tuple(names_list), tuple(nodes))
+    raise ProtocolError("ExtenderArgs", "needs NodeNames (nodeCacheCapable: true) or Nodes (false)")
+
+
+def parse_binding_args(body: Any) -> BindingArgs:
+    obj = _object(body, "ExtenderBindingArgs")
+    path = "ExtenderBindingArgs"
+    return BindingArgs(
+        pod_name=_string(obj, "PodName", path, required=True),
+        pod_namespace=_string(obj, "PodNamespace", path) or "default",
+        pod_uid=_string(obj, "PodUID", path, required=True),
+        node=_string(obj, "Node", path, required=True),
+    )
+
+
+def parse_preemption_args(body: Any) -> PreemptionArgs:
+    obj = _object(body, "ExtenderPreemptionArgs")
+    pod = parse_pod(obj.get("Pod"))
+    victims: dict[str, tuple[str, ...]] = {}
+    pdbs: dict[str, int] = {}
+    meta_raw = obj.get("NodeNameToMetaVictims")
+    full_raw = obj.get("NodeNameToVictims")
+    meta = meta_raw is not None
+    source = meta_raw if meta else full_raw
+    key = "NodeNameToMetaVictims" if meta else "NodeNameToVictims"
+    if source is None:
+        raise ProtocolError("ExtenderPreemptionArgs", "needs NodeNameToMetaVictims or NodeNameToVictims")
+    for node, raw in _object(source, key).items():
+        entry = _object(raw, f"{key}[{node}]")
+        pods = entry.get("Pods") or []
+        if not isinstance(pods, list):
+            raise ProtocolError(f"{key}[{node}].Pods", f"must be a list, got {_kind(pods)}")
+        uids: list[str] = []
+        for i, item in enumerate(pods):
+            path = f"{key}[{node}].Pods[{i}]"
+            if meta:
+                uids.append(_string(_object(item, path), "UID", path, required=True))
+            else:
+                victim = parse_pod(item, path)
+                if not victim.uid:
+                    raise ProtocolError(f"{path}.metadata.uid", "is required")
+                uids.append(victim.uid)
+        victims[node] = tuple(uids)
+        violations = entry.get("NumPDBViolations", 0) or 0
+        if isinstance(violations, bool) or not isinstance(violations, int):
+            raise ProtocolError(f"{key}[{node}].NumPDBViolations", f"must be a whole number, got {_kind(violations)}")
+        pdbs[node] = violations
+    return PreemptionArgs(pod, victims, pdbs, meta)
+
+
+# ---- encoding ----
+
+def filter_result(result: FilterResult, args: ExtenderArgs) -> dict[str, Any]:
+    """ExtenderFilterResult JSON: NodeNames always; Nodes (the passed objects) in full-object mode."""
+    nodes: dict[str, Any] | None = None
+    if args.nodes is not None:
+        passed = set(result.passed)
+        items = [n for name, n in zip(args.node_names, args.nodes, strict=True) if name in passed]
+        seen: set[str] = set()
+        unique = []
+        for node in items:
+            name = node["metadata"]["name"]
+            if name not in seen:
+                seen.add(name)
+                unique.append(node)
+        nodes = {"metadata": {}, "items": unique}
+    return {
+        "Nodes": nodes,
+        "NodeNames": list(result.passed),
+        "FailedNodes": dict(result.failed),
+        "FailedAndUnresolvableNodes": dict(result.unresolvable),
+        "Error": "",
+    }
+
+
+def filter_error(message: str, args: ExtenderArgs | None = None) -> dict[str, Any]:
+    """A filter answer carrying an Error (kube-scheduler fails this scheduling attempt)."""
+    return {
+        "Nodes": None if args is None or args.nodes is None else {"metadata": {}, "items": []},
+        "NodeNames": [],
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": message,
+    }
+
+
+def filter_all_unresolvable(args: ExtenderArgs, reason: str) -> dict[str, Any]:
+    """Every node failed as unresolvable with one reason (a pod whose annotations are wrong)."""
+    return {
+        "Nodes": None if args.nodes is None else {"metadata": {}, "items": []},
+        "NodeNames": [],
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": dict.fromkeys(args.node_names, reason),
+        "Error": "",
+    }
+
+
+def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"Host": host, "Score": int(score)} for host, score in scores]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}
+
+
+def preemption_result(victims: Mapping[str, Sequence[str]], pdb_violations: Mapping[str, int]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: always NodeNameToMetaVictims (victims by UID)."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": int(pdb_violations.get(node, 0))}
+            for node, uids in victims.items()
+        }
+    }
+
+
+# ---- helpers ----
+
+def _object(raw: Any, path: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(path, f"must be an object, got {_kind(raw)}")
+    return raw
+
+
+def _string(obj: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> str:
+    value = obj.get(key)
+    if value is None or value == "":
+        if required:
+            raise ProtocolError(f"{path}.{key}", "is required")
+        return ""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{path}.{key}", f"must be a string, got {_kind(value)}")
+    return value
+
+
+def _string_list(raw: Any, path: str) -> list[str]:
+    if not isinstance(raw, list):
+        raise ProtocolError(path, f"must be a list, got {_kind(raw)}")
+    for i, item in enumerate(raw):
+        if not isinstance(item, str):
+            raise ProtocolError(f"{path}[{i}]", f"must be a string, got {_kind(item)}")
+    return raw
+
+
+def _timestamp(raw: Any, path: str) -> float | None:
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise ProtocolError(path, f"must be an RFC 3339 string, got {_kind(raw)}")
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ProtocolError(path, f"must be an RFC 3339 time, got {raw!r}") from None
+    if moment.tzinfo is None:
+        raise ProtocolError(path, f"must carry a time zone, got {raw!r}")
+    value = moment.timestamp()
+    return value if math.isfinite(value) else None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,335 @@
+"""The extender's settings: one dataclass tree, read from defaults < `--config` YAML < `DEEPRES_*` env.
+
+Every leaf name is unique across the tree, so a leaf is set the same way everywhere: in YAML either
+nested (`policy: {telemetry_ttl_s: 30}`) or flat (`telemetry_ttl_s: 30`), and in the environment as
+`DEEPRES_<LEAF>` (`DEEPRES_TELEMETRY_TTL_S=30`). `validate()` lists every problem with its path, and
+`load_settings` refuses to start on any of them. Nothing here is read at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.policy.types import CRITICALITIES, PolicyParams
+
+ENV_PREFIX = "DEEPRES_"
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; `problems` lists each with its path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid settings:\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class ServerSettings:
+    bind: str = "0.0.0.0:8888"
+    """HOST:PORT the HTTP server listens on."""
+    threads: int = 8
+    """Request threads of the single worker process (the cluster state lives in that one process)."""
+    timeout_s: float = 30.0
+    """gunicorn worker timeout; kube-scheduler's own httpTimeout is 5 s by default."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
+    tls_cert: str = ""
+    """PEM certificate for HTTPS (with tls_key); empty: plain HTTP."""
+    tls_key: str = ""
+    """PEM private key for HTTPS."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+
+@dataclass
+class PolicySettings:
+    telemetry_ttl_s: float = 30.0
+    """A node's telemetry older than this fails the filter: the agent reports every 5 s, so 30 s is six
+    missed reports."""
+    spread_priority: float = 20.0
+    """Priority from which pods spread to the least utilised GPUs (20 = a `high` job)."""
+    fragmentation_weight: float = 0.2
+    """Share of the score (0..1) rewarding placements that leave fewer GPUs partly used."""
+    usage_warmup_s: float = 120.0
+    """Time after bind before a reservation follows the pod's observed peak."""
+    usage_margin: float = 1.10
+    """Safety margin on observed peaks (>= 1)."""
+    min_reservation_mib: float = 256.0
+    """Floor of a usage-following reservation (MiB)."""
+    size_scale_gpu_s: float = 1.0e6
+    """Job size (GPU-seconds) that earns no size points in the priority."""
+    peak_store_size: int = 10_000
+    """Job signatures whose observed peaks are remembered (least recently used forgotten first)."""
+    default_criticality_ceiling: str = "high"
+    """Highest criticality a pod's annotation may claim in a namespace not listed below."""
+    namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
+    """Per-namespace ceiling, e.g. {prod: critical, sandbox: normal}. A PriorityClass is not capped."""
+
+    def params(self) -> PolicyParams:
+        return PolicyParams(
+            telemetry_ttl_s=self.telemetry_ttl_s,
+            spread_priority=self.spread_priority,
+            fragmentation_weight=self.fragmentation_weight,
+            usage_warmup_s=self.usage_warmup_s,
+            usage_margin=self.usage_margin,
+            min_reservation_mib=self.min_reservation_mib,
+            size_scale_gpu_s=self.size_scale_gpu_s,
+        )
+
+    def ceiling(self, namespace: str) -> int:
+        return CRITICALITIES.index(self.namespace_criticality_ceilings.get(namespace, self.default_criticality_ceiling))
+
+
+@dataclass
+class KubeSettings:
+    no_kube: bool = False
+    """Local mode: no API server; pods are known from the requests, bindings stay in memory."""
+    scheduler_name: str = "deepres-scheduler"
+    """Pods of this scheduler are watched; their reservations rebuilt from annotations at start."""
+    resync_s: float = 300.0
+    """Watches are restarted with a full list at least this often."""
+    token_audience: str = "deepres-extender"
+    """Audience the agents' projected ServiceAccount tokens must carry (TokenReview)."""
+    token_cache_s: float = 60.0
+    """How long a successful TokenReview is trusted before asking the API server again."""
+    agent_service_accounts: list[str] = field(default_factory=list)
+    """If set, only these ServiceAccounts (system:serviceaccount:NS:NAME) may post telemetry."""
+
+
+@dataclass
+class TelemetrySettings:
+    telemetry_token_file: str = ""
+    """File holding the shared bearer token agents present in local mode."""
+    telemetry_token: str = ""
+    """The shared token itself (prefer the file; the env var DEEPRES_TELEMETRY_TOKEN works too)."""
+    telemetry_max_bytes: int = 1024 * 1024
+    """Largest telemetry report body (413 above)."""
+
+
+@dataclass
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    predictor_path: str = ""
+    """Predictor artifact directory; empty: the shipped predictor/artifacts/."""
+    recent_pods: int = 20_000
+    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped)."""
+
+    def validate(self) -> list[str]:
+        """Every problem, with its path; empty when the settings can be used."""
+        p: list[str] = []
+        s, pol, k, t = self.server, self.policy, self.kube, self.telemetry
+        host, _, port = s.bind.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            p.append(f"server.bind must be HOST:PORT with a port in 1..65535, got {s.bind!r}")
+        _positive(p, "server.threads", s.threads)
+        _positive(p, "server.timeout_s", s.timeout_s)
+        _positive(p, "server.max_body_bytes", s.max_body_bytes)
+        if bool(s.tls_cert) != bool(s.tls_key):
+            p.append("server.tls_cert and server.tls_key must be given together")
+        for name in ("tls_cert", "tls_key"):
+            value = getattr(s, name)
+            if value and not Path(value).is_file():
+                p.append(f"server.{name} must be a readable file, got {value!r}")
+        if s.log_level.lower() not in ("debug", "info", "warning", "error"):
+            p.append(f"server.log_level must be one of debug, info, warning, error, got {s.log_level!r}")
+        _positive(p, "policy.telemetry_ttl_s", pol.telemetry_ttl_s)
+        if not 0.0 <= pol.spread_priority <= 45.0:
+            p.append(f"policy.spread_priority must be in [0, 45], got {pol.spread_priority}")
+        if not 0.0 <= pol.fragmentation_weight <= 1.0:
+            p.append(f"policy.fragmentation_weight must be in [0, 1], got {pol.fragmentation_weight}")
+        if pol.usage_warmup_s < 0:
+            p.append(f"policy.usage_warmup_s must be >= 0, got {pol.usage_warmup_s}")
+        if not 1.0 <= pol.usage_margin <= 10.0:
+            p.append(f"policy.usage_margin must be in [1, 10], got {pol.usage_margin}")
+        if pol.min_reservation_mib < 0:
+            p.append(f"policy.min_reservation_mib must be >= 0, got {pol.min_reservation_mib}")
+        _positive(p, "policy.size_scale_gpu_s", pol.size_scale_gpu_s)
+        _positive(p, "policy.peak_store_size", pol.peak_store_size)
+        levels = ", ".join(CRITICALITIES)
+        if pol.default_criticality_ceiling not in CRITICALITIES:
+            p.append(f"policy.default_criticality_ceiling must be one of {levels}, "
+                     f"got {pol.default_criticality_ceiling!r}")
+        for ns, level in pol.namespace_criticality_ceilings.items():
+            if level not in CRITICALITIES:
+                p.append(f"policy.namespace_criticality_ceilings.{ns} must be one of {levels}, got {level!r}")
+        if not k.scheduler_name:
+            p.append("kube.scheduler_name must not be empty")
+        _positive(p, "kube.resync_s", k.resync_s)
+        if k.token_cache_s < 0:
+            p.append(f"kube.token_cache_s must be >= 0, got {k.token_cache_s}")
+        if t.telemetry_token_file and not Path(t.telemetry_token_file).is_file():
+            p.append(f"telemetry.telemetry_token_file must be a readable file, got {t.telemetry_token_file!r}")
+        _positive(p, "telemetry.telemetry_max_bytes", t.telemetry_max_bytes)
+        _positive(p, "recent_pods", self.recent_pods)
+        return p
+
+    def telemetry_token_value(self) -> str:
+        """The shared telemetry token (file wins over the inline value), stripped."""
+        if self.telemetry.telemetry_token_file:
+            return Path(self.telemetry.telemetry_token_file).read_text(encoding="utf-8").strip()
+        return self.telemetry.telemetry_token.strip()
+
+
+def leaf_paths() -> dict[str, tuple[str, ...]]:
+    """Leaf name -> its path in the tree (`telemetry_ttl_s` -> ("policy", "telemetry_ttl_s"))."""
+    out: dict[str, tuple[str, ...]] = {}
+    for f in fields(Settings):
+        section_type = _section_type(f)
+        if section_type is None:
+            out[f.name] = (f.name,)
+        else:
+            for leaf in fields(section_type):
+                out[leaf.name] = (f.name, leaf.name)
+    return out
+
+
+def load_settings(
+    config_file: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """defaults < YAML file < env (`DEEPRES_<LEAF>`) < overrides (command-line flags, by leaf name).
+
+    Raises SettingsError listing every problem (unknown keys, wrong types, invalid values).
+    """
+    settings = Settings()
+    problems: list[str] = []
+    paths = leaf_paths()
+    if config_file:
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise SettingsError([f"--config {config_file}: {err}"]) from None
+        if not isinstance(loaded, dict):
+            raise SettingsError([f"--config {config_file}: must be a mapping of settings, got {type(loaded).__name__}"])
+        for key, value in loaded.items():
+            section = _section_of(settings, str(key))
+            if section is not None and isinstance(value, dict):
+                for leaf, leaf_value in value.items():
+                    path = paths.get(str(leaf))
+                    if path is None or path[0] != key:
+                        problems.append(f"{key}.{leaf}: unknown setting")
+                        continue
+                    _assign(settings, path, leaf_value, problems, from_text=False)
+            elif str(key) in paths:
+                _assign(settings, paths[str(key)], value, problems, from_text=False)
+            else:
+                problems.append(f"{key}: unknown setting (known: {', '.join(sorted(paths))})")
+    for name, value in (env if env is not None else os.environ).items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        leaf = name[len(ENV_PREFIX):].lower()
+        if leaf in paths:
+            _assign(settings, paths[leaf], value, problems, from_text=True, origin=name)
+    for leaf, value in (overrides or {}).items():
+        if value is not None:
+            _assign(settings, paths[leaf], value, problems, from_text=False)
+    problems.extend(settings.validate())
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def describe(settings: Settings) -> str:
+    """One line of the effective settings for the start-up log (the token is never printed)."""
+    flat = []
+    for leaf, path in sorted(leaf_paths().items()):
+        value = _get(settings, path)
+        if leaf == "telemetry_token":
+            value = "<set>" if value else ""
+        flat.append(f"{leaf}={value}")
+    return " ".join(flat)
+
+
+def _section_type(f: dataclasses.Field[Any]) -> type | None:
+    hints = typing.get_type_hints(Settings)
+    hint = hints[f.name]
+    return hint if dataclasses.is_dataclass(hint) and isinstance(hint, type) else None
+
+
+def _section_of(settings: Settings, key: str) -> Any:
+    value = getattr(settings, key, None)
+    return value if dataclasses.is_dataclass(value) else None
+
+
+def _get(settings: Settings, path: tuple[str, ...]) -> Any:
+    obj: Any = settings
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _assign(settings: Settings, path: tuple[str, ...], value: Any, problems: list[str], *, from_text: bool,
+            origin: str = "") -> None:
+    owner: Any = settings
+    for part in path[:-1]:
+        owner = getattr(owner, part)
+    leaf = path[-1]
+    hint = typing.get_type_hints(type(owner))[leaf]
+    where = origin or ".".join(path)
+    try:
+        setattr(owner, leaf, _coerce(hint, value, from_text))
+    except (TypeError, ValueError) as err:
+        problems.append(f"{where}: {err}")
+
+
+def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        raise ValueError(f"must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise ValueError(f"must be a whole number, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value.strip())
+        raise ValueError(f"must be a whole number, got {value!r}")
+    if hint is float:
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, got {value!r}")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"must be a string, got {value!r}")
+    if origin is dict or origin is list:
+        if from_text and isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip() else ({} if origin is dict else [])
+        if origin is dict and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return {str(k): v for k, v in value.items()}
+        if origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        kind = "a mapping of strings" if origin is dict else "a list of strings"
+        raise ValueError(f"must be {kind}, got {value!r}")
+    if isinstance(hint, types.UnionType):  # pragma: no cover - no optional leaves today
+        raise TypeError(f"unsupported setting type {hint}")
+    raise TypeError(f"unsupported setting type {hint}")
+
+
+def _positive(problems: list[str], path: str, value: float) -> None:
+    if not value > 0:
+        problems.append(f"{path} must be > 0, got {value}")
