@@ -35,7 +35,7 @@ from extender.agent.kube import (
 )
 from extender.agent.metrics import AgentMetrics, Health, make_app, serve
 from extender.agent.nvml import NvmlSource
-from extender.agent.reporter import HttpPoster, Reporter, TokenFile
+from extender.agent.reporter import HttpPoster, Reporter, ReportSink, TokenFile
 from extender.agent.simulated import SPEC_EXAMPLE, SimulatedSource, parse_gpu_spec
 from extender.agent.sources import SOURCE_NAMES, GpuSource, SourceUnavailable
 from extender.agent.tracking import (
@@ -124,7 +124,7 @@ class Agent:
         self,
         settings: AgentSettings,
         source: GpuSource,
-        reporter: Reporter,
+        reporter: ReportSink,
         *,
         pods: PodLister | None = None,
         annotator: NodeAnnotator | None = None,

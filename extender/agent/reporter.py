@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from extender.agent import AGENT_VERSION
 from extender.telemetry import NodeReport
@@ -125,6 +126,12 @@ def _short(raw: bytes, limit: int = 300) -> str:
 def encode_report(report: NodeReport) -> bytes:
     """The wire body: compact JSON of the shared schema."""
     return json.dumps(report.to_dict(), separators=(",", ":")).encode("utf-8")
+
+
+class ReportSink(Protocol):
+    def submit(self, report: NodeReport) -> None:
+        """Hand a report over for delivery; must not block."""
+        ...
 
 
 class Reporter:
