@@ -111,3 +111,16 @@ def test_trigger_publishes_at_start_then_on_growth_rate_limited() -> None:
     assert trigger.observe(50_000, now_s=10) == 50_000  # same value as before, but memory did free up
     assert trigger.observe(52_000, now_s=21) == 52_000
     assert trigger.observe(52_500, now_s=40) is None
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    import random
+
+    from extender.agent.reporter import backoff_s
+
+    rng = random.Random(3)
+    for attempt in range(1, 12):
+        step = min(30.0, 0.5 * 2 ** (attempt - 1))
+        delays = [backoff_s(attempt, 0.5, 30.0, rng) for _ in range(50)]
+        assert all(step / 2 <= d <= step for d in delays)
+        assert len(set(delays)) > 1  # jittered
