@@ -1,0 +1,205 @@
+{{/*
+Names, labels and small computed values shared by every template.
+*/}}
+
+{{/* Chart name, at most 63 characters (a DNS label). */}}
+{{- define "deepres.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object name prefix: the release name, or `<release>-deepres` when it does not contain the chart name. */}}
+{{- define "deepres.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one component's objects: `<fullname>-<component>` (component in .component). */}}
+{{- define "deepres.componentName" -}}
+{{- printf "%s-%s" (include "deepres.fullname" .root | trunc 50 | trimSuffix "-") .component }}
+{{- end }}
+
+{{- define "deepres.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "deepres.labels" -}}
+helm.sh/chart: {{ include "deepres.chart" . }}
+{{ include "deepres.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: deepres
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the release's pods (never change them: selectors are immutable). */}}
+{{- define "deepres.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "deepres.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component's objects (component in .component, context in .root). */}}
+{{- define "deepres.componentLabels" -}}
+{{ include "deepres.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "deepres.componentSelectorLabels" -}}
+{{ include "deepres.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* kube-scheduler image: the cluster's own version unless a tag is set (vendor suffixes such as `-eks-...` or `+k3s1` dropped). */}}
+{{- define "deepres.schedulerImage" -}}
+{{- $tag := .Values.scheduler.image.tag }}
+{{- if not $tag }}
+{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version }}
+{{- end }}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- end }}
+
+{{- define "deepres.extenderImage" -}}
+{{- printf "%s:%s" .Values.extender.image.repository (default .Chart.AppVersion .Values.extender.image.tag) }}
+{{- end }}
+
+{{- define "deepres.agentImage" -}}
+{{- printf "%s:%s" .Values.agent.image.repository (default .Chart.AppVersion .Values.agent.image.tag) }}
+{{- end }}
+
+{{/* The extender Service's in-cluster DNS name. */}}
+{{- define "deepres.extenderHost" -}}
+{{- printf "%s.%s.svc" (include "deepres.componentName" (dict "root" . "component" "extender")) .Release.Namespace }}
+{{- end }}
+
+{{- define "deepres.extenderScheme" -}}
+{{- if .Values.extender.tls.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* URL kube-scheduler calls: loopback in sidecar mode (with TLS the certificate is checked against tls.serverName), the Service otherwise. */}}
+{{- define "deepres.extenderUrlPrefix" -}}
+{{- if eq .Values.extender.mode "sidecar" }}
+{{- printf "%s://127.0.0.1:%d" (include "deepres.extenderScheme" .) (int .Values.extender.port) }}
+{{- else }}
+{{- printf "%s://%s:%d" (include "deepres.extenderScheme" .) (include "deepres.extenderHost" .) (int .Values.extender.port) }}
+{{- end }}
+{{- end }}
+
+{{/* URL agents post telemetry to. */}}
+{{- define "deepres.agentExtenderUrl" -}}
+{{- if .Values.agent.extenderUrl }}
+{{- .Values.agent.extenderUrl }}
+{{- else }}
+{{- printf "%s://%s:%d" (include "deepres.extenderScheme" .) (include "deepres.extenderHost" .) (int .Values.extender.port) }}
+{{- end }}
+{{- end }}
+
+{{/* The rendered extender settings file (also hashed into the pods' checksum annotation). */}}
+{{- define "deepres.extenderSettings" -}}
+{{- if .Values.extender.settings }}
+{{- toYaml .Values.extender.settings }}
+{{- else -}}
+{}
+{{- end }}
+{{- end }}
+
+{{/* The extender container, shared by the sidecar (scheduler pod) and the Deployment. */}}
+{{- define "deepres.extenderContainer" -}}
+- name: extender
+  image: {{ include "deepres.extenderImage" . | quote }}
+  imagePullPolicy: {{ .Values.extender.image.pullPolicy }}
+  args:
+    - serve
+    - --bind=0.0.0.0:{{ .Values.extender.port }}
+    - --config=/etc/deepres/config/settings.yaml
+    - --log-level={{ .Values.extender.logLevel }}
+    {{- if .Values.extender.tls.enabled }}
+    - --tls-cert=/etc/deepres/tls/tls.crt
+    - --tls-key=/etc/deepres/tls/tls.key
+    {{- end }}
+  env:
+    - name: DEEPRES_SCHEDULER_NAME
+      value: {{ .Values.scheduler.name | quote }}
+    - name: DEEPRES_TELEMETRY_TTL_S
+      value: {{ .Values.telemetry.ttlSeconds | quote }}
+    # Agents authenticate with projected tokens for this audience; only the agent ServiceAccount may report.
+    - name: DEEPRES_TOKEN_AUDIENCE
+      value: {{ .Values.agent.tokenAudience | quote }}
+    - name: DEEPRES_AGENT_SERVICE_ACCOUNTS
+      value: {{ list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" "agent"))) | toJson | quote }}
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: HOME
+      value: /tmp
+    {{- with .Values.extender.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ .Values.extender.port }}
+      protocol: TCP
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: http
+      scheme: {{ include "deepres.extenderScheme" . | upper }}
+    periodSeconds: 2
+    failureThreshold: 60
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: http
+      scheme: {{ include "deepres.extenderScheme" . | upper }}
+    periodSeconds: 10
+    timeoutSeconds: 3
+    failureThreshold: 3
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: http
+      scheme: {{ include "deepres.extenderScheme" . | upper }}
+    periodSeconds: 5
+    timeoutSeconds: 3
+  resources:
+    {{- toYaml .Values.extender.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: extender-config
+      mountPath: /etc/deepres/config
+      readOnly: true
+    - name: extender-tmp
+      mountPath: /tmp
+    {{- if .Values.extender.tls.enabled }}
+    - name: extender-tls
+      mountPath: /etc/deepres/tls
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{/* Volumes the extender container mounts. */}}
+{{- define "deepres.extenderVolumes" -}}
+- name: extender-config
+  configMap:
+    name: {{ include "deepres.componentName" (dict "root" . "component" "extender") }}
+- name: extender-tmp
+  emptyDir:
+    sizeLimit: 256Mi
+{{- if .Values.extender.tls.enabled }}
+- name: extender-tls
+  secret:
+    secretName: {{ .Values.extender.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}

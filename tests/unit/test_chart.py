@@ -1,0 +1,666 @@
+"""The Helm chart, checked the way a cluster would check it, without a cluster.
+
+Why: an admin's first contact with deepres is `helm install`; a typo in a template, an object the
+API server rejects, a scheduler configuration that calls the wrong path or port, or RBAC wider than
+needed must fail here, not on a cluster. Rendering goes through the real `helm` (from .venv/bin,
+installed by `make tools`); objects are validated with kubernetes-validate's strict schemas for every
+Kubernetes minor the chart supports; the KubeSchedulerConfiguration is compared with what the
+extender serves and the rendered command lines are parsed by the real `deepres` argument parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "deepres"
+MANIFEST = REPO / "deploy" / "manifests" / "deepres.yaml"
+RENDER_SCRIPT = REPO / "deploy" / "manifests" / "render.sh"
+RELEASE, NAMESPACE = "deepres", "deepres"
+KUBE_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
+SERVICEMONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+VERBS = ("filter", "prioritize", "preempt", "bind")
+
+HELM = shutil.which("helm") or next((str(p) for p in [REPO / ".venv" / "bin" / "helm"] if p.exists()), None)
+pytestmark = pytest.mark.skipif(HELM is None, reason="helm not on PATH: run `make tools` (installs it into .venv/bin)")
+
+Obj = dict[str, Any]
+
+# Named value sets: every one must render, lint and validate.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "separate-extender": {"extender": {"mode": "deployment"}, "scheduler": {"replicas": 2}},
+    "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "simulated": {
+        "agent": {
+            "source": "simulated",
+            "nodeSelector": {"deepres.io/simulated-gpus": "true", "nvidia.com/gpu.present": None},
+            "simulated": {"default": "1xT4-16GB", "nodes": {"worker-1": "2xA100-40GB", "worker-2": "1xV100-16GB"}},
+        }
+    },
+    "tls": {
+        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "deepres-tls"}},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    },
+    "privileged-agent": {"agent": {"privileged": True}, "pdb": {"enabled": False}},
+}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    return subprocess.run([HELM, *args], capture_output=True, text=True, check=check, timeout=120)
+
+
+def write_values(tmp: Path, values: dict[str, Any]) -> Path:
+    path = tmp / f"values-{hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def template_args(values_file: Path, kube_version: str) -> list[str]:
+    return [
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version,
+        "--api-versions", SERVICEMONITOR_API, "-f", str(values_file),
+    ]
+
+
+def render(tmp: Path, values: dict[str, Any], kube_version: str = "1.35.0") -> list[Obj]:
+    out = helm(*template_args(write_values(tmp, values), kube_version))
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def render_error(tmp: Path, values: dict[str, Any], *extra: str) -> str:
+    """Render expecting failure; returns helm's error text."""
+    result = helm(*template_args(write_values(tmp, values), "1.35.0"), *extra, check=False)
+    assert result.returncode != 0, f"expected the chart to refuse {values}, it rendered"
+    return result.stderr
+
+
+def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    hits = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(hits) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in hits]}"
+    return hits[0]
+
+
+def containers(obj: Obj) -> list[Obj]:
+    result: list[Obj] = obj["spec"]["template"]["spec"]["containers"]
+    return result
+
+
+def container(obj: Obj, name: str) -> Obj:
+    return next(c for c in containers(obj) if c["name"] == name)
+
+
+def scheduler_config(objs: list[Obj]) -> Obj:
+    config: Obj = yaml.safe_load(find(objs, "ConfigMap", "deepres-scheduler")["data"]["scheduler-config.yaml"])
+    return config
+
+
+# ServiceMonitor is a CRD kubernetes-validate has no schema for: we check the fields the chart sets
+# against this small schema (the shape the Prometheus Operator documents), strictly.
+SERVICEMONITOR_SCHEMA: Obj = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "namespace"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["port"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string", "pattern": "^/"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "tlsConfig": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "serverName": {"type": "string"},
+                                    "ca": {
+                                        "type": "object",
+                                        "properties": {
+                                            "secret": {
+                                                "type": "object",
+                                                "required": ["name", "key"],
+                                                "properties": {"name": {"type": "string"}, "key": {"type": "string"}},
+                                            }
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def validate_object(obj: Obj, kube_version: str) -> None:
+    """Strict schema of the object's own Kubernetes version; CRDs against our own small schema."""
+    where = f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes {kube_version})"
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        try:
+            jsonschema.validate(obj, SERVICEMONITOR_SCHEMA)
+        except jsonschema.ValidationError as err:
+            pytest.fail(f"{where}: {'.'.join(map(str, err.path))}: {err.message}")
+        return
+    try:
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        pytest.fail(f"{where}: {'.'.join(map(str, err.path))}: {err.message}")
+    except kubernetes_validate.utils.SchemaNotFoundError as err:
+        pytest.fail(f"{where}: no schema for this kind ({err.message}); the chart should only emit core kinds")
+
+
+# --------------------------------------------------------------------------------------------------
+# lint, render, validate
+
+
+def test_kubernetes_validate_knows_every_supported_version() -> None:
+    known = {kubernetes_validate.utils.major_minor(v) for v in kubernetes_validate.utils.all_versions()}
+    missing = [v for v in KUBE_VERSIONS if kubernetes_validate.utils.major_minor(v) not in known]
+    assert not missing, f"kubernetes-validate {kubernetes_validate.__version__} lacks schemas for {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict(name: str, tmp_path: Path) -> None:
+    result = helm("lint", "--strict", str(CHART), "-f", str(write_values(tmp_path, VALUE_SETS[name])), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_rendered_object_validates(name: str, kube_version: str, tmp_path: Path) -> None:
+    objs = render(tmp_path, VALUE_SETS[name], kube_version)
+    assert objs, "the chart rendered nothing"
+    for obj in objs:
+        validate_object(obj, kube_version)
+    scheduler = find(objs, "Deployment", "deepres-scheduler")
+    minor = ".".join(kube_version.split(".")[:2])
+    image = container(scheduler, "kube-scheduler")["image"]
+    assert image == f"registry.k8s.io/kube-scheduler:v{minor}.0", "kube-scheduler must match the cluster's version"
+
+
+def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
+    for name, values in VALUE_SETS.items():
+        objs = render(tmp_path, values)
+        keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
+        assert len(keys) == len(set(keys)), f"{name}: duplicate objects {keys}"
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+        for kind, namespace, obj_name in keys:
+            assert (namespace is None) == (kind in cluster_scoped), f"{name}: {kind}/{obj_name} namespace {namespace}"
+
+
+# --------------------------------------------------------------------------------------------------
+# the scheduler configuration against the extender
+
+
+def served_extender_paths() -> tuple[set[str], str]:
+    """(POST paths the extender serves, where that was read from): its Flask app when present."""
+    try:
+        from extender.app import create_app
+        from extender.settings import KubeSettings, Settings
+    except ImportError:
+        pass  # the extender has not landed: the contract says what it will serve
+    else:
+        # local mode and a stand-in predictor: only the routes matter here, not the cluster or the model
+        flask_app = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object())  # type: ignore[arg-type]
+        paths = {r.rule for r in flask_app.url_map.iter_rules() if "POST" in (r.methods or set())}
+        return paths, "extender/app.py"
+    contract = (REPO / "docs" / "CONTRACTS.md").read_text()
+    line = next(ln for ln in contract.splitlines() if "HTTP paths" in ln)
+    return set(re.findall(r"(/[a-z0-9/]+)", line.split("POST", 1)[1].split("GET", 1)[0])), "docs/CONTRACTS.md"
+
+
+def default_extender_port() -> int:
+    contract = (REPO / "docs" / "CONTRACTS.md").read_text()
+    match = re.search(r"--bind HOST:PORT` \(default `0\.0\.0\.0:(\d+)`\)", contract)
+    assert match, "docs/CONTRACTS.md no longer states the extender's default --bind"
+    return int(match.group(1))
+
+
+def test_scheduler_configuration_matches_the_extender(tmp_path: Path) -> None:
+    objs = render(tmp_path, {})
+    config = scheduler_config(objs)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == ["deepres-scheduler"]
+    assert config["leaderElection"]["leaderElect"] is True
+    assert config["leaderElection"]["resourceName"] == "deepres-scheduler"
+    (ext,) = config["extenders"]
+    assert {ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]} == set(VERBS)
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["enableHTTPS"] is False
+    assert isinstance(ext["weight"], int) and ext["weight"] > 0
+    assert re.fullmatch(r"[0-9]+(ms|s)", ext["httpTimeout"])
+
+    url = re.fullmatch(r"(https?)://([^:/]+):(\d+)", ext["urlPrefix"])
+    assert url, f"urlPrefix {ext['urlPrefix']!r} is not scheme://host:port (the extender serves at its root)"
+    scheme, host, port = url.group(1), url.group(2), int(url.group(3))
+    assert scheme == "http" and host == "127.0.0.1", "sidecar mode calls the extender over loopback, TLS off"
+    assert port == default_extender_port()
+
+    served, source = served_extender_paths()
+    for verb in VERBS:
+        assert f"/{verb}" in served, f"kube-scheduler will POST /{verb}; {source} serves {sorted(served)}"
+
+    extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
+    assert f"--bind=0.0.0.0:{port}" in extender["args"]
+    assert [p["containerPort"] for p in extender["ports"]] == [port]
+    service = find(objs, "Service", "deepres-extender")
+    assert service["spec"]["ports"][0]["port"] == port
+
+
+def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
+    objs = render(tmp_path, VALUE_SETS["separate-extender"])
+    (ext,) = scheduler_config(objs)["extenders"]
+    assert ext["urlPrefix"] == f"http://deepres-extender.{NAMESPACE}.svc:8888"
+    scheduler = find(objs, "Deployment", "deepres-scheduler")
+    assert [c["name"] for c in containers(scheduler)] == ["kube-scheduler"]
+    extender = find(objs, "Deployment", "deepres-extender")
+    assert extender["spec"]["replicas"] == 1 and extender["spec"]["strategy"]["type"] == "Recreate"
+    service = find(objs, "Service", "deepres-extender")
+    assert service["spec"]["selector"] == extender["spec"]["selector"]["matchLabels"]
+
+
+def test_tls_configures_https_and_the_ca_everywhere(tmp_path: Path) -> None:
+    objs = render(tmp_path, VALUE_SETS["tls"])
+    (ext,) = scheduler_config(objs)["extenders"]
+    assert ext["urlPrefix"].startswith("https://") and ext["enableHTTPS"] is True
+    assert ext["tlsConfig"]["caFile"] == "/etc/deepres/tls/ca.crt"
+    scheduler = container(find(objs, "Deployment", "deepres-scheduler"), "kube-scheduler")
+    assert "/etc/deepres/tls" in {m["mountPath"] for m in scheduler["volumeMounts"]}
+    extender = container(find(objs, "Deployment", "deepres-extender"), "extender")
+    assert "--tls-cert=/etc/deepres/tls/tls.crt" in extender["args"]
+    assert extender["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    agent = container(find(objs, "DaemonSet", "deepres-agent"), "agent")
+    assert any(a.startswith("--extender-url=https://") for a in agent["args"])
+    assert "--extender-ca-file=/etc/deepres/tls/ca.crt" in agent["args"]
+
+
+# --------------------------------------------------------------------------------------------------
+# rendered command lines parse with the real CLI
+
+
+def cli_parser(subcommand: str) -> argparse.ArgumentParser:
+    from extender import cli
+
+    module_name = cli.COMMANDS[subcommand][0]
+    try:
+        cli._load(module_name)
+    except ImportError as err:
+        pytest.skip(f"`deepres {subcommand}` ({module_name}) not importable yet: {err}")
+    return cli.build_parser(subcommand)
+
+
+def test_extender_args_parse_with_deepres_serve(tmp_path: Path) -> None:
+    parser = cli_parser("serve")
+    for name in ("defaults", "tls"):
+        objs = render(tmp_path, VALUE_SETS[name])
+        deployment = next(o for o in objs if o["kind"] == "Deployment" and "extender" in
+                          [c["name"] for c in containers(o)])
+        args = parser.parse_args(container(deployment, "extender")["args"])
+        assert args.command == "serve"
+
+
+def test_extender_environment_and_settings_file_load(tmp_path: Path) -> None:
+    """Every DEEPRES_* variable the chart sets is a real Settings leaf, and file + env load cleanly."""
+    try:
+        from extender.settings import leaf_paths, load_settings
+    except ImportError as err:
+        pytest.skip(f"extender.settings not importable yet: {err}")
+    objs = render(tmp_path, {"extender": {"settings": {"usage_margin": 1.2}}, "telemetry": {"ttlSeconds": 40}})
+    extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
+    env = {e["name"]: e["value"] for e in extender["env"] if e["name"].startswith("DEEPRES_")}
+    unknown = [name for name in env if name[len("DEEPRES_"):].lower() not in leaf_paths()]
+    assert not unknown, f"the extender ignores these variables (no such setting): {unknown}"
+    settings_file = tmp_path / "settings.yaml"
+    settings_file.write_text(find(objs, "ConfigMap", "deepres-extender")["data"]["settings.yaml"])
+    settings = load_settings(str(settings_file), env=env)
+    assert settings.policy.telemetry_ttl_s == 40 and settings.policy.usage_margin == 1.2
+    assert settings.kube.scheduler_name == "deepres-scheduler"
+    assert settings.kube.token_audience == "deepres-extender"
+    assert settings.kube.agent_service_accounts == [f"system:serviceaccount:{NAMESPACE}:deepres-agent"]
+
+
+def agent_args(daemonset: Obj) -> list[str]:
+    """The agent's argv, with the kubelet's $(NODE_NAME) expansion or the simulated shell wrapper undone."""
+    agent = container(daemonset, "agent")
+    if agent.get("command") == ["/bin/sh", "-c"]:
+        script = str(agent["args"][0])
+        line = script[script.index("exec deepres ") + len("exec deepres "):].replace("\\\n", " ")
+        line = line.replace('"$NODE_NAME"', "node-1").replace('"$(cat "$spec_file")"', "2xA100-40GB")
+        return line.split()
+    return [str(a).replace("$(NODE_NAME)", "node-1") for a in agent["args"]]
+
+
+def test_agent_args_parse_with_deepres_agent(tmp_path: Path) -> None:
+    parser = cli_parser("agent")
+    for name in ("defaults", "simulated", "tls"):
+        daemonset = find(render(tmp_path, VALUE_SETS[name]), "DaemonSet", "deepres-agent")
+        args = parser.parse_args(agent_args(daemonset))
+        assert args.command == "agent"
+
+
+def test_agent_args_say_what_the_contract_says(tmp_path: Path) -> None:
+    daemonset = find(render(tmp_path, {}), "DaemonSet", "deepres-agent")
+    args = agent_args(daemonset)
+    assert "--source=nvml" in args
+    assert f"--extender-url=http://deepres-extender.{NAMESPACE}.svc:8888" in args
+    assert "--token-file=/var/run/secrets/deepres/token" in args
+    pod = daemonset["spec"]["template"]["spec"]
+    (projected,) = [v for v in pod["volumes"] if "projected" in v]
+    token = projected["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "deepres-extender" and token["expirationSeconds"] <= 3600
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+GPU_SPECS = ["2xA100-40GB", "1xT4-16GB", "A100-80GB", "2xA100-40GB,1xT4-16GB", "1xRTX-A6000-48GB", "4xH100-80GiB",
+             "two big GPUs", "2xA100", "A100-40", "0xT4-16GB", "2xA100-40GB,", ""]
+
+
+@pytest.mark.parametrize("spec", GPU_SPECS)
+def test_schema_accepts_exactly_the_gpu_specs_the_agent_parses(spec: str) -> None:
+    try:
+        from extender.agent.simulated import parse_gpu_spec
+    except ImportError as err:
+        pytest.skip(f"extender.agent.simulated not importable yet: {err}")
+    try:
+        parse_gpu_spec(spec)
+        agent_accepts = True
+    except ValueError:
+        agent_accepts = False
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    node_spec = schema["properties"]["agent"]["properties"]["simulated"]["properties"]["nodes"]["additionalProperties"]
+    schema_accepts = jsonschema.Draft7Validator(node_spec).is_valid(spec)
+    assert schema_accepts == agent_accepts, f"{spec!r}: schema says {schema_accepts}, the agent {agent_accepts}"
+
+
+def test_simulated_agents_get_their_node_specs(tmp_path: Path) -> None:
+    values = VALUE_SETS["simulated"]
+    objs = render(tmp_path, values)
+    configmap = find(objs, "ConfigMap", "deepres-agent-simulated")
+    expected = {"_default": values["agent"]["simulated"]["default"], **values["agent"]["simulated"]["nodes"]}
+    assert configmap["data"] == expected
+    pod = find(objs, "DaemonSet", "deepres-agent")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in pod and "hostPID" not in pod, "simulated GPUs need no host access"
+    assert pod["nodeSelector"] == {"deepres.io/simulated-gpus": "true"}, "null drops the default GPU label"
+
+
+# --------------------------------------------------------------------------------------------------
+# least privilege and pod hardening
+
+EXPECTED_RULES = {
+    "deepres-extender": {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+        ("", "pods/binding", "create"), ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+        ("", "events", "create"), ("", "events", "patch"), ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"), ("authentication.k8s.io", "tokenreviews", "create"),
+    },
+    "deepres-agent": {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "get"), ("", "nodes", "patch"),
+    },
+}
+
+
+def flat_rules(role: Obj) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_is_least_privilege(tmp_path: Path) -> None:
+    objs = render(tmp_path, {})
+    for name, expected in EXPECTED_RULES.items():
+        assert flat_rules(find(objs, "ClusterRole", name)) == expected, f"{name}: rights differ from the README list"
+    bindings = {b["metadata"]["name"]: b for b in objs if b["kind"] == "ClusterRoleBinding"}
+    assert {b["roleRef"]["name"] for b in bindings.values()} == {
+        "system:kube-scheduler", "system:volume-scheduler", "deepres-extender", "deepres-agent",
+    }
+    assert all(r["verbs"] != ["*"] and r["resources"] != ["*"] for o in objs if "rules" in o for r in o["rules"])
+    lease = find(objs, "Role", "deepres-scheduler-leader-election")
+    assert ("coordination.k8s.io", "leases", "update") in flat_rules(lease)
+    assert all(r.get("resourceNames") == ["deepres-scheduler"] for r in lease["rules"] if "update" in r["verbs"])
+    # Sidecar mode: the extender runs under the scheduler's ServiceAccount; separate mode: its own.
+    assert bindings["deepres-extender"]["subjects"][0]["name"] == "deepres-scheduler"
+    separate = render(tmp_path, VALUE_SETS["separate-extender"])
+    assert find(separate, "ClusterRoleBinding", "deepres-extender")["subjects"][0]["name"] == "deepres-extender"
+
+
+def workloads(objs: list[Obj]) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] in ("Deployment", "DaemonSet"))
+
+
+def test_containers_are_hardened(tmp_path: Path) -> None:
+    for name in ("defaults", "separate-extender", "simulated"):
+        for workload in workloads(render(tmp_path, VALUE_SETS[name])):
+            pod = workload["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for c in pod["containers"]:
+                where = f"{name}: {workload['metadata']['name']}/{c['name']}"
+                sc = c["securityContext"]
+                assert sc["readOnlyRootFilesystem"] is True, where
+                assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
+                assert "limits" in c["resources"] and "requests" in c["resources"], where
+                assert "livenessProbe" in c and "readinessProbe" in c, where
+
+
+def test_privileged_agent_is_opt_in_and_mounts_the_driver(tmp_path: Path) -> None:
+    objs = render(tmp_path, VALUE_SETS["privileged-agent"])
+    pod = find(objs, "DaemonSet", "deepres-agent")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["securityContext"]["privileged"] is True
+    assert "runtimeClassName" not in pod
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {"/dev", "/usr/lib/x86_64-linux-gnu"}
+    assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+
+
+# --------------------------------------------------------------------------------------------------
+# config changes roll the pods
+
+
+def pod_annotations(objs: list[Obj], kind: str, name: str) -> dict[str, str]:
+    annotations: dict[str, str] = find(objs, kind, name)["spec"]["template"]["metadata"]["annotations"]
+    return annotations
+
+
+def test_config_changes_change_the_pod_checksums(tmp_path: Path) -> None:
+    base = render(tmp_path, {})
+    changed_settings = render(tmp_path, {"extender": {"settings": {"log_json": True}}})
+    changed_weight = render(tmp_path, {"extender": {"weight": 3}})
+    key = "checksum/extender-config"
+    assert pod_annotations(base, "Deployment", "deepres-scheduler")[key] != \
+        pod_annotations(changed_settings, "Deployment", "deepres-scheduler")[key]
+    key = "checksum/scheduler-config"
+    assert pod_annotations(base, "Deployment", "deepres-scheduler")[key] != \
+        pod_annotations(changed_weight, "Deployment", "deepres-scheduler")[key]
+    sim = VALUE_SETS["simulated"]
+    sim2 = json.loads(json.dumps(sim))
+    sim2["agent"]["simulated"]["nodes"]["worker-3"] = "4xH100-80GB"
+    key = "checksum/agent-simulated"
+    assert pod_annotations(render(tmp_path, sim), "DaemonSet", "deepres-agent")[key] != \
+        pod_annotations(render(tmp_path, sim2), "DaemonSet", "deepres-agent")[key]
+
+
+def test_settings_reach_the_extender_config_file(tmp_path: Path) -> None:
+    settings = {"telemetry_ttl_s": 45, "gunicorn_threads": 8}
+    objs = render(tmp_path, {"extender": {"settings": settings}})
+    assert yaml.safe_load(find(objs, "ConfigMap", "deepres-extender")["data"]["settings.yaml"]) == settings
+
+
+# --------------------------------------------------------------------------------------------------
+# bad values fail with a why and a fix
+
+CONFLICTS = [
+    ({"scheduler": {"replicas": 2}}, "extender.mode=deployment"),
+    ({"extender": {"mode": "deployment"}, "scheduler": {"replicas": 3, "leaderElection": {"enabled": False}}},
+     "scheduler.leaderElection.enabled=true"),
+    ({"extender": {"tls": {"enabled": True}}}, "extender.tls.secretName"),
+    ({"agent": {"source": "simulated", "simulated": {"default": "", "nodes": {}}}}, "agent.simulated.default"),
+    ({"agent": {"source": "simulated", "privileged": True}}, "agent.privileged=false"),
+    ({"telemetry": {"ttlSeconds": 10}, "agent": {"heartbeatSeconds": 15}}, "telemetry.ttlSeconds"),
+    ({"pdb": {"minAvailable": 1}}, "pdb.minAvailable"),
+]
+
+
+@pytest.mark.parametrize(("values", "fix"), CONFLICTS, ids=[fix for _, fix in CONFLICTS])
+def test_conflicting_values_fail_with_why_and_fix(values: dict[str, Any], fix: str, tmp_path: Path) -> None:
+    error = render_error(tmp_path, values)
+    assert "Fix:" in error and fix in error, error
+
+
+def test_servicemonitor_without_the_crd_fails_with_why_and_fix(tmp_path: Path) -> None:
+    path = write_values(tmp_path, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    result = helm("template", RELEASE, str(CHART), "-f", str(path), check=False)
+    assert result.returncode != 0 and "Prometheus Operator" in result.stderr and "Fix:" in result.stderr
+
+
+BAD_VALUES = [
+    ({"extender": {"mode": "daemonset"}}, "/extender/mode"),
+    ({"agent": {"tokenExpirationSeconds": 60}}, "/agent/tokenExpirationSeconds"),
+    ({"agent": {"source": "dcgm"}}, "/agent/source"),
+    ({"agent": {"simulated": {"nodes": {"worker-1": "two big GPUs"}}}}, "/agent/simulated/nodes/worker-1"),
+    ({"extender": {"httpTimeout": 5}}, "/extender/httpTimeout"),
+    ({"extender": {"weight": 0}}, "/extender/weight"),
+    ({"scheduler": {"name": "Deepres_Scheduler"}}, "/scheduler/name"),
+    ({"schedulerName": "deepres"}, "schedulerName"),
+]
+
+
+@pytest.mark.parametrize(("values", "path"), BAD_VALUES, ids=[p for _, p in BAD_VALUES])
+def test_values_schema_rejects_bad_values(values: dict[str, Any], path: str, tmp_path: Path) -> None:
+    error = render_error(tmp_path, values)
+    assert "schema" in error and path in error, error
+
+
+def test_every_values_key_is_documented() -> None:
+    """Every leaf key of values.yaml has a `## @param` line and a place in values.schema.json."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    params = set(re.findall(r"## @param (\S+)", (CHART / "values.yaml").read_text()))
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def leaves(node: Any, prefix: str) -> Iterator[str]:
+        if isinstance(node, dict) and node and prefix not in params:
+            for key, value in node.items():
+                yield from leaves(value, f"{prefix}.{key}" if prefix else key)
+        else:
+            yield prefix
+
+    for key in leaves(values, ""):
+        assert key in params, f"values.yaml key {key} has no `## @param {key}` comment"
+        node = schema
+        for part in key.split("."):
+            node = node["properties"][part]
+        assert node.get("description"), f"values.schema.json has no description for {key}"
+    stray = params - set(leaves(values, ""))
+    assert not stray, f"@param for keys that do not exist: {stray}"
+
+
+# --------------------------------------------------------------------------------------------------
+# NOTES, dashboard, rendered manifest
+
+
+def test_notes_tell_the_admin_how_to_verify(tmp_path: Path) -> None:
+    for name in ("defaults", "simulated"):
+        result = helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+                      "-f", str(write_values(tmp_path, VALUE_SETS[name])))
+        notes = result.stdout.split("NOTES:", 1)[1]
+        assert "rollout status deployment/deepres-scheduler" in notes
+        assert "/readyz" in notes and "assigned-gpus" in notes and "get events" in notes
+        assert ("WARNING: agent.source=simulated" in notes) == (name == "simulated")
+
+
+def dashboard_metrics() -> set[str]:
+    dashboard = json.loads((CHART / "dashboards" / "deepres.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    return {m for expr in exprs for m in re.findall(r"\b(deepres_[a-z0-9_]+)", expr)}
+
+
+def registered(metric: str, sources: str) -> bool:
+    """A queried series name is registered as itself, or as the histogram/counter it is a series of."""
+    base = re.sub(r"_(bucket|sum|count)$", "", metric)
+    candidates = {metric, base, base.removesuffix("_total")}
+    return any(f'"{c}"' in sources for c in candidates)
+
+
+def test_dashboard_covers_the_four_views_and_renders(tmp_path: Path) -> None:
+    dashboard = json.loads((CHART / "dashboards" / "deepres.json").read_text())
+    titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("latency", "predicted", "gpu memory", "stale"):
+        assert topic in titles, f"no dashboard panel about {topic!r}: {titles}"
+    configmap = find(render(tmp_path, {}), "ConfigMap", "deepres-dashboard")
+    assert json.loads(configmap["data"]["deepres.json"]) == dashboard
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_dashboard_metrics_exist_in_the_code() -> None:
+    """Each metric a panel queries is registered somewhere in extender/ (agent or extender)."""
+    sources = "\n".join(p.read_text() for p in (REPO / "extender").rglob("*.py"))
+    missing = sorted(m for m in dashboard_metrics() if not registered(m, sources))
+    extender_missing = [m for m in missing if m.startswith("deepres_extender_")]
+    if extender_missing and not (REPO / "extender" / "metrics.py").exists():
+        pytest.skip(f"extender/metrics.py not present yet; cannot check {extender_missing}")
+    assert not missing, f"dashboard queries metrics no code registers: {missing}"
+
+
+def test_rendered_manifest_is_up_to_date(tmp_path: Path) -> None:
+    fresh = tmp_path / "deepres.yaml"
+    subprocess.run(["bash", str(RENDER_SCRIPT), str(fresh)], check=True, capture_output=True, timeout=120)
+    assert MANIFEST.exists(), "deploy/manifests/deepres.yaml is missing: run `bash deploy/manifests/render.sh`"
+    assert fresh.read_text() == MANIFEST.read_text(), (
+        "deploy/manifests/deepres.yaml is out of date with helm/deepres: regenerate it with "
+        "`bash deploy/manifests/render.sh` and commit the result"
+    )
+    objs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    assert objs[0]["kind"] == "Namespace", "the manifest creates its namespace first (kubectl apply -f works alone)"
+    for obj in objs:
+        validate_object(obj, "1.35.0")
