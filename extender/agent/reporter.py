@@ -6,10 +6,11 @@ several wait, only the newest is sent and the older ones are counted as supersed
 the extender gets the current state at once and sequence numbers reach it in increasing order.
 
 Failures: connection errors, timeouts and 5xx are retried with exponential backoff and jitter
-(`backoff_s`); 401/403 also (the token may just have rotated: it is re-read); any other 4xx is the
-extender refusing this report (e.g. a stale sequence number) and is not retried. The token is read
-from a file (projected ServiceAccount token in a cluster, shared token outside), re-read when the
-file changes, and never logged.
+(`backoff_s`); 401/403 also (the token may just have rotated: it is re-read). Any other 4xx, or a
+200 saying `{"accepted": false}`, is the extender refusing this report (e.g. a stale sequence
+number): it is counted as rejected and not retried. The token is read from a file (projected
+ServiceAccount token in a cluster, shared token outside), re-read when the file changes, and never
+logged.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class HttpPoster:
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
-                response.read()
+                answer = response.read()
+                if _refused(answer):  # 200 with {"accepted": false}: e.g. an old sequence number
+                    return Delivery("rejected", response.status, _short(answer))
                 return Delivery("ok", response.status)
         except urllib.error.HTTPError as err:
             detail = _short(err.read())
@@ -116,6 +119,14 @@ class HttpPoster:
             return Delivery("error", err.code, detail)
         except (OSError, ValueError) as err:  # URLError, refused, reset, timeout, bad URL
             return Delivery("error", 0, str(getattr(err, "reason", err)))
+
+
+def _refused(answer: bytes) -> bool:
+    try:
+        decoded = json.loads(answer) if answer else None
+    except ValueError:
+        return False
+    return isinstance(decoded, dict) and decoded.get("accepted") is False
 
 
 def _short(raw: bytes, limit: int = 300) -> str:
