@@ -114,8 +114,13 @@ class Extender:
     # ---- start-up ----
     def _load_predictor(self) -> None:
         try:
-            runtime: Any = importlib.import_module("predictor.runtime")
-            loaded = runtime.Predictor.load(self.settings.predictor_path or None)
+            factory = self.settings.predictor_factory
+            if factory:
+                module_name, _, attr = factory.partition(":")
+                loaded = getattr(importlib.import_module(module_name), attr)()
+            else:
+                runtime: Any = importlib.import_module("predictor.runtime")
+                loaded = runtime.Predictor.load(self.settings.predictor_path or None)
         except Exception as err:  # shown by /readyz; the verbs answer with Error meanwhile
             self._predictor_error = f"{type(err).__name__}: {err}"
             log.error("predictor failed to load: %s", self._predictor_error)

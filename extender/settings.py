@@ -123,6 +123,9 @@ class Settings:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     predictor_path: str = ""
     """Predictor artifact directory; empty: the shipped predictor/artifacts/."""
+    predictor_factory: str = ""
+    """`module:callable` returning a DemandPredictor to use instead of the shipped one (another model,
+    or a stand-in for tests); empty: `predictor.runtime.Predictor.load(predictor_path)`."""
     recent_pods: int = 20_000
     """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped)."""
 
@@ -173,6 +176,8 @@ class Settings:
             p.append(f"telemetry.telemetry_token_file must be a readable file, got {t.telemetry_token_file!r}")
         _positive(p, "telemetry.telemetry_max_bytes", t.telemetry_max_bytes)
         _positive(p, "recent_pods", self.recent_pods)
+        if self.predictor_factory and ":" not in self.predictor_factory:
+            p.append(f"predictor_factory must be module:callable, got {self.predictor_factory!r}")
         return p
 
     def telemetry_token_value(self) -> str:

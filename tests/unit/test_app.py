@@ -1,0 +1,268 @@
+"""The Flask app through its test client: verbs, rollback, restart, telemetry auth, robustness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from extender.app import create_app, extender_of
+from extender.kube import InMemoryCluster, TokenIdentity
+from extender.settings import Settings
+from tests.fixtures.kube.doubles import FormulaPredictor
+from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, node, pod, preemption_args, report
+
+TOKEN = "t0ken"
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(cluster: InMemoryCluster | None = None, clock: Clock | None = None, local: bool = True,
+         **policy: Any) -> tuple[FlaskClient, InMemoryCluster, Clock]:
+    settings = Settings()
+    settings.kube.no_kube = local
+    settings.telemetry.telemetry_token = TOKEN
+    settings.server.max_body_bytes = 200_000
+    settings.telemetry.telemetry_max_bytes = 50_000
+    for key, value in policy.items():
+        setattr(settings.policy, key, value)
+    cluster = cluster if cluster is not None else InMemoryCluster()
+    clock = clock or Clock()
+    app = create_app(settings, predictor=FormulaPredictor(), clock=clock, cluster=cluster)
+    return app.test_client(), cluster, clock
+
+
+def send_report(client: FlaskClient, node_name: str, seq: int, gpus: list[tuple[float, float]],
+                clock: Clock, pods: list[dict[str, Any]] | None = None, token: str = TOKEN) -> Any:
+    body = report(node_name, seq, clock.now, gpus, pods)
+    return client.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+def admission(annotations: dict[str, str]) -> float:
+    from predictor.spec import JobSpec
+    spec = JobSpec.parse({k.removeprefix("deepres.io/"): v for k, v in annotations.items()
+                          if k.removeprefix("deepres.io/") not in ("gpus", "deadline", "criticality")})
+    return FormulaPredictor().predict(spec).memory_mib_upper
+
+
+NEED = admission(CNN_ANNOTATIONS)
+
+
+def test_filter_passes_fitting_nodes_and_explains_the_rest() -> None:
+    client, _, clock = make()
+    send_report(client, "old", 1, [(40960.0, 0.0)], clock)
+    clock.now += 100  # the extender's clock at receipt decides the age, not the agent's timestamp
+    send_report(client, "fits", 1, [(40960.0, 0.0)], clock)
+    send_report(client, "full", 1, [(40960.0, 40000.0)], clock)
+    body = extender_args(pod("p", CNN_ANNOTATIONS), names=["fits", "full", "old", "ghost"])
+    out = client.post("/filter", json=body).get_json()
+    assert out["NodeNames"] == ["fits"] and out["Error"] == ""
+    assert out["FailedNodes"] == {"full": f"gpu-0: needs {NEED / 1024:.1f} GiB, 0.9 GiB free"}
+    assert out["FailedAndUnresolvableNodes"]["ghost"] == "no agent report"
+    assert out["FailedAndUnresolvableNodes"]["old"] == "telemetry stale (100s old)"
+
+
+def test_full_node_objects_mode_returns_node_objects() -> None:
+    client, _, clock = make()
+    send_report(client, "a", 1, [(40960.0, 0.0)], clock)
+    body = extender_args(pod("p", CNN_ANNOTATIONS), nodes=[node("a"), node("b")])
+    out = client.post("/filter", json=body).get_json()
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["a"] and out["NodeNames"] == ["a"]
+
+
+def test_bad_annotation_fails_every_node_unresolvable_with_one_warning_event() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(40960.0, 0.0)], clock)
+    body = extender_args(pod("p", {**CNN_ANNOTATIONS, "deepres.io/gpus": "many"}), names=["a", "b"])
+    for _ in range(3):
+        out = client.post("/filter", json=body).get_json()
+    reason = out["FailedAndUnresolvableNodes"]["a"]
+    assert set(out["FailedAndUnresolvableNodes"]) == {"a", "b"} and out["NodeNames"] == []
+    assert "deepres.io/gpus='many'" in reason and "1 to 64" in reason
+    assert [e for e in cluster.events if e[1] == "InvalidAnnotation"] == [("default/p", "InvalidAnnotation",
+                                                                           reason, True)]
+
+
+def test_not_a_gpu_job_passes_and_scores_neutrally_and_binds_without_reservation() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(40960.0, 40960.0)], clock)
+    web = pod("web", {"app": "nginx"})
+    assert client.post("/filter", json=extender_args(web, names=["a"])).get_json()["NodeNames"] == ["a"]
+    assert client.post("/prioritize", json=extender_args(web, names=["a"])).get_json() == [{"Host": "a", "Score": 5}]
+    assert client.post("/bind", json=binding_args(web, "a")).get_json() == {"Error": ""}
+    assert cluster.pods[("default", "web")]["spec"]["nodeName"] == "a"
+
+
+def test_bind_reserves_annotates_binds_and_refuses_overcommit() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    first, second = pod("p1", CNN_ANNOTATIONS), pod("p2", CNN_ANNOTATIONS)
+    for p in (first, second):
+        client.post("/filter", json=extender_args(p, names=["a"]))
+    assert client.post("/bind", json=binding_args(first, "a")).get_json() == {"Error": ""}
+    stored = cluster.pods[("default", "p1")]
+    assert stored["spec"]["nodeName"] == "a"
+    notes = stored["metadata"]["annotations"]
+    assert notes["deepres.io/assigned-gpus"] == "a-gpu0" and notes["deepres.io/assigned-node"] == "a"
+    assert float(notes["deepres.io/admission-memory-mib"]) == pytest.approx(NEED, abs=1)
+    assert notes["deepres.io/predictor-version"] == "test-double-1"
+    placed = [e for e in cluster.events if e[1] == "Placed"]
+    assert placed and "placed on a gpu 0" in placed[0][2] and "GFLOP/iter" in placed[0][2]
+    refused = client.post("/bind", json=binding_args(second, "a")).get_json()["Error"]
+    assert refused.startswith("cannot bind default/p2 to a: gpu-0: needs")
+    assert ("default", "p2") not in cluster.pods
+    filtered = client.post("/filter", json=extender_args(second, names=["a"])).get_json()
+    assert filtered["NodeNames"] == [] and "a" in filtered["FailedNodes"]
+
+
+@pytest.mark.parametrize("failing", ["fail_patch", "fail_bind"])
+def test_failed_api_call_rolls_the_reservation_back(failing: str) -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    p = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(p, names=["a"]))
+    setattr(cluster, failing, True)
+    assert "injected failure" in client.post("/bind", json=binding_args(p, "a")).get_json()["Error"]
+    ext = extender_of(client.application)
+    assert ext.state.reservations() == []
+    stored = cluster.pods.get(("default", "p1"))
+    assert stored is None or "deepres.io/assigned-gpus" not in (stored["metadata"].get("annotations") or {})
+    setattr(cluster, failing, False)
+    assert client.post("/bind", json=binding_args(p, "a")).get_json() == {"Error": ""}
+
+
+def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> None:
+    cluster = InMemoryCluster()
+    client, _, clock = make(cluster)
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    p1 = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(p1, names=["a"]))
+    assert client.post("/bind", json=binding_args(p1, "a")).get_json() == {"Error": ""}
+    # restart: a new process, same cluster
+    client2, _, _ = make(cluster, clock)
+    restored = extender_of(client2.application).state.reservations()
+    assert [(r.pod_uid, r.gpu_uuids) for r in restored] == [(p1["metadata"]["uid"], ("a-gpu0",))]
+    send_report(client2, "a", 1, [(NEED * 1.5, 0.0)], clock)  # no usage seen yet: the reservation holds
+    p2 = pod("p2", CNN_ANNOTATIONS)
+    out = client2.post("/filter", json=extender_args(p2, names=["a"])).get_json()
+    assert out["NodeNames"] == []
+    assert client2.post("/bind", json=binding_args(p2, "a")).get_json()["Error"]
+    cluster.finish_pod("default", "p1")
+    assert extender_of(client2.application).state.reservations() == []
+    assert client2.post("/bind", json=binding_args(p2, "a")).get_json() == {"Error": ""}
+
+
+def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
+    client, _, clock = make(usage_warmup_s=60.0)
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    p1 = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(p1, names=["a"]))
+    client.post("/bind", json=binding_args(p1, "a"))
+    usage = [{"pod_uid": p1["metadata"]["uid"], "current_memory_mib": 300.0, "peak_memory_mib": 400.0,
+              "gpu_uuids": ["a-gpu0"]}]
+    clock.now += 120
+    send_report(client, "a", 2, [(NEED * 1.5, 400.0)], clock, pods=usage)
+    state = extender_of(client.application).state
+    assert state.reserved_mib("a-gpu0") == pytest.approx(440.0)
+    p2 = pod("p2", CNN_ANNOTATIONS)  # same signature: admitted with the observed peak, not the prediction
+    out = client.post("/filter", json=extender_args(p2, names=["a"])).get_json()
+    assert out["NodeNames"] == ["a"]
+    predicted = client.post("/v1/predict", json={"annotations": CNN_ANNOTATIONS}).get_json()
+    assert predicted["admission_source"] == "corrected" and predicted["admission_memory_mib"] == pytest.approx(440.0)
+
+
+def test_preempt_only_strictly_lower_priority_and_never_empty_nodes() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
+    low = pod("low", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    peer = pod("peer", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
+    for p, n in ((low, "a"), (peer, "b")):
+        client.post("/filter", json=extender_args(p, names=[n]))
+        assert client.post("/bind", json=binding_args(p, n)).get_json() == {"Error": ""}
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
+    for meta in (True, False):
+        out = client.post("/preempt", json=preemption_args(high, {"a": [], "b": [peer]}, meta=meta)).get_json()
+        assert out == {"NodeNameToMetaVictims": {"a": {"Pods": [{"UID": low["metadata"]["uid"]}],
+                                                       "NumPDBViolations": 0}}}
+
+
+def test_telemetry_auth_validation_and_sequence() -> None:
+    client, _, clock = make()
+    body = report("a", 5, clock.now, [(1000.0, 0.0)])
+    assert client.post("/v1/telemetry", json=body).status_code == 401
+    assert client.post("/v1/telemetry", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    ok = client.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and ok.get_json() == {"accepted": True, "outcome": "accepted"}
+    again = client.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert again.get_json() == {"accepted": False, "outcome": "old sequence"}
+    bad = client.post("/v1/telemetry", json={**body, "gpus": "x"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bad.status_code == 400 and bad.get_json()["error"].startswith("report.gpus")
+    huge = client.post("/v1/telemetry", data=b"{" + b" " * 60_000 + b"}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert huge.status_code == 413
+
+
+def test_cluster_tokens_are_bound_to_their_node() -> None:
+    cluster = InMemoryCluster(tokens={
+        "tok-a": TokenIdentity("system:serviceaccount:deepres:agent", "a", ("deepres-extender",)),
+        "tok-unbound": TokenIdentity("system:serviceaccount:deepres:agent", "", ("deepres-extender",)),
+        "tok-aud": TokenIdentity("system:serviceaccount:deepres:agent", "a", ("other",)),
+    })
+    client, _, clock = make(cluster, local=False)
+    assert send_report(client, "a", 1, [(1000.0, 0.0)], clock, token="tok-a").status_code == 200
+    wrong = send_report(client, "b", 1, [(1000.0, 0.0)], clock, token="tok-a")
+    assert wrong.status_code == 401 and "bound to node a" in wrong.get_json()["error"]
+    assert send_report(client, "a", 2, [(1000.0, 0.0)], clock, token="tok-unbound").status_code == 401
+    assert send_report(client, "a", 2, [(1000.0, 0.0)], clock, token="tok-aud").status_code == 401
+    assert send_report(client, "a", 2, [(1000.0, 0.0)], clock, token=TOKEN).status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
+@pytest.mark.parametrize("data", [b"not json", b"\xff\xfe\x00", b"null", b"[]", b"{}", b'{"Pod": null}',
+                                  b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": null, "Nodes": null}',
+                                  b'{"PodName": null, "Node": 3}', b"[" * 5000 + b"]" * 5000])
+def test_malformed_verbs_answer_200_with_their_shape(path: str, data: bytes) -> None:
+    client, _, _ = make()
+    response = client.post(path, data=data, content_type="application/json")
+    assert response.status_code == 200
+    out = response.get_json()
+    assert "Traceback" not in response.get_data(as_text=True)
+    if path in ("/filter", "/bind"):
+        assert out["Error"]
+    elif path == "/prioritize":
+        assert out == []
+    else:
+        assert out == {"NodeNameToMetaVictims": {}}
+
+
+def test_huge_verb_body_is_413_and_unknown_routes_are_json() -> None:
+    client, _, _ = make()
+    response = client.post("/filter", data=b"x" * 300_000, content_type="application/json")
+    assert response.status_code == 413 and "larger than" in response.get_json()["error"]
+    assert client.get("/nope").status_code == 404 and client.get("/filter").status_code == 405
+
+
+def test_predict_probes_metrics_and_openapi() -> None:
+    client, _, clock = make()
+    out = client.post("/v1/predict", json={"model-type": "cnn", "batch-size": "64"}).get_json()
+    assert out["gpu_job"] and out["demand"]["model_version"] == "test-double-1" and out["admission_source"] == "model"
+    assert client.post("/v1/predict", json={"model-type": "cnnx"}).status_code == 400
+    assert client.post("/v1/predict", json=[1]).status_code == 400
+    assert client.get("/healthz").status_code == 200 and client.get("/readyz").get_json()["ready"] is True
+    send_report(client, "a", 1, [(1000.0, 0.0)], clock)
+    client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"]))
+    text = client.get("/metrics").get_data(as_text=True)
+    for name in ("deepres_extender_requests_total", "deepres_extender_request_seconds_bucket",
+                 "deepres_extender_filter_nodes_total", "deepres_extender_predictions_total",
+                 'deepres_extender_telemetry_age_seconds{node="a"}', "deepres_extender_reservations",
+                 "deepres_extender_overcommit_refused_total"):
+        assert name in text
+    doc = client.get("/openapi.json").get_json()
+    assert doc["openapi"].startswith("3.") and {"/filter", "/bind", "/v1/telemetry"} <= set(doc["paths"])

@@ -1,0 +1,109 @@
+"""Extender v1 wire types: golden payloads from the official client decode, answers use Go keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender.policy import FilterResult
+from extender.protocol import (
+    ProtocolError,
+    filter_error,
+    filter_result,
+    host_priority_list,
+    parse_binding_args,
+    parse_extender_args,
+    parse_pod,
+    parse_preemption_args,
+    preemption_result,
+)
+from tests.fixtures.kube.payloads import golden
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kube"
+
+
+def load(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def test_golden_files_match_what_the_client_models_produce() -> None:
+    for name, body in golden().items():
+        assert load(name) == json.loads(json.dumps(body)), f"{name} is out of date: regenerate it"
+
+
+def test_names_mode_and_nodes_mode_decode_to_the_same_candidates() -> None:
+    by_names = parse_extender_args(load("filter_names.json"))
+    by_nodes = parse_extender_args(load("filter_nodes.json"))
+    assert by_names.node_names == by_nodes.node_names == ("gpu-node-1", "gpu-node-2")
+    assert by_names.nodes is None and by_nodes.nodes is not None
+    pod = by_names.pod
+    assert (pod.namespace, pod.name, pod.uid) == ("ml", "resnet-train", "0b4f5a9e-1111-4c1e-9d1e-000000000001")
+    assert pod.annotations["deepres.io/model-type"] == "cnn"
+    assert pod.created_s is not None and pod.scheduler_name == "deepres-scheduler"
+
+
+def test_filter_result_keys_and_nodes_mode_echoes_passed_objects() -> None:
+    args = parse_extender_args(load("filter_nodes.json"))
+    result = FilterResult(("gpu-node-2",), {"gpu-node-1": "gpu-0: needs 2.0 GiB, 1.0 GiB free"}, {}, {})
+    out = filter_result(result, args)
+    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["gpu-node-2"]
+    assert out["NodeNames"] == ["gpu-node-2"] and out["Error"] == ""
+    names_out = filter_result(FilterResult((), {}, {}, {}), parse_extender_args(load("filter_names.json")))
+    assert names_out["NodeNames"] == [] and names_out["FailedNodes"] == {} and names_out["Nodes"] is None
+    assert filter_error("boom")["NodeNames"] == []
+
+
+def test_bind_and_preempt_args_both_victim_modes() -> None:
+    bind = parse_binding_args(load("bind.json"))
+    assert (bind.pod_namespace, bind.pod_name, bind.node) == ("ml", "resnet-train", "gpu-node-1")
+    meta = parse_preemption_args(load("preempt_meta.json"))
+    full = parse_preemption_args(load("preempt_full.json"))
+    assert meta.victims == full.victims == {"gpu-node-1": ("0b4f5a9e-1111-4c1e-9d1e-000000000002",)}
+    assert meta.meta and not full.meta
+    out = preemption_result(meta.victims, meta.pdb_violations)
+    assert out == {"NodeNameToMetaVictims": {"gpu-node-1": {
+        "Pods": [{"UID": "0b4f5a9e-1111-4c1e-9d1e-000000000002"}], "NumPDBViolations": 0}}}
+    assert host_priority_list([("a", 3)]) == [{"Host": "a", "Score": 3}]
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        (None, "ExtenderArgs"),
+        ([], "ExtenderArgs"),
+        ({"Pod": None, "NodeNames": []}, "Pod"),
+        ({"Pod": {"metadata": {}}, "NodeNames": []}, "Pod.metadata.name"),
+        ({"Pod": {"metadata": {"name": 3}}, "NodeNames": []}, "Pod.metadata.name"),
+        ({"Pod": {"metadata": {"name": "p"}}}, "ExtenderArgs"),
+        ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": [1]}, "NodeNames[0]"),
+        ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "a"}, "NodeNames"),
+        ({"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [{"metadata": {}}]}}, "Nodes.items[0].metadata.name"),
+        ({"Pod": {"metadata": {"name": "p", "annotations": {"a": 1}}}, "NodeNames": []}, "Pod.metadata.annotations[a]"),
+        ({"Pod": {"metadata": {"name": "p", "creationTimestamp": "yesterday"}}, "NodeNames": []},
+         "Pod.metadata.creationTimestamp"),
+        ({"Pod": {"metadata": {"name": "p"}, "spec": {"priority": "high"}}, "NodeNames": []}, "Pod.spec.priority"),
+    ],
+)
+def test_malformed_extender_args_name_the_field(body: Any, path: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse_extender_args(body)
+    assert err.value.path == path
+
+
+def test_pod_defaults_namespace_and_reads_priority() -> None:
+    pod = parse_pod({"metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                     "spec": {"priority": 1000, "priorityClassName": "team-high", "nodeName": "n1"},
+                     "status": {"phase": "Running"}})
+    assert pod.namespace == "default" and pod.priority == 1000 and pod.priority_class == "team-high"
+    assert pod.node_name == "n1" and pod.phase == "Running" and pod.created_s == 1767225600.0
+
+
+@pytest.mark.parametrize("body", [{"PodName": "p", "Node": "n"}, {"PodUID": "u", "Node": "n"}, {"PodName": "p",
+                                                                                                 "PodUID": "u"}])
+def test_bind_args_require_name_uid_and_node(body: dict[str, str]) -> None:
+    with pytest.raises(ProtocolError):
+        parse_binding_args(body)

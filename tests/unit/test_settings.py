@@ -1,0 +1,68 @@
+"""Settings: defaults < YAML < env < flags; every problem listed with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extender.settings import Settings, SettingsError, describe, leaf_paths, load_settings
+
+
+def test_defaults_are_valid_and_leaf_names_unique() -> None:
+    assert Settings().validate() == []
+    paths = leaf_paths()
+    assert paths["telemetry_ttl_s"] == ("policy", "telemetry_ttl_s")
+    assert paths["bind"] == ("server", "bind")
+
+
+def test_yaml_nested_and_flat_then_env_then_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("policy:\n  telemetry_ttl_s: 12\n  namespace_criticality_ceilings: {prod: critical}\n"
+                      "usage_margin: 1.3\nno_kube: true\n")
+    env = {"DEEPRES_TELEMETRY_TTL_S": "20", "DEEPRES_THREADS": "4", "OTHER": "x"}
+    settings = load_settings(str(config), env=env, overrides={"bind": "127.0.0.1:9999", "log_level": None})
+    assert settings.policy.telemetry_ttl_s == 20.0
+    assert settings.policy.usage_margin == 1.3
+    assert settings.kube.no_kube is True
+    assert settings.server.threads == 4 and settings.server.bind == "127.0.0.1:9999"
+    assert settings.policy.ceiling("prod") == 3 and settings.policy.ceiling("dev") == 2
+    assert settings.policy.params().telemetry_ttl_s == 20.0
+
+
+def test_every_problem_is_listed_with_its_path(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("policy:\n  usage_margin: 0.5\n  bogus: 1\nfragmentation_weight: 1.5\nnope: 2\n")
+    env = {"DEEPRES_THREADS": "many", "DEEPRES_BIND": "nowhere", "DEEPRES_DEFAULT_CRITICALITY_CEILING": "max"}
+    with pytest.raises(SettingsError) as err:
+        load_settings(str(config), env=env)
+    text = "\n".join(err.value.problems)
+    for expected in ("policy.usage_margin must be in [1, 10], got 0.5", "policy.bogus: unknown setting",
+                     "policy.fragmentation_weight must be in [0, 1], got 1.5", "nope: unknown setting",
+                     "DEEPRES_THREADS: must be a whole number, got 'many'", "server.bind must be HOST:PORT",
+                     "policy.default_criticality_ceiling must be one of low, normal, high, critical"):
+        assert expected in text
+
+
+def test_tls_pair_and_token_file_checked(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(env={"DEEPRES_TLS_CERT": str(tmp_path / "missing.pem"),
+                           "DEEPRES_TELEMETRY_TOKEN_FILE": str(tmp_path / "none")})
+    text = "\n".join(err.value.problems)
+    assert "tls_cert and server.tls_key must be given together" in text
+    assert "telemetry.telemetry_token_file must be a readable file" in text
+
+
+def test_token_never_logged(tmp_path: Path) -> None:
+    token = tmp_path / "t"
+    token.write_text("  abc \n")
+    settings = load_settings(env={"DEEPRES_TELEMETRY_TOKEN_FILE": str(token), "DEEPRES_TELEMETRY_TOKEN": "zzz"})
+    assert settings.telemetry_token_value() == "abc"
+    assert "zzz" not in describe(settings) and "telemetry_token=<set>" in describe(settings)
+
+
+def test_bad_yaml_is_one_clear_problem(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("- a list\n")
+    with pytest.raises(SettingsError, match="must be a mapping"):
+        load_settings(str(config), env={})
