@@ -1,0 +1,74 @@
+"""The example pods a data scientist copies (deploy/examples/) and the kind cluster of the e2e suite.
+
+Why: an example that the API server rejects, that forgets `schedulerName`, or whose annotations the
+extender refuses teaches the wrong thing on the first try. Each example is validated strictly for
+every supported Kubernetes minor and its annotations go through the extender's own parser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+KUBE_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
+ASSIGNED_GPUS_FIELD = "metadata.annotations['deepres.io/assigned-gpus']"
+
+
+def load(path: Path) -> dict[str, Any]:
+    pod: dict[str, Any] = yaml.safe_load(path.read_text())
+    return pod
+
+
+def test_the_four_kinds_of_job_are_there() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {"cnn-small", "transformer-large", "too-large", "deadline-critical"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_is_a_valid_pod_for_every_supported_version(path: Path) -> None:
+    pod = load(path)
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(pod, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{path.name} (Kubernetes {version}): {'.'.join(map(str, err.path))}: {err.message}")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_asks_for_deepres_and_receives_its_gpus(path: Path) -> None:
+    pod = load(path)
+    assert pod["spec"]["schedulerName"] == "deepres-scheduler"
+    for c in pod["spec"]["containers"]:
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert "NVIDIA_VISIBLE_DEVICES" in env, f"{path.name}/{c['name']}: no NVIDIA_VISIBLE_DEVICES"
+        assert env["NVIDIA_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == ASSIGNED_GPUS_FIELD
+        assert "resources" not in c or "nvidia.com/gpu" not in str(c["resources"]), (
+            "an nvidia.com/gpu request would hand out whole GPUs through the device plugin, not deepres's choice"
+        )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_annotations_are_accepted_by_the_extender(path: Path) -> None:
+    try:
+        from extender.annotations import parse_job
+    except ImportError as err:
+        pytest.skip(f"extender.annotations not importable yet: {err}")
+    annotations = load(path)["metadata"]["annotations"]
+    job = parse_job(annotations, created_s=0.0, now_s=0.0)
+    assert job.gpu_job, f"{path.name} would be treated as a non-GPU pod"
+
+
+def test_kind_cluster_has_one_control_plane_and_three_labelled_workers() -> None:
+    config = yaml.safe_load((REPO / "deploy" / "kind-config.yaml").read_text())
+    assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    roles = [n["role"] for n in config["nodes"]]
+    assert sorted(roles) == ["control-plane", "worker", "worker", "worker"]
+    for node in config["nodes"]:
+        if node["role"] == "worker":
+            assert node["labels"]["deepres.io/simulated-gpus"] == "true", "the e2e agents select workers by this label"
