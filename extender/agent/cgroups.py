@@ -18,6 +18,7 @@ parameter so tests read fixtures and the DaemonSet (hostPID) reads the host's /p
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,13 +89,45 @@ class CgroupReader:
     """Reads /proc/<pid>/cgroup under `proc_root`; a vanished or unreadable process yields None."""
 
     def __init__(self, proc_root: Path | str = "/proc") -> None:
-        self.proc_root = Path(proc_root)
+        self.proc_root = str(proc_root)
 
     def pod_of(self, pid: int) -> PodRef | None:
         if pid <= 0:
             return None
         try:
-            text = (self.proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+            with open(f"{self.proc_root}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
+                text = file.read()
         except OSError:  # the process ended, or no hostPID / no permission: not attributable
             return None
         return parse_cgroup(text)
+
+
+class CachedPodLookup:
+    """Remembers each PID's pod while the PID stays on a GPU, so a busy node does not re-read every
+    process's cgroup file every round (those reads were most of a round's cost).
+
+    A process never changes pod, so the only risk is PID reuse; an entry is therefore dropped as
+    soon as its PID is missing from one round, and re-read anyway after `refresh_rounds` rounds.
+    """
+
+    def __init__(self, pod_of: Callable[[int], PodRef | None], refresh_rounds: int = 12) -> None:
+        self._pod_of = pod_of
+        self.refresh_rounds = refresh_rounds
+        self._round = 0
+        self._entries: dict[int, tuple[int, PodRef | None]] = {}  # pid -> (round read, pod)
+        self._seen: set[int] = set()
+
+    def next_round(self) -> None:
+        """Call once per sampling round, before the lookups of that round."""
+        self._entries = {pid: entry for pid, entry in self._entries.items() if pid in self._seen}
+        self._seen = set()
+        self._round += 1
+
+    def __call__(self, pid: int) -> PodRef | None:
+        self._seen.add(pid)
+        entry = self._entries.get(pid)
+        if entry is not None and self._round - entry[0] < self.refresh_rounds:
+            return entry[1]
+        ref = self._pod_of(pid)
+        self._entries[pid] = (self._round, ref)
+        return ref

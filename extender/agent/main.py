@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from extender.agent import AGENT_VERSION
-from extender.agent.cgroups import CgroupReader, PodRef
+from extender.agent.cgroups import CachedPodLookup, CgroupReader, PodRef
 from extender.agent.kube import (
     FilePods,
     KubeNodeAnnotator,
@@ -141,7 +141,7 @@ class Agent:
         self.annotator = annotator or NullAnnotator()
         self.metrics = metrics or AgentMetrics()
         self.health = health or Health(max_age_s=max(3 * settings.interval_s, 15.0))
-        self.pod_of = pod_of or CgroupReader(settings.proc_root).pod_of
+        self.pod_lookup = CachedPodLookup(pod_of or CgroupReader(settings.proc_root).pod_of)
         self.clock, self.monotonic = clock, monotonic
         self.tracker = PodTracker(settings.forget_pods_after_s)
         self.trigger = FreeMemoryTrigger(settings.free_threshold_mib, settings.annotate_min_interval_s)
@@ -154,7 +154,8 @@ class Agent:
         """One round: sample, attribute, track, publish metrics, report if due, nudge if memory freed."""
         started = self.monotonic()
         sample = self.source.sample()
-        gpus = attribute_processes(sample.gpus, self.pod_of)
+        self.pod_lookup.next_round()
+        gpus = attribute_processes(sample.gpus, self.pod_lookup)
         now_s = self.clock()
         report = NodeReport(
             node=self.settings.node,

@@ -77,3 +77,26 @@ def test_reader_uses_the_proc_root(tmp_path: Path) -> None:
     assert reader.pod_of(7) is None
     assert reader.pod_of(999_999) is None  # ended (or invisible without hostPID)
     assert reader.pod_of(0) is None
+
+
+def test_cached_lookup_reads_each_pid_once_while_it_stays() -> None:
+    from extender.agent.cgroups import CachedPodLookup
+
+    reads: list[int] = []
+
+    def pod_of(pid: int) -> PodRef | None:
+        reads.append(pid)
+        return PodRef(f"{pid:08d}-0000-4000-8000-000000000000") if pid != 3 else None
+
+    lookup = CachedPodLookup(pod_of, refresh_rounds=3)
+    for _ in range(2):
+        lookup.next_round()
+        assert lookup(1) == PodRef("00000001-0000-4000-8000-000000000000")
+        assert lookup(3) is None
+    assert reads == [1, 3]  # the second round came from the cache, host processes included
+    lookup.next_round()
+    lookup(1)  # pid 3 is gone this round...
+    lookup.next_round()
+    lookup(1)
+    lookup(3)  # ...so when it shows up again it may be a new process: read again
+    assert reads == [1, 3, 1, 3]  # and pid 1 was re-read after 3 rounds
