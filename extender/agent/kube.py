@@ -190,15 +190,20 @@ class KubeNodeAnnotator:
             self._wake.wait()
             self._wake.clear()
             value, self._value = self._value, None
-            if value is None or self._stop.is_set():
-                continue
-            body = {"metadata": {"annotations": {FREE_MIB_ANNOTATION: str(value)}}}
-            try:
-                self._api.patch_node(self._node, body, _request_timeout=10)
-                self.patched += 1
-                log.debug("node %s: %s=%d", self._node, FREE_MIB_ANNOTATION, value)
-            except Exception as err:  # RBAC or API trouble: the next change will try again
-                log.warning("cannot annotate node %s: %s", self._node, _first_line(err))
+            if value is not None and not self._stop.is_set():
+                self.patch_now(value)
+
+    def patch_now(self, free_mib: int) -> bool:
+        """One PATCH of the annotation; False (logged) on RBAC or API trouble: the next change retries."""
+        body = {"metadata": {"annotations": {FREE_MIB_ANNOTATION: str(free_mib)}}}
+        try:
+            self._api.patch_node(self._node, body, _request_timeout=10)
+        except Exception as err:
+            log.warning("cannot annotate node %s: %s", self._node, _first_line(err))
+            return False
+        self.patched += 1
+        log.debug("node %s: %s=%d", self._node, FREE_MIB_ANNOTATION, free_mib)
+        return True
 
 
 def _first_line(err: Exception) -> str:

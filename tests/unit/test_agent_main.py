@@ -144,3 +144,10 @@ def test_no_kube_defaults_the_node_to_the_host_name(monkeypatch: pytest.MonkeyPa
                                                 (":9400", ("0.0.0.0", 9400))])
 def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("source", ["fake", "fakenvml", "auto"])
+def test_the_fake_nvml_is_not_a_source(source: str) -> None:
+    with pytest.raises(SystemExit) as caught:
+        build_parser("agent").parse_args(["agent", "--source", source])
+    assert caught.value.code == 2
