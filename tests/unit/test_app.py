@@ -11,7 +11,15 @@ from extender.app import create_app, extender_of
 from extender.kube import InMemoryCluster, TokenIdentity
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
-from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, node, pod, preemption_args, report
+from tests.fixtures.kube.payloads import (
+    CNN_ANNOTATIONS,
+    binding_args,
+    extender_args,
+    node,
+    pod,
+    preemption_args,
+    report,
+)
 
 TOKEN = "t0ken"
 
@@ -179,7 +187,7 @@ def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
 
 
 def test_preempt_only_strictly_lower_priority_and_never_empty_nodes() -> None:
-    client, cluster, clock = make()
+    client, _, clock = make()
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
     low = pod("low", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})

@@ -1,0 +1,129 @@
+"""The production server (`deepres serve --no-kube`, gunicorn) over real HTTP on a loopback port:
+kube-scheduler's golden payloads, the four verbs, telemetry auth and staleness, probes."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod, preemption_args, report
+from tests.fixtures.kube.server import TOKEN, get, post, running_server
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kube"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(tmp_path_factory.mktemp("server")) as base:
+        yield base
+
+
+def golden(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def telemetry(url: str, node: str, seq: int, gpus: list[tuple[float, float]], **kw: Any) -> tuple[int, Any]:
+    return post(url + "/v1/telemetry", report(node, seq, time.time(), gpus, **kw), token=TOKEN)
+
+
+def test_golden_filter_prioritize_in_both_node_modes(url: str) -> None:
+    assert telemetry(url, "gpu-node-1", 1, [(40960.0, 0.0), (40960.0, 30000.0)])[0] == 200
+    assert telemetry(url, "gpu-node-2", 1, [(40960.0, 40000.0)])[0] == 200
+    for name in ("filter_names.json", "filter_nodes.json"):
+        status, out = post(url + "/filter", golden(name))
+        assert status == 200 and out["Error"] == ""
+        assert out["NodeNames"] == ["gpu-node-1"]
+        assert out["FailedNodes"]["gpu-node-2"].startswith("gpu-0: needs ")
+        assert out["FailedNodes"]["gpu-node-2"].endswith("0.9 GiB free")
+        if name == "filter_nodes.json":
+            assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["gpu-node-1"]
+        status, scores = post(url + "/prioritize", golden(name))
+        assert status == 200
+        assert {s["Host"] for s in scores} == {"gpu-node-1", "gpu-node-2"}
+        by_host = {s["Host"]: s["Score"] for s in scores}
+        assert by_host["gpu-node-2"] == 0 and 0 < by_host["gpu-node-1"] <= 10
+
+
+def test_missing_and_stale_telemetry_reasons(tmp_path: Path, url: str) -> None:
+    status, out = post(url + "/filter", extender_args(pod("lonely", CNN_ANNOTATIONS), names=["never-reported"]))
+    assert status == 200
+    assert out["FailedAndUnresolvableNodes"] == {"never-reported": "no agent report"}
+    with running_server(tmp_path, env={"DEEPRES_TELEMETRY_TTL_S": "1"}) as short:
+        telemetry(short, "n", 1, [(40960.0, 0.0)])
+        time.sleep(2.2)
+        _, out = post(short + "/filter", extender_args(pod("p", CNN_ANNOTATIONS), names=["n"]))
+    reason = out["FailedAndUnresolvableNodes"]["n"]
+    assert reason.startswith("telemetry stale (") and reason.endswith("s old)")
+    assert int(reason.removeprefix("telemetry stale (").removesuffix("s old)")) >= 2
+
+
+def test_telemetry_needs_the_token(url: str) -> None:
+    body = report("x", 1, time.time(), [(1000.0, 0.0)])
+    assert post(url + "/v1/telemetry", body)[0] == 401
+    assert post(url + "/v1/telemetry", body, token="wrong")[0] == 401
+    status, out = post(url + "/v1/telemetry", {**body, "source": "guess"}, token=TOKEN)
+    assert status == 400 and "report.source" in out["error"]
+
+
+def test_bind_then_preempt_over_http(url: str) -> None:
+    telemetry(url, "pn", 1, [(12000.0, 0.0)])
+    low = pod("low-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/gpu-memory": "8Gi"})
+    post(url + "/filter", extender_args(low, names=["pn"]))
+    assert post(url + "/bind", binding_args(low, "pn")) == (200, {"Error": ""})
+    high = pod("high-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/gpu-memory": "8Gi"})
+    status, out = post(url + "/filter", extender_args(high, names=["pn"]))
+    assert out["FailedNodes"] == {"pn": "gpu-0: needs 8.0 GiB, 3.7 GiB free"}
+    status, out = post(url + "/preempt", preemption_args(high, {"pn": []}))
+    assert out == {"NodeNameToMetaVictims": {"pn": {"Pods": [{"UID": low["metadata"]["uid"]}],
+                                                    "NumPDBViolations": 0}}}
+    status, out = post(url + "/preempt", preemption_args(low, {"pn": []}))
+    assert status == 200 and out == {"NodeNameToMetaVictims": {}}
+    status, error = post(url + "/bind", binding_args(high, "pn"))
+    assert status == 200
+    assert error["Error"].startswith("cannot bind default/high-job to pn: gpu-0: needs 8.0 GiB")
+
+
+def announced_huge_body_status(url: str, path: str, token: str = "") -> int:
+    """Announce a 20 MB body and send none: the server must refuse on the header alone."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.putrequest("POST", path)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", "20000000")
+    if token:
+        conn.putheader("Authorization", f"Bearer {token}")
+    conn.endheaders()
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_bad_input_never_5xx_never_traceback(url: str) -> None:
+    for path in ("/filter", "/prioritize", "/bind", "/preempt"):
+        for raw in (b"{", b"\xc3\x28", b"null", b'{"Pod": {"metadata": null}, "NodeNames": [null]}'):
+            status, out = post(url + path, None, raw=raw)
+            assert status == 200 and "Traceback" not in json.dumps(out)
+    assert announced_huge_body_status(url, "/filter") == 413
+    assert announced_huge_body_status(url, "/v1/telemetry", token=TOKEN) == 413
+    changed = copy.deepcopy(golden("filter_names.json"))
+    changed["Pod"]["metadata"]["annotations"]["deepres.io/precision"] = "fp64"
+    status, out = post(url + "/filter", changed)
+    assert set(out["FailedAndUnresolvableNodes"]) == {"gpu-node-1", "gpu-node-2"}
+    assert "deepres.io/precision='fp64'" in out["FailedAndUnresolvableNodes"]["gpu-node-1"]
+
+
+def test_probes_metrics_openapi(url: str) -> None:
+    assert get(url + "/healthz")[0] == 200
+    status, body = get(url + "/readyz")
+    assert status == 200 and json.loads(body)["ready"] is True
+    status, text = get(url + "/metrics")
+    assert status == 200 and 'deepres_extender_request_seconds_count{verb="filter"}' in text
+    status, body = get(url + "/openapi.json")
+    assert json.loads(body)["paths"]["/filter"]["post"]["responses"]["200"]
