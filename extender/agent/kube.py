@@ -133,6 +133,8 @@ class KubePods:
         self._failing = False
 
     def start(self) -> KubePods:
+        """List once now (so the first report already knows the pods), then every `refresh_s`."""
+        self.refresh()
         self._thread.start()
         return self
 
@@ -157,9 +159,8 @@ class KubePods:
         self._pods = [p for p in pods if p is not None]
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self._refresh_s):
             self.refresh()
-            self._stop.wait(self._refresh_s)
 
 
 class KubeNodeAnnotator:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.agent.sources import Sample, SourceUnavailable
-from extender.telemetry import GpuReport, ProcessReport
+from extender.telemetry import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, GpuReport, ProcessReport
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,10 @@ class NvmlSource:
         gpus: list[GpuReport] = []
         for index in range(count):
             gpus.extend(self._device(index))
-        return Sample(gpus=_unique(gpus))
+        unique = _unique(gpus)
+        if len(unique) > MAX_GPUS_PER_NODE:  # more MIG instances than the schema takes: say so, keep the first
+            log.warning("%d devices, the report takes %d: the rest are not reported", len(unique), MAX_GPUS_PER_NODE)
+        return Sample(gpus=unique[:MAX_GPUS_PER_NODE])
 
     def _device(self, index: int) -> list[GpuReport]:
         nvml = self._nvml
@@ -206,6 +209,8 @@ class NvmlSource:
             )
         except self._error_type as err:
             unhealthy |= _call_failure("processes", err, problems)
+        if len(processes) > MAX_PROCESSES_PER_GPU:  # the schema's bound: keep the largest
+            processes = tuple(sorted(processes, key=lambda p: -p.used_memory_mib)[:MAX_PROCESSES_PER_GPU])
         return GpuReport(
             uuid=uuid,
             index=index,

@@ -169,3 +169,17 @@ def test_fake_errors_are_pynvml_shaped() -> None:
         assert str(fake_cls()) == str(real(0)) and fake_cls().value == real(0).value
         assert issubclass(fake_cls, fake.NVMLError)
     assert MIB == 1 << 20
+
+
+def test_reports_stay_within_the_schema_bounds() -> None:
+    from extender.telemetry import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU
+
+    crowded = _gpu(0, total_mib=10**7, processes=[(i + 1, i % 7) for i in range(MAX_PROCESSES_PER_GPU + 10)])
+    # 1 + 10 x 7 MIG instances = 71 devices, more than a report takes
+    gpus = [crowded] + [_gpu(i + 1, mig=[FakeGpu(uuid=f"MIG-{i}-{j}") for j in range(7)]) for i in range(10)]
+    report = _report(NvmlSource.open(FakeNvml(gpus)))  # parses: within every bound
+    assert len(report.gpus) == MAX_GPUS_PER_NODE
+    kept = report.gpus[0].processes
+    assert len(kept) == MAX_PROCESSES_PER_GPU and min(p.used_memory_mib for p in kept) >= 0
+    assert sum(p.used_memory_mib for p in kept) == sum(sorted((i % 7 for i in range(MAX_PROCESSES_PER_GPU + 10)),
+                                                              reverse=True)[:MAX_PROCESSES_PER_GPU])
