@@ -88,7 +88,7 @@ def _agent(extender_url: str, token: Path, *extra: str) -> tuple[subprocess.Pope
     process = subprocess.Popen(
         [sys.executable, "-c", ENTRY, "agent", "--source", "simulated", "--simulated-gpus", "2xA100-40GB",
          "--no-kube", "--node-name", NODE, "--extender-url", extender_url, "--token-file", str(token),
-         "--listen", f"127.0.0.1:{metrics_port}", "--interval-s", "2", "--heartbeat-s", "2", *extra],
+         "--listen", f"127.0.0.1:{metrics_port}", "--interval-s", "60", "--heartbeat-s", "60", *extra],
         env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     return process, metrics_port
@@ -106,8 +106,10 @@ def test_simulated_node_appears_in_the_extender(extender: tuple[str, Path]) -> N
     assert NODE not in _filter(url, "8Gi").get("NodeNames", [])  # no telemetry yet: the node fails
     agent, metrics_port = _agent(url, token)
     try:
-        # the first report goes out at start-up, so the extender knows the node within one interval
+        # the first report goes out at start-up: the extender knows the node after the agent's first
+        # sampling round, i.e. within one (60 s) interval
         _wait(lambda: f'node="{NODE}"' in _get(url + "/metrics")[1], "the node in the extender's metrics")
+        assert _agent_value(metrics_port, "deepres_agent_sample_seconds_count") == 1
         assert _filter(url, "30Gi")["NodeNames"] == [NODE]  # an idle simulated A100-40GB fits 30 GiB
         refused = _filter(url, "60Gi")  # but no GPU has 60 GiB
         failed = {**refused["FailedNodes"], **refused["FailedAndUnresolvableNodes"]}  # type: ignore[dict-item]
@@ -130,10 +132,14 @@ def test_wrong_token_is_refused_and_counted(extender: tuple[str, Path], tmp_path
 
 
 def _agent_count(port: int, result: str) -> float:
+    return _agent_value(port, f'deepres_agent_reports_total{{result="{result}"}}')
+
+
+def _agent_value(port: int, series: str) -> float:
     status, text = _get(f"http://127.0.0.1:{port}/metrics")
     if status != 200:
         return 0.0
     for line in text.splitlines():
-        if line.startswith(f'deepres_agent_reports_total{{result="{result}"}}'):
+        if line.startswith(series + " "):
             return float(line.split()[-1])
     return 0.0
