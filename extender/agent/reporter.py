@@ -226,9 +226,11 @@ class Reporter:
                 continue
             failures += 1
             if delivery.result == "unauthorized":
-                self._token.invalidate()
-                log.warning("extender answered HTTP %d to our token (file %s): check the token audience or the "
-                            "shared token; retrying", delivery.status, self._token.path)
+                self._token.invalidate()  # it may have rotated: read the file again before the retry
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("extender refused our token (HTTP %d: %s; token file %s): check the token "
+                                "audience or the shared token; retrying", delivery.status, delivery.detail,
+                                self._token.path)
             elif failures == 1:
                 status = f"HTTP {delivery.status}: " if delivery.status else ""
                 log.warning("cannot deliver report seq=%d: %s%s; retrying with backoff", report.sequence, status,
