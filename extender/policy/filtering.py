@@ -39,7 +39,7 @@ def node_failure(
         return STALE, f"telemetry stale ({age:.0f}s old)", True
     if not pod.gpu_job:
         return None
-    need_gpus = pod.gpus
+    need_gpus = max(pod.gpus, 1)
     free = node.free_desc
     if len(free) < need_gpus:
         have = len(free)
@@ -72,18 +72,28 @@ def filter_nodes(
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
     seen: set[str] = set()
+    oldest = now_s - params.telemetry_ttl_s
+    need_gpus, need = max(pod.gpus, 1), pod.admission_mib
+    gpu_job = pod.gpu_job
     for name in names:
         if name in seen:
             continue
         seen.add(name)
-        failure = node_failure(pod, nodes.get(name), now_s, params)
+        node = nodes.get(name)
+        # fast path (what node_failure decides, inlined): fresh, and the pod's GPUs fit
+        if node is not None and node.received_s >= oldest and (
+                not gpu_job or (len(node.free_desc) >= need_gpus and node.free_desc[need_gpus - 1] >= need)):
+            passed.append(name)
+            continue
+        failure = node_failure(pod, node, now_s, params)
         if failure is None:
             passed.append(name)
-            kinds[PASSED] = kinds.get(PASSED, 0) + 1
             continue
         kind, reason, final = failure
         (unresolvable if final else failed)[name] = reason
         kinds[kind] = kinds.get(kind, 0) + 1
+    if passed:
+        kinds[PASSED] = len(passed)
     return FilterResult(tuple(passed), failed, unresolvable, kinds)
 
 

@@ -18,6 +18,11 @@ EMPTY_SLACK_MIB = 128.0
 CRITICALITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 
 
+def is_partly_used(occupied_mib: float, capacity_mib: float) -> bool:
+    """Holding something but not full: such a GPU is "fragmented" for the tie-break of the score."""
+    return EMPTY_SLACK_MIB < occupied_mib < capacity_mib - EMPTY_SLACK_MIB
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """One GPU as the policies see it: capacity, observed use, and the sum of reservations on it.
@@ -35,12 +40,14 @@ class GpuView:
     healthy: bool = True
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
+    partly: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         occupied = max(self.used_mib, self.reserved_mib, 0.0)
         free = max(self.capacity_mib - occupied, 0.0) if self.healthy else -1.0
         object.__setattr__(self, "free_mib", free)
         object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
+        object.__setattr__(self, "partly", self.healthy and is_partly_used(occupied, self.capacity_mib))
 
     @property
     def label(self) -> str:
@@ -51,8 +58,9 @@ class GpuView:
 class NodeView:
     """One node's GPUs at `received_s` (the extender's clock when the telemetry arrived).
 
-    Derived once: `healthy` (the healthy GPUs), `free_desc` (their free memory, largest first) and
-    `capacity_desc` (their capacities, largest first) make the filter O(1) per node.
+    Derived once: `healthy` (the healthy GPUs), `free_desc` (their free memory, largest first),
+    `capacity_desc` (their capacities, largest first) and `partly_count` (healthy GPUs partly used)
+    make the filter O(1) per node and the score O(GPUs of the node) with no sorting for 1-GPU pods.
     """
 
     name: str
@@ -61,10 +69,12 @@ class NodeView:
     healthy: tuple[GpuView, ...] = field(init=False, default=())
     free_desc: tuple[float, ...] = field(init=False, default=())
     capacity_desc: tuple[float, ...] = field(init=False, default=())
+    partly_count: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         healthy = tuple(g for g in self.gpus if g.healthy)
         object.__setattr__(self, "healthy", healthy)
+        object.__setattr__(self, "partly_count", sum(1 for g in healthy if g.partly))
         object.__setattr__(self, "free_desc", tuple(sorted((g.free_mib for g in healthy), reverse=True)))
         object.__setattr__(self, "capacity_desc", tuple(sorted((g.capacity_mib for g in healthy), reverse=True)))
 

@@ -259,3 +259,11 @@ def test_preemption_victims_are_lower_priority_and_make_room(res_spec: list[tupl
     freed = [reserved[g] - sum(by_uid[u].memory_mib for u in victims if by_uid[u].gpu_uuids[0] == f"n-g{g}")
              for g in range(2)]
     assert any(40 * GIB - f >= need * GIB - 1e-6 for f in freed)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cluster_st(), names_st, pod_st)
+def test_batch_scoring_equals_per_node_scoring(nodes: dict[str, NodeView], names: list[str],
+                                              request: PodRequest) -> None:
+    assert score_nodes(request, names, nodes, P) == [(n, score_node(request, nodes.get(n), P))
+                                                     for n in dict.fromkeys(names)]
