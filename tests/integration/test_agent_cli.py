@@ -93,3 +93,13 @@ def test_bad_flags_exit_2_with_one_line() -> None:
     _, err = agent.communicate(timeout=60)
     assert agent.returncode == 2
     assert err.strip().count("\n") == 0 and "--simulated-gpus" in err
+
+
+def test_without_cluster_credentials_the_agent_says_to_use_no_kube(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(NODE_NAME="n1", HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing-kubeconfig"))
+    entry = "import sys; from extender.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", entry, "agent", "--source", "simulated", "--listen", "127.0.0.1:0"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "--no-kube" in done.stderr and "Traceback" not in done.stderr
