@@ -145,19 +145,19 @@ class FakeNvml:
         return self._call(handle, "nvmlDeviceGetName").gpu.name.encode()  # older pynvml returns bytes
 
     # MIG
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
-        gpu = self._call(handle, "nvmlDeviceGetMigMode").gpu
+    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
+        gpu = self._call(device, "nvmlDeviceGetMigMode").gpu
         if gpu.mig is None:
             raise nvml_error("NOT_SUPPORTED")
         mode = self.NVML_DEVICE_MIG_ENABLE if gpu.mig else self.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
-        self._call(handle, "nvmlDeviceGetMaxMigDeviceCount")
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: _Handle) -> int:
+        self._call(device, "nvmlDeviceGetMaxMigDeviceCount")
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
-        gpu = self._call(handle, "nvmlDeviceGetMigDeviceHandleByIndex").gpu
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: _Handle, index: int) -> _Handle:
+        gpu = self._call(device, "nvmlDeviceGetMigDeviceHandleByIndex").gpu
         if not gpu.mig or index >= len(gpu.mig):
             raise nvml_error("NOT_FOUND")
         return _Handle(gpu.mig[index])

@@ -183,3 +183,19 @@ def test_reports_stay_within_the_schema_bounds() -> None:
     assert len(kept) == MAX_PROCESSES_PER_GPU and min(p.used_memory_mib for p in kept) >= 0
     assert sum(p.used_memory_mib for p in kept) == sum(sorted((i % 7 for i in range(MAX_PROCESSES_PER_GPU + 10)),
                                                               reverse=True)[:MAX_PROCESSES_PER_GPU])
+
+
+def test_every_fake_function_matches_pynvml_by_name_and_parameters() -> None:
+    import inspect
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pynvml
+    names = [n for n in vars(FakeNvml) if n.startswith("nvml") and callable(getattr(FakeNvml, n))]
+    assert len(names) >= 14
+    for name in names:
+        real = inspect.signature(getattr(pynvml, name))
+        fake = inspect.signature(getattr(FakeNvml([]), name))
+        real_params = [p for p in real.parameters if p not in ("self",)]
+        assert list(fake.parameters) == real_params, name
