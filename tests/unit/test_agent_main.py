@@ -151,3 +151,35 @@ def test_the_fake_nvml_is_not_a_source(source: str) -> None:
     with pytest.raises(SystemExit) as caught:
         build_parser("agent").parse_args(["agent", "--source", source])
     assert caught.value.code == 2
+
+
+def test_a_failing_round_does_not_end_the_loop() -> None:
+    import threading
+
+    from extender.agent.sources import Sample
+    from extender.telemetry import GpuReport
+
+    stop = threading.Event()
+
+    class Flaky:
+        name = "simulated"
+        calls = 0
+
+        def sample(self) -> Sample:
+            self.calls += 1
+            if self.calls == 4:
+                stop.set()
+            if self.calls == 2:
+                raise RuntimeError("a bug in one round")
+            used = 1000.0 * self.calls  # every round differs enough to be reported
+            gpu = GpuReport(uuid="GPU-0", index=0, model="m", memory_total_mib=9e4, memory_used_mib=used)
+            return Sample(gpus=(gpu,))
+
+        def close(self) -> None:
+            pass
+
+    source, sink = Flaky(), Sink()
+    agent = Agent(AgentSettings(node="n1", interval_s=0.1, heartbeat_s=60), source, sink)
+    agent.run(stop)
+    assert source.calls == 4
+    assert len(sink.reports) == 3  # rounds 1, 3 and 4 reported; round 2 was logged and skipped
