@@ -56,6 +56,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "metrics": {"serviceMonitor": {"enabled": True}},
     },
     "privileged-agent": {"agent": {"privileged": True}, "pdb": {"enabled": False}},
+    "default-scheduler": {
+        "scheduler": {"enabled": False, "name": "default-scheduler"},
+        "extender": {"mode": "deployment"},
+    },
 }
 
 
@@ -221,10 +225,11 @@ def test_every_rendered_object_validates(name: str, kube_version: str, tmp_path:
     assert objs, "the chart rendered nothing"
     for obj in objs:
         validate_object(obj, kube_version)
-    scheduler = find(objs, "Deployment", "deepres-scheduler")
-    minor = ".".join(kube_version.split(".")[:2])
-    image = container(scheduler, "kube-scheduler")["image"]
-    assert image == f"registry.k8s.io/kube-scheduler:v{minor}.0", "kube-scheduler must match the cluster's version"
+    if VALUE_SETS[name].get("scheduler", {}).get("enabled", True):
+        scheduler = find(objs, "Deployment", "deepres-scheduler")
+        minor = ".".join(kube_version.split(".")[:2])
+        image = container(scheduler, "kube-scheduler")["image"]
+        assert image == f"registry.k8s.io/kube-scheduler:v{minor}.0", "kube-scheduler must match the cluster's version"
 
 
 def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
@@ -306,6 +311,17 @@ def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None
     assert extender["spec"]["replicas"] == 1 and extender["spec"]["strategy"]["type"] == "Recreate"
     service = find(objs, "Service", "deepres-extender")
     assert service["spec"]["selector"] == extender["spec"]["selector"]["matchLabels"]
+
+
+def test_without_the_second_scheduler_only_the_extender_block_remains(tmp_path: Path) -> None:
+    objs = render(tmp_path, VALUE_SETS["default-scheduler"])
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"] == ["deepres-extender"]
+    assert not [o for o in objs if o["metadata"]["name"].startswith("deepres-scheduler") and o["kind"] != "ConfigMap"]
+    config = scheduler_config(objs)
+    assert config["profiles"][0]["schedulerName"] == "default-scheduler"
+    assert config["extenders"][0]["urlPrefix"] == f"http://deepres-extender.{NAMESPACE}.svc:8888"
+    extender = container(find(objs, "Deployment", "deepres-extender"), "extender")
+    assert {"name": "DEEPRES_SCHEDULER_NAME", "value": "default-scheduler"} in extender["env"]
 
 
 def test_tls_configures_https_and_the_ca_everywhere(tmp_path: Path) -> None:
@@ -549,6 +565,7 @@ CONFLICTS = [
     ({"agent": {"source": "simulated", "privileged": True}}, "agent.privileged=false"),
     ({"telemetry": {"ttlSeconds": 10}, "agent": {"heartbeatSeconds": 15}}, "telemetry.ttlSeconds"),
     ({"pdb": {"minAvailable": 1}}, "pdb.minAvailable"),
+    ({"scheduler": {"enabled": False}}, "extender.mode=deployment (the extender gets its own"),
 ]
 
 
