@@ -1,0 +1,198 @@
+"""The packing grid: traces x policies x seeds, run in worker processes, cached, with progress.
+
+A task is one (trace, policy) over its seeds, so a worker's memoised node-state scores carry from
+one seed to the next. Results are cached per (trace, policy, seed) under a key that includes a hash
+of the simulator and policy sources, so a code change never reuses stale numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from extender.simulate import packing
+from extender.simulate.traces import (
+    build_workload,
+    node_list_path,
+    pod_list_path,
+    read_nodes,
+    read_pods,
+    typical_pods,
+)
+
+log = logging.getLogger(__name__)
+
+POLICIES: tuple[str, ...] = ("random", "bestfit", "fgd", "deepres", "deepres-frag")
+SEEDS: tuple[int, ...] = tuple(range(42, 52))
+#: Relative cost per run, to start the slowest tasks first.
+_COST = {"deepres-frag": 5.0, "fgd": 2.5, "deepres": 2.0, "bestfit": 1.0, "random": 1.0}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One packing run, reduced to what the report needs."""
+
+    trace: str
+    policy: str
+    seed: int
+    columns: list[float | None]  # allocation % at arrived load 0..130 %
+    pods: int
+    placed: int
+    seconds: float
+
+
+_BASE_SOURCES = ("gorand.py", "traces.py", "packing.py")
+_POLICY_SOURCES = {
+    "deepres": ("adapters.py", "../policy/*.py"),
+    "deepres-frag": ("adapters.py", "fragaware.py", "../policy/*.py"),
+}
+
+
+def source_hash(policy: str) -> str:
+    """Hash of the code one policy's packing results depend on (so a change never reuses stale runs)."""
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for pattern in (*_BASE_SOURCES, *_POLICY_SOURCES.get(policy, ())):
+        for path in sorted(here.glob(pattern)):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def make_policy(name: str, seed: int, typical: Sequence[object], models: Sequence[str]) -> packing.Policy:
+    if name == "random":
+        return packing.RandomPolicy(seed)
+    if name == "bestfit":
+        return packing.BestFitPolicy()
+    if name == "fgd":
+        return packing.FgdPolicy(packing.Fragmentation(typical, models))  # type: ignore[arg-type]
+    if name == "deepres":
+        return packing.DeepResPolicy()
+    if name == "deepres-frag":
+        return packing.FragAwarePolicy(typical)  # type: ignore[arg-type]
+    raise ValueError(f"unknown packing policy {name!r}; expected one of {', '.join(POLICIES)}")
+
+
+def run_task(data: str, trace: str, policy: str, seeds: Sequence[int]) -> list[RunRecord]:
+    """Run one policy over `seeds` on one trace (in a worker process)."""
+    nodes = read_nodes(node_list_path(Path(data)))
+    pods = read_pods(pod_list_path(Path(data), trace))
+    typical = typical_pods(pods)
+    models = sorted({n.model for n in nodes})
+    capacity = sum(n.gpus for n in nodes) * 1000
+    shared = None if policy == "random" else make_policy(policy, 0, typical, models)
+    out = []
+    for seed in seeds:
+        start = time.perf_counter()
+        workload = build_workload(pods, len(nodes), seed, capacity)
+        chosen = shared if shared is not None else make_policy(policy, seed, typical, models)
+        result = packing.run_packing(nodes, workload.pods, workload.node_order, chosen, seed)
+        seconds = time.perf_counter() - start
+        out.append(RunRecord(trace, policy, seed, packing.bin_allocation(result), len(workload.pods),
+                             int(result.placed.sum()), round(seconds, 3)))
+    return out
+
+
+def _task_star(args: tuple[str, str, str, list[int]]) -> list[RunRecord]:
+    return run_task(*args)
+
+
+class Cache:
+    """JSON-lines cache of RunRecords keyed by source hash; `None` path disables it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.versions = {p: source_hash(p) for p in POLICIES}
+        self._records: dict[tuple[str, str, int], RunRecord] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    raw = json.loads(line)
+                    version = raw.pop("version", None)
+                    record = RunRecord(**raw)
+                except (json.JSONDecodeError, TypeError):
+                    continue
+                if version == self.versions.get(record.policy):
+                    self._records[(record.trace, record.policy, record.seed)] = record
+
+    def get(self, trace: str, policy: str, seed: int) -> RunRecord | None:
+        return self._records.get((trace, policy, seed))
+
+    def put(self, records: Iterable[RunRecord]) -> None:
+        records = list(records)
+        for r in records:
+            self._records[(r.trace, r.policy, r.seed)] = r
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as handle:
+                for r in records:
+                    handle.write(json.dumps({**asdict(r), "version": self.versions.get(r.policy)}) + "\n")
+
+
+def default_jobs() -> int:
+    """Both cores when the machine is idle, one when others are using it (load average)."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, int(cores - load + 0.5)))
+
+
+def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], jobs: int,
+             cache: Cache, progress: Callable[[str], None] | None = None) -> list[RunRecord]:
+    """Every (trace, policy, seed) not in the cache is run; returns all records (cached and new)."""
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    tasks: list[tuple[str, str, str, list[int]]] = []
+    for trace in traces:
+        for policy in policies:
+            todo = [s for s in seeds if cache.get(trace, policy, s) is None]
+            if todo:
+                tasks.append((str(data), trace, policy, todo))
+    tasks.sort(key=lambda t: -_COST.get(t[2], 1.0) * len(t[3]))
+    total_runs = sum(len(t[3]) for t in tasks)
+    say(f"packing: {total_runs} runs to do ({len(tasks)} tasks, {jobs} process(es)); "
+        f"{len(traces) * len(policies) * len(seeds) - total_runs} cached")
+    started = time.monotonic()
+    done = 0
+    if total_runs:
+        if jobs > 1:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                for records in pool.imap_unordered(_task_star, tasks):
+                    cache.put(records)
+                    done += len(records)
+                    _report(say, records, done, total_runs, started)
+        else:
+            for task in tasks:
+                records = _task_star(task)
+                cache.put(records)
+                done += len(records)
+                _report(say, records, done, total_runs, started)
+    out = []
+    for trace in traces:
+        for policy in policies:
+            for seed in seeds:
+                record = cache.get(trace, policy, seed)
+                if record is not None:
+                    out.append(record)
+    return out
+
+
+def _report(say: Callable[[str], None], records: Sequence[RunRecord], done: int, total: int, started: float) -> None:
+    elapsed = time.monotonic() - started
+    eta = elapsed / done * (total - done) if done else math.nan
+    r = records[0]
+    mean130 = [x.columns[130] for x in records if x.columns[130] is not None]
+    avg = sum(mean130) / len(mean130) if mean130 else math.nan  # type: ignore[arg-type]
+    per_run = sum(x.seconds for x in records) / len(records)
+    say(f"  [{done}/{total}] {r.trace:<11} {r.policy:<12} {len(records)} seeds, alloc@130 {avg:6.2f}%, "
+        f"{per_run:5.1f} s/run; elapsed {elapsed / 60:5.1f} min, eta {eta / 60:5.1f} min")
