@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,19 +122,53 @@ def core_api() -> Any:
     return client.CoreV1Api()
 
 
-class KubePods:
-    """Pods on `node`, listed every `refresh_s` in a background thread (field selector on the node)."""
+WatchStream = Callable[[Any, str, str, int], Iterable[Mapping[str, Any]]]
 
-    def __init__(self, api: Any, node: str, refresh_s: float = 5.0) -> None:
-        self._api, self._node, self._refresh_s = api, node, refresh_s
-        self._pods: list[PodInfo] = []
+
+def watch_pods(api: Any, field_selector: str, resource_version: str, timeout_s: int) -> Iterable[Mapping[str, Any]]:
+    """Pod watch events ({"type", "object": raw dict}) from `resource_version` on, for `timeout_s`."""
+    import importlib
+
+    watch: Any = importlib.import_module("kubernetes.watch")
+    return watch.Watch().stream(  # type: ignore[no-any-return]
+        api.list_pod_for_all_namespaces,
+        field_selector=field_selector,
+        resource_version=resource_version,
+        timeout_seconds=timeout_s,
+        allow_watch_bookmarks=True,
+        deserialize=False,
+        _request_timeout=timeout_s + 30,
+    )
+
+
+class KubePods:
+    """Pods on `node`: listed once, then kept current by a watch filtered on spec.nodeName (one
+    long request per node instead of a list every interval: at thousands of nodes the API server
+    notices the difference). After a watch error (410 Gone, connection lost) it lists again."""
+
+    def __init__(
+        self,
+        api: Any,
+        node: str,
+        *,
+        watch_timeout_s: int = 300,
+        retry_s: float = 5.0,
+        stream: WatchStream | None = None,
+    ) -> None:
+        self._api, self._node = api, node
+        self._selector = f"spec.nodeName={node}"
+        self._watch_timeout_s, self._retry_s = watch_timeout_s, retry_s
+        self._stream = stream or watch_pods
+        self._pods: dict[str, PodInfo] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deepres-pods", daemon=True)
+        self._resource_version: str | None = None
         self._failing = False
 
     def start(self) -> KubePods:
-        """List once now (so the first report already knows the pods), then every `refresh_s`."""
-        self.refresh()
+        """List once now (so the first report already knows the pods), then watch in a thread."""
+        self.relist()
         self._thread.start()
         return self
 
@@ -142,25 +176,66 @@ class KubePods:
         self._stop.set()
 
     def pods(self) -> list[PodInfo]:
-        return list(self._pods)
+        with self._lock:
+            return list(self._pods.values())
 
-    def refresh(self) -> None:
+    def relist(self) -> bool:
+        """Replace the view with a fresh list; False (the last view kept) when the API fails."""
         try:
-            answer = self._api.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self._node}", _request_timeout=10
-            )
-        except Exception as err:  # ApiException, connection errors: keep the last list
-            if not self._failing:
-                log.warning("cannot list pods on node %s: %s", self._node, _first_line(err))
-            self._failing = True
+            answer = self._api.list_pod_for_all_namespaces(field_selector=self._selector, _request_timeout=10)
+        except Exception as err:  # ApiException, connection errors
+            self._complain(f"cannot list pods on node {self._node}: {_first_line(err)}")
+            return False
+        raw = (self._api.api_client.sanitize_for_serialization(item) for item in answer.items)
+        pods = [p for p in (pod_from_object(obj) for obj in raw) if p is not None]
+        with self._lock:
+            self._pods = {p.uid: p for p in pods}
+        self._resource_version = str(getattr(answer.metadata, "resource_version", "") or "") or None
+        return True
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """One watch event: ADDED/MODIFIED upsert, DELETED removes; BOOKMARK only moves the version."""
+        obj = event.get("object")
+        if not isinstance(obj, Mapping):
             return
-        self._failing = False
-        pods = [pod_from_object(self._api.api_client.sanitize_for_serialization(item)) for item in answer.items]
-        self._pods = [p for p in pods if p is not None]
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._resource_version = str(version)
+        pod = pod_from_object(obj)
+        if pod is None:
+            return
+        with self._lock:
+            if event.get("type") == "DELETED":
+                self._pods.pop(pod.uid, None)
+            elif event.get("type") in ("ADDED", "MODIFIED"):
+                self._pods[pod.uid] = pod
+
+    def watch_once(self) -> None:
+        """Relist if needed, then follow one watch until it ends; errors force a relist next time."""
+        if self._resource_version is None and not self.relist():
+            raise RuntimeError("pod list failed")
+        try:
+            for event in self._stream(self._api, self._selector, self._resource_version or "", self._watch_timeout_s):
+                if self._stop.is_set():
+                    return
+                self.apply(event)
+                self._failing = False
+        except Exception:
+            self._resource_version = None  # 410 Gone or a broken stream: start again from a list
+            raise
 
     def _run(self) -> None:
-        while not self._stop.wait(self._refresh_s):
-            self.refresh()
+        while not self._stop.is_set():
+            try:
+                self.watch_once()
+            except Exception as err:
+                self._complain(f"pod watch on node {self._node} failed: {_first_line(err)}; retrying")
+                self._stop.wait(self._retry_s)
+
+    def _complain(self, message: str) -> None:
+        if not self._failing:  # once per failure streak, not every retry
+            log.warning("%s", message)
+        self._failing = True
 
 
 class KubeNodeAnnotator:

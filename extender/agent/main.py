@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as err:
             log.error("cannot load Kubernetes credentials (%s); outside a cluster use --no-kube", err)
             return EXIT_FAILURE
-        kube_pods = KubePods(api, settings.node, refresh_s=settings.interval_s).start()
+        kube_pods = KubePods(api, settings.node).start()
         kube_annotator = KubeNodeAnnotator(api, settings.node).start()
         pods, annotator = kube_pods, kube_annotator
         threads += [kube_pods, kube_annotator]

@@ -26,7 +26,7 @@ class FakeCoreV1:
         self.selectors.append(field_selector)
         if self.fail:
             raise client.ApiException(status=403, reason="Forbidden")
-        return client.V1PodList(items=self.pods)
+        return client.V1PodList(items=self.pods, metadata=client.V1ListMeta(resource_version="10"))
 
     def patch_node(self, name: str, body: dict[str, Any], _request_timeout: float) -> None:
         if self.fail:
@@ -42,24 +42,61 @@ def v1pod(uid: str, name: str, phase: str = "Running", annotations: dict[str, st
     )
 
 
+def raw(uid: str, name: str, version: str, phase: str = "Running") -> dict[str, Any]:
+    """A pod as a watch event carries it (raw JSON, Kubernetes casing)."""
+    return {"metadata": {"uid": uid, "name": name, "namespace": "ml", "resourceVersion": version},
+            "status": {"phase": phase}}
+
+
 def test_pods_on_the_node_are_listed_with_a_field_selector() -> None:
     api = FakeCoreV1([v1pod("u1", "a", annotations={"deepres.io/assigned-gpus": "GPU-1"}), v1pod("u2", "b", "Pending")])
-    pods = KubePods(api, "gpu-7")
+    pods = KubePods(api, "gpu-7", stream=lambda *a: [])
     assert pods.pods() == []  # nothing before the first list
-    pods.refresh()
+    assert pods.relist()
     assert api.selectors == ["spec.nodeName=gpu-7"]
-    assert [(p.uid, p.name, p.namespace, p.phase) for p in pods.pods()] == [("u1", "a", "ml", "Running"),
-                                                                           ("u2", "b", "ml", "Pending")]
-    assert pods.pods()[0].annotations == {"deepres.io/assigned-gpus": "GPU-1"}
+    assert sorted((p.uid, p.name, p.namespace, p.phase) for p in pods.pods()) == [("u1", "a", "ml", "Running"),
+                                                                                 ("u2", "b", "ml", "Pending")]
+    assert next(p for p in pods.pods() if p.uid == "u1").annotations == {"deepres.io/assigned-gpus": "GPU-1"}
 
 
 def test_api_failure_keeps_the_last_list() -> None:
     api = FakeCoreV1([v1pod("u1", "a")])
-    pods = KubePods(api, "gpu-7")
-    pods.refresh()
+    pods = KubePods(api, "gpu-7", stream=lambda *a: [])
+    pods.relist()
     api.fail = True
-    pods.refresh()
+    assert not pods.relist()
     assert [p.uid for p in pods.pods()] == ["u1"]
+
+
+def test_watch_follows_the_node_and_relists_after_gone() -> None:
+    api = FakeCoreV1([v1pod("u1", "a")])
+    calls: list[tuple[str, str, int]] = []
+    rounds = [
+        [{"type": "ADDED", "object": raw("u2", "b", "11")},
+         {"type": "MODIFIED", "object": raw("u2", "b", "12", phase="Succeeded")},
+         {"type": "DELETED", "object": raw("u1", "a", "13")},
+         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}],
+        client.ApiException(status=410, reason="Gone: too old resource version"),
+        [],
+    ]
+
+    def stream(api_: Any, selector: str, version: str, timeout_s: int) -> list[dict[str, Any]]:
+        calls.append((selector, version, timeout_s))
+        answer = rounds.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    pods = KubePods(api, "gpu-7", watch_timeout_s=60, stream=stream)
+    pods.watch_once()  # lists (no version yet), then follows the watch
+    assert [(p.uid, p.phase) for p in pods.pods()] == [("u2", "Succeeded")]
+    with pytest.raises(client.ApiException):
+        pods.watch_once()  # resumes from the bookmark's version; the server says it is gone
+    api.pods = [v1pod("u3", "c")]
+    pods.watch_once()  # so it lists again before watching
+    assert [p.uid for p in pods.pods()] == ["u3"]
+    assert [c[1] for c in calls] == ["10", "20", "10"] and all(c[0] == "spec.nodeName=gpu-7" for c in calls)
+    assert api.selectors == ["spec.nodeName=gpu-7"] * 2
 
 
 def test_annotator_patches_the_node_off_the_sampling_thread() -> None:
