@@ -32,11 +32,10 @@ from extender.policy import (
     PriorityInputs,
     Reservation,
     corrected_admission,
-    filter_nodes,
     plan_victims,
     priority_of,
-    score_nodes,
 )
+from extender.policy.columnar import filter_matrix, score_matrix
 from extender.policy.filtering import gib
 from extender.protocol import (
     PodInfo,
@@ -219,7 +218,7 @@ class Extender:
             return filter_all_unresolvable(args, str(err))
         except PredictorUnavailable as err:
             return filter_error(f"predictor unavailable: {err}", args)
-        result = filter_nodes(plan.request, args.node_names, self.state.views, now, self.params)
+        result = filter_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, now, self.params)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if log.isEnabledFor(logging.DEBUG):
@@ -240,7 +239,8 @@ class Extender:
             plan = self.plan(args.pod, self.clock())
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
-        return host_priority_list(score_nodes(plan.request, args.node_names, self.state.views, self.params))
+        scores = score_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, self.params)
+        return host_priority_list(scores)
 
     def bind(self, body: Any) -> dict[str, str]:
         try:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from extender.policy.columnar import NodeMatrix
 from extender.policy.filtering import node_failure
 from extender.policy.scoring import choose_gpus
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
@@ -42,6 +43,7 @@ class ClusterState:
         self._by_node: dict[str, set[str]] = {}
         self._reserved_mib: dict[str, float] = {}  # GPU uuid -> sum of reservations
         self._views: dict[str, NodeView] = {}
+        self.matrix = NodeMatrix()  # the same views, columnar, for the verbs' vectorised policy
         self._peaks = PeakStore(peak_store_size)
         self.overcommits_refused = 0
         self.reports_ignored = 0
@@ -183,8 +185,9 @@ class ClusterState:
         telemetry = self._telemetry.get(node)
         if telemetry is None:
             self._views.pop(node, None)
+            self.matrix.remove(node)
             return
-        self._views[node] = NodeView(
+        view = NodeView(
             name=node,
             gpus=tuple(
                 GpuView(
@@ -200,3 +203,5 @@ class ClusterState:
             ),
             received_s=telemetry.received_s,
         )
+        self._views[node] = view
+        self.matrix.put(view)

@@ -29,6 +29,7 @@ from extender.policy import (
     score_node,
     score_nodes,
 )
+from extender.policy.columnar import NodeMatrix, filter_matrix, score_matrix
 
 P = PolicyParams()
 NOW = 1_000_000.0
@@ -92,16 +93,19 @@ def test_not_a_gpu_job_passes_fresh_nodes_and_scores_neutrally() -> None:
 
 
 names_st = st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=12)
-gpu_st = st.tuples(st.floats(1, 80), st.floats(0, 1), st.floats(0, 1.2))
+gpu_st = st.tuples(st.floats(1, 80), st.floats(0, 1), st.floats(0, 1.2), st.floats(0, 1), st.booleans())
 
 
 @st.composite
 def cluster_st(draw: st.DrawFn) -> dict[str, NodeView]:
+    """Up to 8 nodes of 0-4 GPUs (GiB capacity, used and reserved shares, utilisation, healthy)."""
     out = {}
     for i in range(draw(st.integers(0, 8))):
         gpus = draw(st.lists(gpu_st, min_size=0, max_size=4))
         age = draw(st.floats(0, 60))
-        out[f"n{i}"] = node(f"n{i}", *[(c, c * u, c * r) for c, u, r in gpus], received_s=NOW - age)
+        out[f"n{i}"] = NodeView(f"n{i}", tuple(
+            GpuView(f"n{i}-g{j}", j, c * GIB, c * u * GIB, c * r * GIB, util, healthy or j == 0)
+            for j, (c, u, r, util, healthy) in enumerate(gpus)), NOW - age)
     return out
 
 
@@ -267,3 +271,23 @@ def test_batch_scoring_equals_per_node_scoring(nodes: dict[str, NodeView], names
                                               request: PodRequest) -> None:
     assert score_nodes(request, names, nodes, P) == [(n, score_node(request, nodes.get(n), P))
                                                      for n in dict.fromkeys(names)]
+
+
+# ---- the columnar (numpy) path gives the same answers ----
+
+@settings(max_examples=200, deadline=None)
+@given(cluster_st(), names_st, pod_st, st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=4))
+def test_columnar_filter_and_score_equal_the_reference(nodes: dict[str, NodeView], names: list[str],
+                                                      request: PodRequest, removed: list[str]) -> None:
+    matrix = NodeMatrix(rows=2, cols=1)  # small: exercises growing rows and columns
+    for view in nodes.values():
+        matrix.put(view)
+    for name in removed:  # nodes that left: their rows are reused
+        matrix.remove(name)
+        nodes.pop(name, None)
+    for view in nodes.values():
+        matrix.put(view)
+    assert filter_matrix(request, names, matrix, nodes, NOW, P) == filter_nodes(request, names, nodes, NOW, P)
+    assert score_matrix(request, names, matrix, nodes, P) == score_nodes(request, names, nodes, P)
+    spread = PodRequest(request.uid, "ns", "p", request.gpus, request.admission_mib, 0.0, 40.0)
+    assert score_matrix(spread, names, matrix, nodes, P) == score_nodes(spread, names, nodes, P)

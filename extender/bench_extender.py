@@ -1,0 +1,360 @@
+"""`deepres bench extender`: the production server on a loopback port under kube-scheduler's load.
+
+A simulated 5,000-node cluster reports through `/v1/telemetry`; then, for each mode, 4 clients
+play kube-scheduler: per pod one `/filter` then one `/prioritize`.
+- names: 500 candidate node names (nodeCacheCapable: true; what kube-scheduler sends at 5,000 nodes)
+- nodes: 100 full Node objects (nodeCacheCapable: false)
+- under_telemetry: the names mode while agents post 500 reports/s
+Latencies are measured at the client (so they include HTTP and JSON on both sides). RSS is the
+server's (gunicorn master + worker). Writes `reports/bench-extender.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from extender.cli import UsageError
+
+GPU_MODELS = (("NVIDIA A100-SXM4-40GB", 40960.0), ("NVIDIA A100-SXM4-80GB", 81920.0), ("Tesla V100-SXM2-32GB", 32768.0),
+              ("Tesla T4", 15360.0))
+JOBS = (
+    {"model-type": "cnn", "params-millions": "15", "batch-size": "64", "precision": "amp", "optimizer": "sgd"},
+    {"model-type": "resnet", "params-millions": "25", "batch-size": "128", "precision": "fp32"},
+    {"model-type": "bert", "params-millions": "110", "batch-size": "32", "input-dim": "512", "precision": "amp"},
+    {"model-type": "gpt", "params-millions": "350", "batch-size": "8", "input-dim": "1024", "optimizer": "adamw"},
+    {"model-type": "lstm", "params-millions": "20", "batch-size": "64", "input-dim": "128"},
+    {"model-type": "vit", "params-millions": "86", "batch-size": "64", "precision": "bf16"},
+    {"model-type": "mlp", "params-millions": "5", "batch-size": "256"},
+    {"model-type": "transformer", "params-millions": "60", "batch-size": "32", "criticality": "high",
+     "deadline": "6h"},
+)
+KEYS = ("pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=5000, help="simulated GPU nodes (default 5000)")
+    parser.add_argument("--candidates", type=int, default=500, help="node names per request (default 500)")
+    parser.add_argument("--full-nodes", type=int, default=100, help="Node objects per request (default 100)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent scheduler clients (default 4)")
+    parser.add_argument("--duration-s", type=float, default=15.0, help="seconds per mode (default 15)")
+    parser.add_argument("--telemetry-rate", type=float, default=500.0, help="reports/s in the last mode")
+    parser.add_argument("--predictor-factory", default="",
+                        help="module:callable predictor instead of the shipped one (DEEPRES_PREDICTOR_FACTORY)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nodes < args.candidates or args.nodes < args.full_nodes or args.clients < 1 or args.duration_s <= 0:
+        raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0")
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
+        names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
+        cluster = _Cluster(names, rng)
+        _progress(f"posting telemetry for {args.nodes} nodes")
+        _post_many(server, [cluster.report(n) for n in names], threads=4)
+        results: dict[str, Any] = {}
+        _progress(f"names mode: {args.clients} clients, {args.candidates} names per request, {args.duration_s:g} s")
+        results["names"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
+        _progress(f"nodes mode: {args.full_nodes} full Node objects per request")
+        results["nodes"] = _scheduler_load(server, _node_bodies(names, args.full_nodes, rng), args)
+        _progress(f"names mode under {args.telemetry_rate:g} telemetry reports/s")
+        reporter = _Reporter(server, cluster, names, args.telemetry_rate)
+        reporter.start()
+        results["under_telemetry"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
+        achieved = reporter.stop()
+        results["rss_mib"] = round(server.rss_mib(), 1)
+    _progress(f"telemetry achieved {achieved:.0f} reports/s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{'mode':<16}" + "".join(f"{k:>19}" for k in KEYS))
+        for mode in ("names", "nodes", "under_telemetry"):
+            print(f"{mode:<16}" + "".join(f"{results[mode][k]:>19}" for k in KEYS))
+        print(f"server RSS {results['rss_mib']} MiB; written to {out}")
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(f"[bench extender] {message}", file=sys.stderr, flush=True)
+
+
+class _Server:
+    """`deepres serve --no-kube` in a subprocess on a free loopback port."""
+
+    def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
+        self.tmp = tmp
+        self.token = "bench-" + os.urandom(8).hex()
+        self.factory = args.predictor_factory
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> _Server:
+        token_file = self.tmp / "token"
+        token_file.write_text(self.token)
+        env = {**os.environ, "DEEPRES_TELEMETRY_TTL_S": "3600"}  # one report per node must last the bench
+        if self.factory:
+            env["DEEPRES_PREDICTOR_FACTORY"] = self.factory
+        self.log = (self.tmp / "server.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind", f"127.0.0.1:{self.port}",
+             "--telemetry-token-file", str(token_file), "--log-level", "warning"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        tail = (self.tmp / "server.log").read_text()[-1500:]
+        raise UsageError(f"the extender did not become ready (is the predictor artifact there? "
+                         f"--predictor-factory picks another); server log: {tail}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        if children.exists():
+            pids += [int(p) for p in children.read_text().split()]
+        total_kib = 0
+        for pid in pids:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        return total_kib / 1024.0
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    conn.request("POST", path, body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+class _Cluster:
+    """Per node: 4 or 8 GPUs of one model, random occupancy; reports with rising sequence numbers."""
+
+    def __init__(self, names: list[str], rng: random.Random) -> None:
+        self.rng = rng
+        self.shape = {n: (rng.choice(GPU_MODELS), rng.choice((4, 8))) for n in names}
+        self.sequence = dict.fromkeys(names, 0)
+        self.lock = threading.Lock()
+
+    def report(self, node: str) -> bytes:
+        (model, total), count = self.shape[node]
+        with self.lock:
+            self.sequence[node] += 1
+            sequence = self.sequence[node]
+            used = [self.rng.choice((0.0, 0.0, 0.25, 0.5, 0.9)) * total for _ in range(count)]
+            util = [self.rng.random() for _ in range(count)]
+        gpus = [{"uuid": f"GPU-{node}-{i}", "index": i, "model": model, "memory_total_mib": total,
+                 "memory_used_mib": used[i], "utilization_gpu": util[i]} for i in range(count)]
+        body = {"node": node, "sequence": sequence, "timestamp_s": time.time(), "agent_version": "bench",
+                "source": "simulated", "gpus": gpus, "pods": []}
+        return json.dumps(body).encode()
+
+
+def _post_many(server: _Server, bodies: list[bytes], threads: int) -> None:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
+    chunks = [bodies[i::threads] for i in range(threads)]
+
+    def worker(chunk: list[bytes]) -> None:
+        conn = server.connection()
+        for body in chunk:
+            status, text = _post(conn, "/v1/telemetry", body, headers)
+            if status != 200:
+                raise RuntimeError(f"telemetry refused: {status} {text[:200]!r}")
+        conn.close()
+
+    pool = [threading.Thread(target=worker, args=(c,)) for c in chunks]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
+def _pod(i: int, rng: random.Random) -> dict[str, Any]:
+    job = JOBS[i % len(JOBS)]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"train-{i}", "namespace": "ml", "uid": f"bench-{i:08d}",
+                         "creationTimestamp": "2026-11-21T12:00:00Z",
+                         "annotations": {f"deepres.io/{k}": v for k, v in job.items()}},
+            "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "pytorch"}]}}
+
+
+def _names_bodies(names: list[str], candidates: int, rng: random.Random) -> list[bytes]:
+    return [json.dumps({"Pod": _pod(i, rng), "Nodes": None, "NodeNames": rng.sample(names, candidates)}).encode()
+            for i in range(128)]
+
+
+def _node_object(name: str) -> dict[str, Any]:
+    """A Node as the API server returns it (labels, conditions, images: ~5 KB)."""
+    registry = "registry.example.com/ml"
+    images = [{"names": [f"{registry}/image-{k}@sha256:{k:064x}", f"{registry}/image-{k}:v1"],
+               "sizeBytes": 1_000_000_000 + k} for k in range(12)]
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "123456",
+                     "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "kubernetes.io/arch": "amd64",
+                                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+                                "topology.kubernetes.io/zone": "zone-a", "node.kubernetes.io/instance-type": "p4d"},
+                     "annotations": {"deepres.io/gpu-free-mib": "40960", "node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"podCIDR": "10.0.0.0/24", "providerID": f"aws:///zone-a/{name}"},
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1152Gi", "nvidia.com/gpu": "8", "pods": "110"},
+            "allocatable": {"cpu": "95", "memory": "1140Gi", "nvidia.com/gpu": "8", "pods": "110"},
+            "conditions": [{"type": t, "status": "False" if t != "Ready" else "True",
+                            "lastHeartbeatTime": "2026-11-21T12:00:00Z", "lastTransitionTime": "2026-11-01T00:00:00Z",
+                            "reason": f"Kubelet{t}", "message": f"kubelet reports {t}"}
+                           for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")],
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": name}],
+            "nodeInfo": {"kubeletVersion": "v1.34.1", "containerRuntimeVersion": "containerd://2.0.0",
+                         "osImage": "Ubuntu 24.04", "kernelVersion": "6.8.0", "architecture": "amd64",
+                         "operatingSystem": "linux", "machineID": "m", "systemUUID": "s", "bootID": "b",
+                         "kubeProxyVersion": "v1.34.1"},
+            "images": images,
+        },
+    }
+
+
+def _node_bodies(names: list[str], count: int, rng: random.Random) -> list[bytes]:
+    bodies = []
+    for i in range(32):
+        items = [_node_object(n) for n in rng.sample(names, count)]
+        bodies.append(json.dumps({"Pod": _pod(i, rng), "NodeNames": None,
+                                  "Nodes": {"metadata": {}, "items": items}}).encode())
+    return bodies
+
+
+def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespace) -> dict[str, float]:
+    filter_ms: list[float] = []
+    prioritize_ms: list[float] = []
+    pods = [0]
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + args.duration_s
+    headers = {"Content-Type": "application/json"}
+    errors: list[str] = []
+
+    def client(k: int) -> None:
+        conn = server.connection()
+        mine_f: list[float] = []
+        mine_p: list[float] = []
+        i = k
+        while time.perf_counter() < stop_at:
+            body = bodies[i % len(bodies)]
+            i += args.clients
+            t0 = time.perf_counter()
+            status, text = _post(conn, "/filter", body, headers)
+            t1 = time.perf_counter()
+            status2, _ = _post(conn, "/prioritize", body, headers)
+            t2 = time.perf_counter()
+            if status != 200 or status2 != 200 or b'"Error":""' not in text:
+                errors.append(f"{status} {status2} {text[:200]!r}")
+                break
+            mine_f.append((t1 - t0) * 1000.0)
+            mine_p.append((t2 - t1) * 1000.0)
+        conn.close()
+        with lock:
+            filter_ms.extend(mine_f)
+            prioritize_ms.extend(mine_p)
+            pods[0] += len(mine_f)
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"the extender answered with an error: {errors[0]}")
+    return {
+        "pods_per_s": round(pods[0] / elapsed, 1),
+        "filter_p50_ms": _percentile(filter_ms, 50), "filter_p99_ms": _percentile(filter_ms, 99),
+        "prioritize_p50_ms": _percentile(prioritize_ms, 50), "prioritize_p99_ms": _percentile(prioritize_ms, 99),
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(q / 100.0 * (len(ordered) - 1)))], 2)
+
+
+class _Reporter:
+    """Agents posting at a fixed total rate (two connections), each report a fresh sequence."""
+
+    def __init__(self, server: _Server, cluster: _Cluster, names: list[str], rate: float) -> None:
+        self.server, self.cluster, self.names, self.rate = server, cluster, names, rate
+        self.stop_event = threading.Event()
+        self.sent = 0
+        self.threads: list[threading.Thread] = []
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        for k in range(2):
+            thread = threading.Thread(target=self._loop, args=(k, 2), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _loop(self, k: int, of: int) -> None:
+        conn = self.server.connection()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.server.token}"}
+        interval = of / self.rate
+        next_at = time.perf_counter()
+        i = k
+        while not self.stop_event.is_set():
+            body = self.cluster.report(self.names[i % len(self.names)])
+            i += of
+            _post(conn, "/v1/telemetry", body, headers)
+            self.sent += 1
+            next_at += interval
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                self.stop_event.wait(delay)
+        conn.close()
+
+    def stop(self) -> float:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join()
+        return self.sent / max(time.perf_counter() - self.started, 1e-9)
