@@ -11,6 +11,7 @@ extender serves and the rendered command lines are parsed by the real `deepres` 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import re
@@ -111,6 +112,15 @@ def container(obj: Obj, name: str) -> Obj:
 def scheduler_config(objs: list[Obj]) -> Obj:
     config: Obj = yaml.safe_load(find(objs, "ConfigMap", "deepres-scheduler")["data"]["scheduler-config.yaml"])
     return config
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cached_kubernetes_schemas() -> Iterator[None]:
+    """kubernetes-validate re-reads its 1.5 MB definitions file for every object: read each file once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents",
+                      functools.lru_cache(maxsize=None)(kubernetes_validate.utils.schema_contents))
+        yield
 
 
 # ServiceMonitor is a CRD kubernetes-validate has no schema for: we check the fields the chart sets
