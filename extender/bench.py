@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from extender.cli import UsageError
+
 # target -> module exposing add_arguments(parser) and run(args) -> int
 TARGETS: dict[str, str] = {
     "predictor": "predictor.bench",
@@ -23,9 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         target_parser.set_defaults(_bench_module=module_name)
         target_parser.add_argument("--json", action="store_true", help="print the figures as JSON")
         target_parser.add_argument("--out", default=f"reports/bench-{target}.json", help="where to write them")
-        importlib.import_module(module_name).add_arguments(target_parser)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:  # a real import problem inside the target: show it
+                raise
+            target_parser.set_defaults(_bench_missing=f"the {target} benchmark is not installed ({err})")
+            continue
+        module.add_arguments(target_parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = getattr(args, "_bench_missing", None)
+    if missing:
+        raise UsageError(missing)
     code: int = importlib.import_module(args._bench_module).run(args)
     return code

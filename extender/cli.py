@@ -75,4 +75,8 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m extender.cli`: run the imported module's main so that subcommands raising
+    # extender.cli.UsageError are caught by the same class.
+    from extender.cli import main as _main
+
+    sys.exit(_main())

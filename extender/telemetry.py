@@ -62,7 +62,10 @@ class GpuReport:
 
 @dataclass(frozen=True)
 class PodUsage:
-    """A pod's GPU memory on this node now and at its peak since the agent first saw it."""
+    """A pod's GPU memory on this node now and at its peak since the agent first saw it.
+
+    Both figures are summed over the pod's GPUs (`gpu_uuids`): divide by their count for per GPU.
+    """
 
     pod_uid: str
     current_memory_mib: float
