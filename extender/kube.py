@@ -194,15 +194,16 @@ class InMemoryCluster:
 class KubeCluster:
     """The real API server through the official client: in-cluster config, else ~/.kube/config."""
 
-    def __init__(self, scheduler_name: str, resync_s: float, token_cache_s: float) -> None:
+    def __init__(self, scheduler_name: str, resync_s: float, token_cache_s: float, api_client: Any = None) -> None:
         client: Any = importlib.import_module("kubernetes.client")
-        config: Any = importlib.import_module("kubernetes.config")
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        if api_client is None:
+            config: Any = importlib.import_module("kubernetes.config")
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
         self._client = client
-        self._api: Any = client.ApiClient()
+        self._api: Any = api_client if api_client is not None else client.ApiClient()
         self._core: Any = client.CoreV1Api(self._api)
         self._auth: Any = client.AuthenticationV1Api(self._api)
         self._watch: Any = importlib.import_module("kubernetes.watch")

@@ -1,0 +1,145 @@
+"""KubeCluster (the real client adapter) against fake API objects: Binding and patch bodies,
+Events, TokenReview with node binding and caching, watches that list, watch and release."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes.client import (
+    ApiClient,
+    Configuration,
+    V1ListMeta,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodList,
+    V1PodSpec,
+    V1TokenReview,
+    V1TokenReviewStatus,
+    V1UserInfo,
+)
+from kubernetes.client.rest import ApiException
+
+from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+
+POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
+
+
+class FakeCore:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: ApiException | None = None
+
+    def create_namespaced_binding(self, namespace: str, body: Any, **kw: Any) -> None:
+        self.calls.append(("bind", (namespace, body, kw)))
+        if self.fail:
+            raise self.fail
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
+        self.calls.append(("patch", (name, namespace, body)))
+        if self.fail:
+            raise self.fail
+
+    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+        self.calls.append(("event", (namespace, body)))
+        if self.fail:
+            raise self.fail
+
+
+class FakeAuth:
+    def __init__(self, status: V1TokenReviewStatus) -> None:
+        self.status = status
+        self.reviews: list[V1TokenReview] = []
+
+    def create_token_review(self, review: V1TokenReview) -> V1TokenReview:
+        self.reviews.append(review)
+        return V1TokenReview(spec=review.spec, status=self.status)
+
+
+def cluster() -> tuple[KubeCluster, FakeCore]:
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=ApiClient(Configuration(host="http://127.0.0.1:9")))
+    core = FakeCore()
+    kube._core = core
+    return kube, core
+
+
+def test_bind_creates_a_binding_with_uid_and_node_target() -> None:
+    kube, core = cluster()
+    kube.bind(POD, "n1")
+    namespace, body, kw = core.calls[0][1]
+    assert namespace == "ml" and kw == {"_preload_content": False}
+    assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
+
+
+def test_api_failures_become_cluster_errors_naming_the_call() -> None:
+    kube, core = cluster()
+    core.fail = ApiException(status=409, reason="Conflict")
+    with pytest.raises(ClusterError, match=r"bind pod ml/p to n1: HTTP 409 Conflict"):
+        kube.bind(POD, "n1")
+    with pytest.raises(ClusterError, match=r"patch annotations of pod ml/p: HTTP 409 Conflict"):
+        kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
+    kube.event(POD, "Placed", "x")  # events are best effort: no exception
+
+
+def test_patch_and_event_bodies() -> None:
+    kube, core = cluster()
+    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None})
+    assert core.calls[0] == ("patch", ("p", "ml", {"metadata": {"annotations": {
+        "deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None}}}))
+    kube.event(POD, "InvalidAnnotation", "deepres.io/gpus='x' is not valid", warning=True)
+    namespace, event = core.calls[1][1]
+    assert namespace == "ml" and event.type == "Warning" and event.reason == "InvalidAnnotation"
+    assert event.involved_object.uid == "u-1" and event.source.component == "deepres-extender"
+
+
+def test_token_review_binds_the_node_and_is_cached() -> None:
+    kube, _ = cluster()
+    status = V1TokenReviewStatus(authenticated=True, audiences=["deepres-extender"], user=V1UserInfo(
+        username="system:serviceaccount:deepres:agent", extra={NODE_NAME_EXTRA: ["gpu-7"]}))
+    auth = FakeAuth(status)
+    kube._auth = auth
+    first = kube.review_token("tok", "deepres-extender")
+    assert first is not None and first.node_name == "gpu-7"
+    assert kube.review_token("tok", "deepres-extender") == first and len(auth.reviews) == 1
+    assert auth.reviews[0].spec.audiences == ["deepres-extender"]
+    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=False))
+    assert kube.review_token("other", "deepres-extender") is None
+    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=True, audiences=["api"], user=V1UserInfo(username="x")))
+    assert kube.review_token("wrong-audience", "deepres-extender") is None
+
+
+def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
+    kube, _ = cluster()
+    pod = V1Pod(metadata=V1ObjectMeta(name="p", namespace="ml", uid="u-1",
+                                      annotations={"deepres.io/assigned-gpus": "GPU-1"}),
+                spec=V1PodSpec(containers=[], scheduler_name="deepres-scheduler", node_name="n1"))
+    selectors: list[str] = []
+
+    class Core:
+        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> V1PodList:
+            selectors.append(field_selector)
+            return V1PodList(items=[pod], metadata=V1ListMeta(resource_version="10"))
+
+        def read_namespaced_pod(self, name: str, namespace: str) -> V1Pod:
+            raise ApiException(status=404, reason="Not Found")
+
+    class Watch:
+        def stream(self, *args: Any, **kw: Any) -> Any:
+            assert kw["resource_version"] == "10"
+            yield {"type": "DELETED", "object": pod}
+            kube.stop()
+            yield {"type": "MODIFIED", "object": pod}
+
+    kube._core = Core()
+    kube._watch = SimpleNamespace(Watch=Watch)
+    listed: list[list[dict[str, Any]]] = []
+    changed: list[tuple[dict[str, Any], bool]] = []
+    handlers = ClusterHandlers(pod_changed=lambda p, d: changed.append((p, d)), pods_listed=listed.append,
+                               node_deleted=lambda n: None)
+    kube._watch_pods(handlers)
+    assert selectors == ["spec.schedulerName=deepres-scheduler"] and kube.synced()
+    assert listed[0][0]["metadata"]["annotations"] == {"deepres.io/assigned-gpus": "GPU-1"}
+    assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
+    assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
+    assert kube.get_pod("ml", "p") is None  # the deletion left the cache
