@@ -1,0 +1,268 @@
+"""Job descriptions -> numeric feature matrices, the same for every model that is compared.
+
+Two feature sets exist:
+
+* `seed`: the seed paper's 11 input columns as numbers (categories as integer codes), which is all
+  the paper's Transformer-BiGRU saw.
+* `physics`: our own. Logs of the job's sizes, plus *analytic* estimates of what a training step
+  holds in memory (weights, gradients, optimizer state, activations) and how many FLOPs it does,
+  worked out with textbook formulas from the architecture the JobSpec realises (the dataset's
+  templates size every network from the JobSpec alone). The estimates are deliberately simple
+  (they ignore allocator behaviour, temporaries and which tensors autograd really keeps), but they
+  have the right *shape*: memory is a sum of terms that scale with parameters and with batch x
+  tokens x width, so in log space a model only has to learn corrections, not the physics.
+
+A batch of 10,000 jobs and a single JobSpec at request time share one code path (no pandas on the
+request path).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from predictor.dataset.templates import plan
+from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, JobSpec
+
+FloatArray = npt.NDArray[np.float64]
+
+#: The seed dataset's input columns, in its order (its 12th column was the target).
+SEED_COLUMNS: tuple[str, ...] = (
+    "model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
+    "precision", "optimizer", "learning_rate", "regularization", "data_augmentation",
+)
+NUMERIC_COLUMNS: tuple[str, ...] = (
+    "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "learning_rate",
+    "regularization", "data_augmentation",
+)
+FEATURE_SETS: tuple[str, ...] = ("seed", "physics")
+
+#: Categorical columns of the physics set, always last in the matrix, with their cardinalities.
+CATEGORICAL: tuple[tuple[str, int], ...] = (
+    ("model_type", len(MODEL_FAMILIES)), ("precision", len(PRECISIONS)), ("optimizer", len(OPTIMIZERS)),
+)
+
+MIB = 1024.0 * 1024.0
+#: Bytes per stored weight/gradient; amp trains fp32 master weights (autocast casts copies).
+_WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "amp": 4.0}
+#: Bytes per saved activation element.
+_ACTIVATION_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "amp": 2.0}
+#: Optimizer state tensors per parameter (PyTorch defaults: rmsprop keeps square_avg, adagrad sum).
+_OPTIMIZER_STATES = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0, "adamw": 2.0, "rmsprop": 1.0, "adagrad": 1.0}
+#: Gate count of one recurrent cell (how many d x d matrices per input and hidden state).
+_GATES = {"rnn": 1.0, "lstm": 4.0, "gru": 3.0}
+
+
+@dataclass(frozen=True)
+class FeatureMatrix:
+    """A feature matrix with its column names; `n_categorical` trailing columns hold integer codes."""
+
+    values: FloatArray
+    names: tuple[str, ...]
+    categorical: tuple[int, ...] = ()  # cardinalities of the trailing categorical columns
+
+
+def columns_from_frame(frame: Any) -> dict[str, npt.NDArray[Any]]:
+    """The JobSpec columns of a dataset frame (pandas DataFrame or mapping of arrays)."""
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for name in SEED_COLUMNS:
+        values = np.asarray(frame[name])
+        if name in ("model_type", "precision", "optimizer"):
+            cols[name] = values.astype(str)
+        else:
+            cols[name] = values.astype(np.float64)
+    return cols
+
+
+def columns_from_specs(specs: Sequence[JobSpec]) -> dict[str, npt.NDArray[Any]]:
+    """The same columns for JobSpecs (the request path)."""
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for name in SEED_COLUMNS:
+        values = [getattr(spec, name) for spec in specs]
+        if name in ("model_type", "precision", "optimizer"):
+            cols[name] = np.asarray(values, dtype=str)
+        else:
+            cols[name] = np.asarray(values, dtype=np.float64)
+    return cols
+
+
+def _codes(values: npt.NDArray[Any], options: Sequence[str], column: str) -> FloatArray:
+    lookup = {option: index for index, option in enumerate(options)}
+    try:
+        return np.asarray([lookup[str(v)] for v in values], dtype=np.float64)
+    except KeyError as err:
+        raise ValueError(f"column {column!r} holds {err.args[0]!r}: expected one of {', '.join(options)}") from None
+
+
+def seed_features(cols: Mapping[str, npt.NDArray[Any]]) -> FeatureMatrix:
+    """The seed paper's 11 inputs, categories label-encoded (as a MATLAB table import would)."""
+    out = np.column_stack([
+        _codes(cols["model_type"], MODEL_FAMILIES, "model_type") if name == "model_type"
+        else _codes(cols["precision"], PRECISIONS, "precision") if name == "precision"
+        else _codes(cols["optimizer"], OPTIMIZERS, "optimizer") if name == "optimizer"
+        else np.asarray(cols[name], dtype=np.float64)
+        for name in SEED_COLUMNS
+    ])
+    return FeatureMatrix(out, SEED_COLUMNS)
+
+
+def analytic_estimates(cols: Mapping[str, npt.NDArray[Any]]) -> dict[str, FloatArray]:
+    """Textbook estimates per job of one training step: bytes of weights, gradients, optimizer
+    state and saved activations, and FLOPs per iteration.
+
+    The realised architecture (width, stages, vocabulary, tokens) comes from the dataset's
+    templates (`predictor.dataset.templates.plan`, pure arithmetic on the JobSpec), so the
+    estimates describe the very network a JobSpec stands for. Activations are split into three
+    terms that scale differently: linear in batch x tokens x width, quadratic in tokens (attention
+    scores), and the vocabulary logits; the model learns how much of each really stays alive.
+    FLOPs are 3 x forward, forward = 2 x multiply-accumulates of every matmul and convolution.
+    """
+    n = len(cols["model_type"])
+    out = {name: np.zeros(n) for name in _ESTIMATES}
+    for i in range(n):
+        spec = JobSpec(
+            model_type=str(cols["model_type"][i]), params_millions=float(cols["params_millions"][i]),
+            batch_size=int(cols["batch_size"][i]), input_dim=int(cols["input_dim"][i]),
+            num_layers=int(cols["num_layers"][i]), precision=str(cols["precision"][i]),
+            optimizer=str(cols["optimizer"][i]), regularization=bool(cols["regularization"][i]),
+        )
+        for name, value in _estimate_one(spec).items():
+            out[name][i] = value
+    return out
+
+
+_ESTIMATES: tuple[str, ...] = (
+    "width", "tokens", "weights_bytes", "grads_bytes", "optimizer_bytes", "act_linear_bytes", "act_attention_bytes",
+    "act_logits_bytes", "activation_bytes", "static_bytes", "total_bytes", "flops",
+)
+
+
+def _estimate_one(spec: JobSpec) -> dict[str, float]:
+    the_plan = plan(spec)
+    hp, b, family = the_plan.hparams, float(spec.batch_size), the_plan.family
+    params = float(the_plan.params)
+    linear = attention = logits = flops = 0.0  # activation elements, FLOPs
+    tokens = 1.0
+    if family == "mlp":
+        w, layers = hp["width"], hp["layers"]
+        linear = b * (hp["features"] + w * layers * (3.0 if hp["dropout"] else 2.0) + hp["classes"])
+        flops = 6.0 * b * params
+        width = float(w)
+    elif family in ("cnn", "resnet"):
+        linear, flops, tokens = _conv_estimates(family, hp, b)
+        width = float(hp["width"])
+    elif family in ("rnn", "lstm", "gru"):
+        h, gates, tokens = hp["hidden"], _GATES[family], float(hp["seq"])
+        n_in, mac = hp["features"], 0.0
+        for _ in range(hp["layers"]):
+            mac += gates * (n_in * h + h * h)
+            n_in = h
+        linear = b * tokens * h * hp["layers"] * (gates + 2.0)
+        flops = 6.0 * b * tokens * mac
+        width = float(h)
+    else:  # transformer, gpt, vit
+        d, layers, heads = hp["d_model"], hp["layers"], hp["heads"]
+        tokens = float(hp["tokens"] if family == "vit" else hp["seq"])
+        linear = layers * 16.0 * b * tokens * d + b * tokens * d * 2.0
+        attention = layers * 2.5 * b * heads * tokens * tokens
+        block_mac = layers * 12.0 * d * d
+        flops = 6.0 * b * tokens * block_mac + 12.0 * layers * b * tokens * tokens * d
+        if family == "gpt":
+            logits = 3.0 * b * tokens * hp["vocab"]
+            flops += 6.0 * b * tokens * d * hp["vocab"]
+        if family == "vit":
+            flops += 6.0 * b * (tokens - 1.0) * 3.0 * hp["patch"] ** 2 * d
+        width = float(d)
+    weight_b = _WEIGHT_BYTES[spec.precision]
+    act_b = _ACTIVATION_BYTES[spec.precision]
+    weights = params * (weight_b + (2.0 if spec.precision == "amp" else 0.0))  # amp: autocast's half copy
+    grads = params * weight_b
+    opt_state = params * weight_b * _OPTIMIZER_STATES[spec.optimizer]
+    activations = (linear + attention + logits) * act_b
+    return {
+        "width": width, "tokens": tokens, "weights_bytes": weights, "grads_bytes": grads,
+        "optimizer_bytes": opt_state, "act_linear_bytes": linear * act_b, "act_attention_bytes": attention * act_b,
+        "act_logits_bytes": logits * act_b, "activation_bytes": activations,
+        "static_bytes": weights + grads + opt_state, "total_bytes": weights + grads + opt_state + activations,
+        "flops": flops,
+    }
+
+
+def _conv_estimates(family: str, hp: dict[str, Any], b: float) -> tuple[float, float, float]:
+    """(activation elements, FLOPs, input pixels) of the VGG-like or residual template."""
+    w, side = hp["width"], float(hp["image"])
+    act = mac = 0.0
+    r, c_in = side, 3
+    if family == "cnn":
+        pools = min(len(hp["stages"]), max(0, int(math.log2(side)))) if side > 1 else 0
+        for s, count in enumerate(hp["stages"]):
+            c_out = w * (1 << min(s, 3))
+            for _ in range(count):
+                mac += 9.0 * c_in * c_out * r * r
+                act += 3.0 * c_out * r * r  # conv out, BatchNorm out, ReLU out
+                c_in = c_out
+            if s < pools:
+                r = max(1.0, math.floor(r / 2))
+                act += c_out * r * r
+    else:
+        if side >= 128:
+            r = math.ceil(side / 2)
+            mac += 49.0 * 3 * w * r * r
+            act += 3.0 * w * r * r
+            r = math.ceil(r / 2)
+        else:
+            mac += 9.0 * 3 * w * r * r
+            act += 3.0 * w * r * r
+        c_in = w
+        for s, count in enumerate(hp["stages"]):
+            c_out = w * (1 << s)
+            for block in range(count):
+                if block == 0 and s > 0 and r > 1:
+                    r = math.ceil(r / 2)
+                mac += 9.0 * c_in * c_out * r * r + 9.0 * c_out * c_out * r * r
+                if block == 0 and (s > 0 or c_in != c_out):
+                    mac += c_in * c_out * r * r
+                act += 7.0 * c_out * r * r
+                c_in = c_out
+    return b * act, 6.0 * b * mac, side * side
+
+
+_LOG_INPUTS: tuple[str, ...] = ("params_millions", "batch_size", "input_dim", "num_layers")
+_LOG_ESTIMATES: tuple[str, ...] = _ESTIMATES
+
+
+def physics_features(cols: Mapping[str, npt.NDArray[Any]]) -> FeatureMatrix:
+    """Our feature set: log2 sizes and analytic estimates, two flags, then 3 categorical codes.
+
+    `iterations` and `learning_rate` are left out: they change neither the per-step memory nor
+    the per-step FLOPs, and a small dataset would only learn noise from them.
+    """
+    est = analytic_estimates(cols)
+    numeric = [np.log2(np.maximum(np.asarray(cols[n], dtype=np.float64), 1e-6)) for n in _LOG_INPUTS]
+    numeric += [np.log2(np.maximum(est[n], 1.0)) for n in _LOG_ESTIMATES]
+    numeric += [np.asarray(cols[n], dtype=np.float64) for n in ("regularization", "data_augmentation")]
+    categorical = [
+        _codes(cols["model_type"], MODEL_FAMILIES, "model_type"),
+        _codes(cols["precision"], PRECISIONS, "precision"),
+        _codes(cols["optimizer"], OPTIMIZERS, "optimizer"),
+    ]
+    names = (
+        *(f"log2_{n}" for n in _LOG_INPUTS), *(f"log2_{n}" for n in _LOG_ESTIMATES),
+        "regularization", "data_augmentation", *(name for name, _ in CATEGORICAL),
+    )
+    values = np.column_stack(numeric + categorical)
+    return FeatureMatrix(values, names, tuple(card for _, card in CATEGORICAL))
+
+
+def build_features(cols: Mapping[str, npt.NDArray[Any]], feature_set: str) -> FeatureMatrix:
+    """The named feature set (`seed` or `physics`) for the given columns."""
+    if feature_set == "seed":
+        return seed_features(cols)
+    if feature_set == "physics":
+        return physics_features(cols)
+    raise ValueError(f"unknown feature set {feature_set!r}: expected one of {', '.join(FEATURE_SETS)}")

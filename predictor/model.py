@@ -1,0 +1,388 @@
+"""The Transformer-BiGRU demand predictor: the seed paper's network, and our tuned variant of it.
+
+The paper (SEEDS.md section 2, built in MATLAB) feeds the job description as a sequence whose
+channels are the features, adds a learned position embedding (up to 512 positions), runs a forward
+GRU (6 units) and a backward GRU (10 units, on the flipped sequence), passes their concatenation
+through 2 self-attention layers (4 heads x 32 key channels) with residual connections and layer
+normalisation, then ReLU, dropout 0.01 and a fully connected output. MATLAB's table-to-sequence
+import makes each job a one-step sequence of `n_features` channels; `paper_config()` does the same.
+
+`tuned_config()` is ours: every feature becomes a token (so attention and the BiGRU see the
+features side by side), inputs are the physics-informed set from `predictor.features`, targets are
+predicted in log space jointly (memory and FLOPs), a wide linear path carries the analytic
+estimates straight to the output, and a third head predicts an upper quantile of memory trained
+with the pinball loss (the admission bound `memory_mib_upper`).
+
+`TransformerBiGRURegressor` wraps the network as a scikit-learn-style estimator.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+FloatArray = npt.NDArray[np.float64]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and training settings of one Transformer-BiGRU."""
+
+    name: str = "tuned"
+    feature_set: str = "physics"
+    """Which `predictor.features` set the model reads (`seed` or `physics`)."""
+    tokens: bool = True
+    """True: each feature is a token of width `d_token`. False (paper): one time step, channels = features."""
+    d_token: int = 32
+    """Token embedding width (tokens=True only)."""
+    max_positions: int = 512
+    """Size of the learned position embedding table (the paper's maximum position 512)."""
+    attention_layers: int = 2
+    heads: int = 4
+    key_channels: int = 32
+    """Query/key (and value) channels per head."""
+    gru_forward_units: int = 6
+    gru_backward_units: int = 10
+    dropout: float = 0.01
+    pool: str = "mean"
+    """How the sequence becomes one vector: `mean` over steps, or `flatten` (keeps each feature's slot)."""
+    head_hidden: int = 0
+    """Hidden units of the output MLP; 0 = the paper's single fully connected layer."""
+    wide: bool = False
+    """Add a linear path from the numeric inputs to the outputs (wide & deep)."""
+    log_targets: bool = False
+    """Learn log(target) (relative error) instead of the target itself."""
+    upper_quantile: float | None = None
+    """If set, a head for this quantile of the first target (memory), trained with the pinball loss."""
+    epochs: int = 200
+    batch_size: int = 256
+    learning_rate: float = 0.01
+    lr_schedule: str = "piecewise"
+    """`piecewise` (the paper: learning_rate, then `lr_after` from epoch `lr_drop_epoch`) or `cosine`."""
+    lr_drop_epoch: int = 80
+    lr_after: float = 0.001
+    weight_decay: float = 1e-3
+    """L2 regularisation (coupled, as MATLAB's L2Regularization) for `adam`; decoupled for `adamw`."""
+    optimizer: str = "adam"
+    grad_clip: float = 10.0
+    target_weights: tuple[float, ...] = field(default=())
+    """Loss weight per target (empty: all 1)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["target_weights"] = list(self.target_weights)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        values = dict(data)
+        values["target_weights"] = tuple(values.get("target_weights", ()))
+        return cls(**values)
+
+
+def paper_config() -> ModelConfig:
+    """The seed paper's network and training recipe, number for number."""
+    return ModelConfig(
+        name="paper", feature_set="seed", tokens=False, max_positions=512, attention_layers=2, heads=4,
+        key_channels=32, gru_forward_units=6, gru_backward_units=10, dropout=0.01, pool="mean", head_hidden=0,
+        wide=False, log_targets=False, upper_quantile=None, epochs=200, batch_size=256, learning_rate=0.01,
+        lr_schedule="piecewise", lr_drop_epoch=80, lr_after=0.001, weight_decay=1e-3, optimizer="adam",
+        grad_clip=10.0,
+    )
+
+
+def tuned_config() -> ModelConfig:
+    """Our configuration (see the module docstring); settings chosen on the random split's
+    calibration fold, never on its test set."""
+    return ModelConfig(
+        name="tuned", feature_set="physics", tokens=True, d_token=24, max_positions=512, attention_layers=2,
+        heads=4, key_channels=8, gru_forward_units=16, gru_backward_units=16, dropout=0.0, pool="flatten",
+        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=160, batch_size=64,
+        learning_rate=3e-3, lr_schedule="cosine", weight_decay=1e-4, optimizer="adamw", grad_clip=1.0,
+        target_weights=(1.0, 1.0),
+    )
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with `key_channels` per head, then residual + layer norm."""
+
+    def __init__(self, channels: int, heads: int, key_channels: int) -> None:
+        super().__init__()
+        self.heads, self.key_channels = heads, key_channels
+        self.qkv = nn.Linear(channels, 3 * heads * key_channels)
+        self.out = nn.Linear(heads * key_channels, channels)
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, steps, _ = x.shape  # (B, T, C)
+        q, k, v = self.qkv(x).view(batch, steps, 3, self.heads, self.key_channels).permute(2, 0, 3, 1, 4)
+        # q, k, v: (B, H, T, K)
+        # plain softmax(q k^T / sqrt(K)) v: at these sizes it is several times faster on a CPU than the
+        # fused scaled_dot_product_attention kernel
+        weights = torch.softmax(q @ k.transpose(-1, -2) * self.key_channels**-0.5, dim=-1)  # (B, H, T, T)
+        attended = weights @ v  # (B, H, T, K)
+        merged = attended.transpose(1, 2).reshape(batch, steps, self.heads * self.key_channels)
+        out: torch.Tensor = self.norm(x + self.out(merged))  # residual + layer norm, (B, T, C)
+        return out
+
+
+class TransformerBiGRU(nn.Module):
+    """The network; `forward(x)` takes (B, n_features) with categorical codes in the last columns."""
+
+    def __init__(self, config: ModelConfig, n_features: int, categorical: tuple[int, ...], n_outputs: int) -> None:
+        super().__init__()
+        self.config = config
+        self.n_categorical = len(categorical)
+        self.n_numeric = n_features - self.n_categorical
+        if config.tokens:
+            steps, channels = n_features, config.d_token
+            # one linear embedding per numeric feature (value * w_i + b_i), one table per categorical
+            self.num_weight = nn.Parameter(torch.randn(self.n_numeric, channels) * 0.1)
+            self.num_bias = nn.Parameter(torch.zeros(self.n_numeric, channels))
+            self.cat_embeddings = nn.ModuleList(nn.Embedding(card, channels) for card in categorical)
+        else:
+            if categorical:
+                raise ValueError("the one-step (paper) layout takes numeric features only")
+            steps, channels = 1, n_features
+        if steps > config.max_positions:
+            raise ValueError(f"{steps} steps exceed the position embedding's {config.max_positions}")
+        self.steps = steps
+        self.position = nn.Embedding(config.max_positions, channels)
+        self.gru_forward = nn.GRU(channels, config.gru_forward_units, batch_first=True)
+        self.gru_backward = nn.GRU(channels, config.gru_backward_units, batch_first=True)
+        hidden = config.gru_forward_units + config.gru_backward_units
+        self.attention = nn.ModuleList(
+            SelfAttention(hidden, config.heads, config.key_channels) for _ in range(config.attention_layers)
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        pooled = hidden * steps if config.pool == "flatten" else hidden
+        if config.head_hidden:
+            self.head: nn.Module = nn.Sequential(
+                nn.Linear(pooled, config.head_hidden), nn.GELU(), nn.Linear(config.head_hidden, n_outputs)
+            )
+        else:
+            self.head = nn.Linear(pooled, n_outputs)
+        self.wide = nn.Linear(self.n_numeric, n_outputs) if config.wide else None
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, F) -> (B, T, C) with positions added."""
+        if self.config.tokens:
+            numeric = x[:, : self.n_numeric, None] * self.num_weight + self.num_bias  # (B, Fn, C)
+            cats = [emb(x[:, self.n_numeric + i].long())[:, None, :] for i, emb in enumerate(self.cat_embeddings)]
+            seq = torch.cat([numeric, *cats], dim=1)  # (B, T=F, C)
+        else:
+            seq = x[:, None, :]  # (B, 1, F): one step, channels = features
+        positions = torch.arange(self.steps, device=x.device)
+        embedded: torch.Tensor = seq + self.position(positions)[None, :, :]
+        return embedded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = self.embed(x)  # (B, T, C)
+        forward_out, _ = self.gru_forward(seq)  # (B, T, Uf)
+        backward_out, _ = self.gru_backward(torch.flip(seq, dims=[1]))  # (B, T, Ub) on the flipped sequence
+        h = torch.cat([forward_out, torch.flip(backward_out, dims=[1])], dim=2)  # (B, T, Uf+Ub)
+        for layer in self.attention:
+            h = layer(h)
+        h = self.dropout(torch.relu(h))
+        pooled = h.flatten(1) if self.config.pool == "flatten" else h.mean(dim=1)  # (B, P)
+        out: torch.Tensor = self.head(pooled)  # (B, n_outputs)
+        if self.wide is not None:
+            out = out + self.wide(x[:, : self.n_numeric])
+        return out
+
+
+def pinball_loss(pred: torch.Tensor, target: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Mean quantile (pinball) loss: under-prediction costs `quantile`, over-prediction 1 - quantile."""
+    diff = target - pred
+    return torch.mean(torch.maximum(quantile * diff, (quantile - 1.0) * diff))
+
+
+class TransformerBiGRURegressor:
+    """scikit-learn-style estimator around `TransformerBiGRU`.
+
+    `fit(X, Y)` takes the feature matrix (categorical codes in the trailing `categorical` columns)
+    and Y of shape (n, n_targets) with positive targets; `predict(X)` returns (n, n_targets) in the
+    targets' units and `predict_upper(X)` the upper quantile of the first target (or None).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig | None = None,
+        categorical: tuple[int, ...] = (),
+        random_state: int = 0,
+        epochs: int | None = None,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.categorical = categorical
+        self.random_state = random_state
+        self.epochs = epochs
+        self.progress = progress
+
+    # -- fitting -----------------------------------------------------------------------------
+    def fit(self, X: FloatArray, Y: FloatArray) -> TransformerBiGRURegressor:
+        config = self.config or tuned_config()
+        X = np.asarray(X, dtype=np.float64)
+        Y = np.asarray(Y, dtype=np.float64)
+        if Y.ndim == 1:
+            Y = Y[:, None]
+        if X.ndim != 2 or Y.ndim != 2 or len(X) != len(Y) or len(X) == 0:
+            raise ValueError(f"X must be (n, features) and Y (n, targets) with n > 0; got {X.shape} and {Y.shape}")
+        if not (np.isfinite(X).all() and np.isfinite(Y).all()):
+            raise ValueError("X and Y must be finite")
+        if config.log_targets and (Y <= 0).any():
+            raise ValueError("log targets need positive Y")
+        if config.upper_quantile is not None and not 0.5 < config.upper_quantile < 1.0:
+            raise ValueError(f"upper_quantile must be in (0.5, 1), got {config.upper_quantile}")
+        epochs = self.epochs if self.epochs is not None else config.epochs
+        self.config_ = replace(config, epochs=epochs)
+        self.n_targets_ = Y.shape[1]
+        self.n_features_in_ = X.shape[1]
+        n_cat = len(self.categorical)
+        numeric = X[:, : X.shape[1] - n_cat]
+        self.x_mean_ = numeric.mean(axis=0)
+        self.x_scale_ = np.where(numeric.std(axis=0) > 0, numeric.std(axis=0), 1.0)
+        targets = np.log(Y) if config.log_targets else Y
+        self.y_mean_ = targets.mean(axis=0)
+        self.y_scale_ = np.where(targets.std(axis=0) > 0, targets.std(axis=0), 1.0)
+
+        generator = torch.Generator().manual_seed(self.random_state)
+        torch.manual_seed(self.random_state)
+        n_out = self.n_targets_ + (1 if config.upper_quantile is not None else 0)
+        self.module_ = TransformerBiGRU(config, X.shape[1], self.categorical, n_out)
+        xt = torch.as_tensor(self._scale_x(X), dtype=torch.float32)
+        yt = torch.as_tensor((targets - self.y_mean_) / self.y_scale_, dtype=torch.float32)
+        self.loss_curve_ = self._train(xt, yt, epochs, generator)
+        self.module_.eval()
+        return self
+
+    def _train(self, xt: torch.Tensor, yt: torch.Tensor, epochs: int, generator: torch.Generator) -> list[float]:
+        config = self.config_
+        module = self.module_
+        if config.optimizer == "adamw":
+            opt: torch.optim.Optimizer = torch.optim.AdamW(
+                module.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+            )
+        else:
+            opt = torch.optim.Adam(module.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        weights = torch.as_tensor(config.target_weights or (1.0,) * self.n_targets_, dtype=torch.float32)
+        n = len(xt)
+        steps_per_epoch = max(1, math.ceil(n / config.batch_size))
+        total_steps = max(1, epochs * steps_per_epoch)
+        curve: list[float] = []
+        step = 0
+        for epoch in range(epochs):
+            module.train()
+            lr = self._learning_rate(epoch, step, total_steps)
+            order = torch.randperm(n, generator=generator)
+            epoch_loss = 0.0
+            for start in range(0, n, config.batch_size):
+                idx = order[start : start + config.batch_size]
+                if config.lr_schedule == "cosine":
+                    lr = self._learning_rate(epoch, step, total_steps)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                out = module(xt[idx])
+                point = out[:, : self.n_targets_]
+                loss = (((point - yt[idx]) ** 2).mean(dim=0) * weights).sum()
+                if config.upper_quantile is not None:
+                    # upper = point + softplus(gap): never below the point prediction
+                    upper = point[:, 0] + nn.functional.softplus(out[:, self.n_targets_])
+                    loss = loss + pinball_loss(upper, yt[idx, 0], config.upper_quantile)
+                opt.zero_grad()
+                loss.backward()  # type: ignore[no-untyped-call]
+                nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
+                opt.step()
+                epoch_loss += float(loss.detach()) * len(idx)
+                step += 1
+            curve.append(epoch_loss / n)
+            if self.progress is not None:
+                self.progress(epoch + 1, curve[-1])
+        return curve
+
+    def _learning_rate(self, epoch: int, step: int, total_steps: int) -> float:
+        config = self.config_
+        if config.lr_schedule == "cosine":
+            return config.learning_rate * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
+        return config.learning_rate if epoch < config.lr_drop_epoch else config.lr_after
+
+    # -- prediction --------------------------------------------------------------------------
+    def _scale_x(self, X: FloatArray) -> FloatArray:
+        n_cat = len(self.categorical)
+        scaled = np.array(X, dtype=np.float64, copy=True)
+        split = X.shape[1] - n_cat
+        scaled[:, :split] = (X[:, :split] - self.x_mean_) / self.x_scale_
+        return scaled
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "module_"):
+            raise RuntimeError("this TransformerBiGRURegressor is not fitted yet: call fit(X, Y) first")
+
+    def _raw(self, X: FloatArray) -> torch.Tensor:
+        self._check_fitted()
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
+        with torch.inference_mode():
+            out: torch.Tensor = self.module_(torch.as_tensor(self._scale_x(X), dtype=torch.float32))
+        return out
+
+    def _unscale(self, z: FloatArray, target: int | slice) -> FloatArray:
+        values: FloatArray = z * self.y_scale_[target] + self.y_mean_[target]
+        return np.exp(values) if self.config_.log_targets else values
+
+    def predict(self, X: FloatArray) -> FloatArray:
+        out = self._raw(X).double().numpy()
+        return self._unscale(out[:, : self.n_targets_], slice(0, self.n_targets_))
+
+    def predict_with_upper(self, X: FloatArray) -> tuple[FloatArray, FloatArray | None]:
+        """Point predictions (n, n_targets) and the upper quantile of target 0 (n,), in one pass."""
+        out = self._raw(X).double().numpy()
+        point = self._unscale(out[:, : self.n_targets_], slice(0, self.n_targets_))
+        if self.config_.upper_quantile is None:
+            return point, None
+        gap = np.logaddexp(0.0, out[:, self.n_targets_])  # softplus
+        return point, self._unscale(out[:, 0] + gap, 0)
+
+    def predict_upper(self, X: FloatArray) -> FloatArray | None:
+        return self.predict_with_upper(X)[1]
+
+    # -- persistence -------------------------------------------------------------------------
+    def get_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Weights and everything else needed to rebuild the fitted estimator (JSON-able)."""
+        self._check_fitted()
+        meta = {
+            "config": self.config_.to_dict(), "categorical": list(self.categorical),
+            "n_features": self.n_features_in_, "n_targets": self.n_targets_,
+            "x_mean": self.x_mean_.tolist(), "x_scale": self.x_scale_.tolist(),
+            "y_mean": self.y_mean_.tolist(), "y_scale": self.y_scale_.tolist(),
+            "random_state": self.random_state,
+        }
+        return dict(self.module_.state_dict()), meta
+
+    @classmethod
+    def from_state(cls, weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> TransformerBiGRURegressor:
+        config = ModelConfig.from_dict(meta["config"])
+        est = cls(config, tuple(meta["categorical"]), int(meta["random_state"]))
+        est.config_ = config
+        est.n_features_in_ = int(meta["n_features"])
+        est.n_targets_ = int(meta["n_targets"])
+        est.x_mean_ = np.asarray(meta["x_mean"], dtype=np.float64)
+        est.x_scale_ = np.asarray(meta["x_scale"], dtype=np.float64)
+        est.y_mean_ = np.asarray(meta["y_mean"], dtype=np.float64)
+        est.y_scale_ = np.asarray(meta["y_scale"], dtype=np.float64)
+        n_out = est.n_targets_ + (1 if config.upper_quantile is not None else 0)
+        est.module_ = TransformerBiGRU(config, est.n_features_in_, est.categorical, n_out)
+        est.module_.load_state_dict(weights)
+        est.module_.eval()
+        est.loss_curve_ = []
+        return est

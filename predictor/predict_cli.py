@@ -1,0 +1,139 @@
+"""`deepres predict -f pod.yaml`: what deepres will predict for a training pod, before submitting it.
+
+Reads a Pod, or the pod template of a Deployment/Job/StatefulSet/ReplicaSet/DaemonSet/CronJob
+(`-f -` reads stdin), parses its `deepres.io/*` annotations with the same parser the extender uses,
+and prints the JobSpec (marking defaulted fields), the predicted peak GPU memory with its admission
+bound, the GFLOPs per iteration and the GPU-time estimate; `--json` for scripts.
+A bad annotation exits 2 with one line naming the key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from predictor.spec import JOB_KEYS, JobSpec, SpecError
+
+PREFIX = "deepres.io/"
+_TEMPLATE_KINDS = ("Deployment", "Job", "StatefulSet", "ReplicaSet", "DaemonSet", "ReplicationController")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--filename", required=True, help="pod manifest (YAML or JSON); '-' reads stdin")
+    parser.add_argument("--json", action="store_true", help="print the JobSpec and the Demand as JSON")
+    parser.add_argument("--artifact", type=Path, default=None, help="artifact directory (default: the shipped one)")
+
+
+def pod_annotations(document: Any, source: str) -> dict[str, str]:
+    """The annotations of the pod a manifest runs (a Pod, or a workload's pod template)."""
+    from extender.cli import UsageError
+
+    if not isinstance(document, Mapping):
+        raise UsageError(f"{source}: expected a Kubernetes object (a YAML mapping), got {type(document).__name__}")
+    kind = str(document.get("kind", ""))
+    meta: Any
+    if kind == "Pod" or (not kind and "metadata" in document):
+        meta = document.get("metadata")
+    elif kind in _TEMPLATE_KINDS:
+        meta = _dig(document, ("spec", "template", "metadata"))
+    elif kind == "CronJob":
+        meta = _dig(document, ("spec", "jobTemplate", "spec", "template", "metadata"))
+    else:
+        raise UsageError(f"{source}: kind {kind or '(none)'!r} does not run a pod: "
+                         f"expected Pod, CronJob or one of {', '.join(_TEMPLATE_KINDS)}")
+    annotations = (meta or {}).get("annotations") if isinstance(meta, Mapping) else None
+    if annotations is None:
+        return {}
+    if not isinstance(annotations, Mapping):
+        raise UsageError(f"{source}: metadata.annotations must be a mapping")
+    return {str(k): "" if v is None else str(v) for k, v in annotations.items()}
+
+
+def _dig(document: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = document
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
+
+
+def read_manifest(filename: str) -> tuple[Any, str]:
+    """The first object of a YAML/JSON file or stdin, and a name for messages."""
+    from extender.cli import UsageError
+
+    source = "stdin" if filename == "-" else filename
+    try:
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read {source}: {err.strerror or err}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UsageError(f"{source} is not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+    if not documents:
+        raise UsageError(f"{source} holds no Kubernetes object")
+    return documents[0], source
+
+
+def job_spec(annotations: Mapping[str, str], source: str) -> JobSpec:
+    """Parse the deepres.io/* annotations; errors name the annotation as the user wrote it."""
+    from extender.cli import UsageError
+
+    raw = {k[len(PREFIX):]: v for k, v in annotations.items() if k.startswith(PREFIX)}
+    if "model-type" not in raw:
+        override = raw.get("gpu-memory")
+        hint = (f" (it sets {PREFIX}gpu-memory={override}, which deepres uses as is)" if override
+                else f": add {PREFIX}model-type and the other {PREFIX}* annotations to get a prediction")
+        raise UsageError(f"{source}: not a GPU job for deepres, no {PREFIX}model-type annotation{hint}")
+    try:
+        return JobSpec.parse({k: v for k, v in raw.items() if k in JOB_KEYS})
+    except SpecError as err:
+        raise UsageError(str(err.with_prefix(PREFIX))) from None
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run(args: argparse.Namespace) -> int:
+    from predictor.runtime import ArtifactError, Predictor
+
+    document, source = read_manifest(args.filename)
+    spec = job_spec(pod_annotations(document, source), source)
+    try:
+        predictor = Predictor.load(args.artifact)
+    except ArtifactError as err:
+        print(f"deepres predict: {err}", file=sys.stderr)
+        return 1
+    demand = predictor.predict(spec)
+    if args.json:
+        payload = {"job_spec": spec.to_dict(), "defaulted": sorted(spec.defaulted), "demand": demand.to_dict()}
+        print(json.dumps(payload, indent=2))
+        return 0
+    name = _dig(document, ("metadata", "name")) if isinstance(document, Mapping) else None
+    print(f"job: {name or source}")
+    annotations = spec.to_annotations()
+    for key in JOB_KEYS:
+        mark = "   (default)" if key in spec.defaulted else ""
+        print(f"  {PREFIX}{key:<18} {annotations[key]}{mark}")
+    print(f"predicted peak GPU memory: {demand.memory_mib:,.0f} MiB ({demand.memory_mib / 1024:.2f} GiB) per GPU")
+    print(f"admission bound (upper):   {demand.memory_mib_upper:,.0f} MiB ({demand.memory_mib_upper / 1024:.2f} GiB)")
+    print(f"compute:                   {demand.gflops_per_iteration:,.2f} GFLOPs per iteration")
+    print(f"GPU time (reference A100): {_fmt_duration(demand.gpu_seconds)} for {spec.iterations:,} iterations")
+    print(f"model: {demand.model_version}")
+    if demand.memory_mib_upper > 80 * 1024:
+        print("note: the bound exceeds an 80 GB GPU: no single GPU can admit this job as it is", file=sys.stderr)
+    return 0
