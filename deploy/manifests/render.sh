@@ -27,6 +27,8 @@ metadata:
   name: deepres
   labels:
     app.kubernetes.io/part-of: deepres
+    # The agent shares the host PID namespace (GPU process -> pod): Pod Security "baseline" forbids that.
+    pod-security.kubernetes.io/enforce: privileged
 HEADER
     "$helm_bin" template deepres "$root/helm/deepres" --namespace deepres --kube-version "$kube_version"
 } > "$out.tmp"
