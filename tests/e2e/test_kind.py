@@ -195,7 +195,8 @@ def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: Cluster)
         assert len(uuids) == int(annotations.get(f"{PREFIX}gpus", "1"))
         for uuid in uuids:
             assert capacity[uuid] >= admission, f"{name} ({admission:.0f} MiB) placed on a {capacity[uuid]:.0f} MiB GPU"
-        placed = [e for e in cluster.events(name) if e.reason == "Placed" and e.source.component == "deepres-extender"]
+        placed = [e for e in cluster.events(name)
+                  if e.reason == "Placed" and e.source is not None and e.source.component == "deepres-extender"]
         assert placed, f"{name}: no 'Placed' event from deepres-extender"
         wait_for(f"{name} running", lambda: cluster.pod(name).status.phase == "Running", 120)  # noqa: B023
         env = kubectl("-n", JOBS_NAMESPACE, "exec", name, "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES").strip()
