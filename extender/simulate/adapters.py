@@ -34,8 +34,9 @@ def node_view(name: str, model: str, gpu_left_milli: tuple[int, ...], received_s
     return NodeView(name=name, gpus=gpus, received_s=received_s)
 
 
-def pod_request(pod: Pod, model: str, priority: float = 0.0) -> PodRequest:
-    """The pod as DeepRes sees it on a node of `model`: its share as memory of that model's GPUs."""
-    need = pod.gpu_milli * capacity_mib(model) / MILLI
+def pod_request(pod: Pod, model: str, priority: float = 0.0, reference_model: str | None = None) -> PodRequest:
+    """The pod as DeepRes sees it on a node of `model`: its share as memory of that model's GPUs, or of
+    `reference_model`'s GPUs for every node (one absolute memory request, as a real pod has)."""
+    need = pod.gpu_milli * capacity_mib(reference_model or model) / MILLI
     return PodRequest(uid=pod.name, namespace="openb", name=pod.name, gpus=max(pod.num_gpu, 1),
                       admission_mib=need, predicted_mib=need, priority=priority, gpu_job=pod.num_gpu > 0)

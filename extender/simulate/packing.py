@@ -361,12 +361,13 @@ class DeepResPolicy:
     """
 
     def __init__(self, name: str = "deepres", score: Callable[..., list[tuple[str, int]]] | None = None,
-                 memoise: bool = True) -> None:
+                 memoise: bool = True, reference_model: str | None = None) -> None:
         from extender.policy import PolicyParams, choose_gpus, filter_nodes, score_nodes
 
         self.name = name
         self.params = PolicyParams()
         self.memoise = memoise
+        self.reference_model = reference_model
         self._filter = filter_nodes
         self._choose = choose_gpus
         self._score_nodes = score if score is not None else score_nodes
@@ -392,7 +393,7 @@ class DeepResPolicy:
         key = (view.state_keys[sid], (pod.gpu_milli, pod.num_gpu))
         hit = self._answers.get(key)
         if hit is None:
-            request = pod_request(pod, view.models[view.state_keys[sid][0]])
+            request = pod_request(pod, view.models[view.state_keys[sid][0]], reference_model=self.reference_model)
             name = f"s{sid}"
             nodes = {name: self._view(view, sid)}
             passed = self._filter(request, [name], nodes, 0.0, self.params).passed
@@ -409,7 +410,7 @@ class DeepResPolicy:
         for pos, i in enumerate(feasible.tolist()):
             by_model.setdefault(int(view.model[i]), []).append(pos)
         for model, positions in by_model.items():
-            request = pod_request(pod, view.models[model])
+            request = pod_request(pod, view.models[model], reference_model=self.reference_model)
             names = [view.names[int(feasible[p])] for p in positions]
             nodes = {view.names[int(feasible[p])]: node_view(view.names[int(feasible[p])], view.models[model],
                                                               view.state_keys[int(view.state_id[feasible[p]])][2])
@@ -435,8 +436,8 @@ class DeepResPolicy:
         if pod.num_gpu == 0:
             return i, []
         sid = int(view.state_id[i])
-        chosen = self._choose(pod_request(pod, view.models[view.state_keys[sid][0]]), self._view(view, sid),
-                              self.params)
+        chosen = self._choose(pod_request(pod, view.models[view.state_keys[sid][0]],
+                                          reference_model=self.reference_model), self._view(view, sid), self.params)
         if not chosen:
             raise RuntimeError(f"choose_gpus found no GPU on node {view.names[i]}, which passed the filter")
         return i, [g.index for g in chosen]

@@ -1,0 +1,138 @@
+"""Training-job descriptions for the replay, and the memory predictor DeepRes admits them with.
+
+Job pool, first found wins (`JobPool.source` names it in the report):
+1. predictor/data/jobs.csv, the predictor's dataset (rows with status == ok);
+2. predictor/dataset/_work/*.csv, its in-progress files (same columns);
+3. fallback: ../shared/data/gpumem GPUMemNet MLP measurements (real A100 peaks) as MLP JobSpecs.
+The job's true peak is the dataset's calibrated `memory_mib` (what nvidia-smi would show).
+
+Predictor: `predictor.runtime.Predictor.load()` when it exists; otherwise a clearly labelled
+PLACEHOLDER that knows the true peak and adds seeded log-normal noise (it flatters DeepRes: replace
+it as soon as the shipped predictor lands).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.spec import Demand, JobSpec, SpecError
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+GPUMEM = REPO.parent / "shared" / "data" / "gpumem"
+
+_SPEC_COLUMNS = ("model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
+                 "precision", "optimizer", "learning_rate", "regularization", "data_augmentation")
+
+
+@dataclass(frozen=True)
+class PoolJob:
+    spec: JobSpec
+    true_mib: float
+
+
+@dataclass(frozen=True)
+class JobPool:
+    jobs: list[PoolJob]
+    source: str
+
+
+def _from_dataset(path: Path) -> list[PoolJob]:
+    out = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("status", "ok") != "ok" or not row.get("memory_mib"):
+                continue
+            raw = {c.replace("_", "-"): row[c] for c in _SPEC_COLUMNS if row.get(c) not in (None, "")}
+            for key in ("regularization", "data-augmentation"):
+                if key in raw:
+                    raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
+            try:
+                spec = JobSpec.parse(raw)
+                true = float(row["memory_mib"])
+            except (SpecError, ValueError):
+                continue
+            if true > 0 and math.isfinite(true):
+                out.append(PoolJob(spec, true))
+    return out
+
+
+def _from_gpumem(path: Path) -> list[PoolJob]:
+    out = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            try:
+                match = re.search(r"input:(\d+)", row["Filename"])
+                spec = JobSpec(model_type="mlp", params_millions=max(float(row["Total Parameters"]) / 1e6, 0.001),
+                               batch_size=int(row["Batch Size"]), input_dim=int(match.group(1)) if match else 1024,
+                               num_layers=max(int(row["Depth"]), 1))
+                out.append(PoolJob(spec, float(row["Max GPU Memory (MiB)"])))
+            except (KeyError, ValueError, SpecError):
+                continue
+    return out
+
+
+def load_job_pool(repo: Path = REPO) -> JobPool:
+    """The first available source of the module docstring's list."""
+    dataset = repo / "predictor" / "data" / "jobs.csv"
+    if dataset.is_file():
+        jobs = _from_dataset(dataset)
+        if jobs:
+            return JobPool(jobs, f"predictor dataset {dataset.relative_to(repo)} ({len(jobs)} ok rows)")
+    work = sorted((repo / "predictor" / "dataset" / "_work").glob("*.csv"))
+    jobs = [j for path in work for j in _from_dataset(path)]
+    if jobs:
+        return JobPool(jobs, f"predictor dataset work files predictor/dataset/_work ({len(jobs)} ok rows, in progress)")
+    fallback = GPUMEM / "gpumemnet_mlp_data_step2.csv"
+    if fallback.is_file():
+        jobs = _from_gpumem(fallback)
+        if jobs:
+            return JobPool(jobs, f"FALLBACK: GPUMemNet MLP measurements ({len(jobs)} runs); the predictor's dataset "
+                                 "was not available")
+    raise FileNotFoundError("no job source: predictor/data/jobs.csv, predictor/dataset/_work/*.csv or "
+                            f"{fallback} is needed for the replay")
+
+
+class PlaceholderPredictor:
+    """PLACEHOLDER until predictor.runtime lands: true peak x lognormal(0, sigma); upper = x (1 + margin)."""
+
+    version = "placeholder-oracle-noise"
+
+    def __init__(self, truth: dict[JobSpec, float], sigma: float = 0.15, margin: float = 0.2, seed: int = 0) -> None:
+        self.truth = truth
+        self.sigma = sigma
+        self.margin = margin
+        self.rng = np.random.default_rng(seed)
+        self._cache: dict[JobSpec, Demand] = {}
+
+    def predict(self, spec: JobSpec) -> Demand:
+        found = self._cache.get(spec)
+        if found is None:
+            mib = self.truth[spec] * float(np.exp(self.rng.normal(0.0, self.sigma)))
+            found = Demand(mib, mib * (1 + self.margin), 0.0, 0.0, self.version)
+            self._cache[spec] = found
+        return found
+
+
+def load_predictor(pool: JobPool, seed: int) -> tuple[Any, str]:
+    """(predictor, description): the shipped one when importable and loadable, else the placeholder."""
+    try:
+        from predictor.runtime import Predictor  # type: ignore[import-not-found,unused-ignore]
+
+        shipped = Predictor.load()
+        return shipped, f"shipped predictor.runtime.Predictor (version {getattr(shipped, 'version', '?')})"
+    except Exception as err:  # noqa: BLE001 - any failure means "not available yet"; say why in the report
+        log.warning("shipped predictor unavailable (%s); using the labelled placeholder", err)
+        truth = {j.spec: j.true_mib for j in pool.jobs}
+        return (PlaceholderPredictor(truth, seed=seed),
+                f"PLACEHOLDER predictor (true peak x lognormal(0, 0.15), upper bound +20 %): "
+                f"predictor.runtime is not available ({type(err).__name__})")

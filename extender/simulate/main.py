@@ -1,0 +1,115 @@
+"""`deepres simulate`: replay the openb traces through the policies and write reports/simulation.*.
+
+    deepres simulate --report                      # everything: packing grid + replay + report
+    deepres simulate --experiment packing --traces default --seeds 42 --policies fgd,bestfit
+    deepres simulate --experiment replay
+    deepres simulate --via-http --trace-limit 200  # the live server decides the same as the simulator
+
+Data come from ../shared/data/openb (or --data). Long runs print progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from extender.simulate.traces import DEFAULT_DATA, FGD_DATA, FGD_TRACES, TraceError
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _seeds(text: str) -> list[int]:
+    """`42..51`, `42,43` or `3` (the first three of 42..51)."""
+    try:
+        if ".." in text:
+            lo, hi = text.split("..", 1)
+            return list(range(int(lo), int(hi) + 1))
+        parts = [int(p) for p in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds must look like 42..51, 42,43 or 3; got {text!r}") from None
+    if len(parts) == 1 and parts[0] < 42:
+        return list(range(42, 42 + parts[0]))
+    return parts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="directory of the openb CSV files")
+    parser.add_argument("--fgd-data", type=Path, default=FGD_DATA, help="directory of FGD's cached results")
+    parser.add_argument("--report", action="store_true",
+                        help="run both experiments in full and write reports/simulation.{md,json} and plots")
+    parser.add_argument("--experiment", choices=("packing", "replay", "all"), default="all")
+    parser.add_argument("--traces", type=_csv, default=None, help="packing traces (default: FGD's 17)")
+    parser.add_argument("--policies", type=_csv, default=None,
+                        help="packing policies (default: random,bestfit,fgd,deepres,deepres-frag)")
+    parser.add_argument("--seeds", type=_seeds, default=None, help="42..51 (default), 42,43, or a count")
+    parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: both cores when idle)")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "deepres" / "simulate-packing.jsonl",
+                        help="packing results cache (keyed by a hash of the code)")
+    parser.add_argument("--no-cache", action="store_true", help="ignore and do not write the cache")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
+    parser.add_argument("--replay-seed", type=int, default=42, help="seed of the replay's job draw")
+    parser.add_argument("--replay-limit", type=int, default=0, help="replay only the first N GPU pods (0: all)")
+    parser.add_argument("--via-http", action="store_true",
+                        help="drive a local `deepres serve --no-kube` and check it decides as the simulator")
+    parser.add_argument("--server", default="", help="--via-http: URL of a running server (default: start one)")
+    parser.add_argument("--trace-limit", type=int, default=150, help="--via-http: pods to replay")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+
+    if not args.data.is_dir():
+        raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
+    try:
+        if args.via_http:
+            from extender.simulate.http_driver import run_via_http
+
+            return run_via_http(args)
+        return _run(args)
+    except TraceError as err:
+        raise UsageError(str(err)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from extender.simulate import grid
+    from extender.simulate.report import write_report
+
+    traces = args.traces or list(FGD_TRACES)
+    policies = args.policies or list(grid.POLICIES)
+    seeds = args.seeds or list(grid.SEEDS)
+    unknown = [p for p in policies if p not in grid.POLICIES]
+    if unknown:
+        from extender.cli import UsageError
+
+        raise UsageError(f"unknown policy {unknown[0]!r}; expected some of {','.join(grid.POLICIES)}")
+    jobs = args.jobs or grid.default_jobs()
+    summary: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    packing_records = []
+    replay_results = None
+    started = time.monotonic()
+    if args.report or args.experiment in ("packing", "all"):
+        cache = grid.Cache(None if args.no_cache else args.cache)
+        packing_records = grid.run_grid(args.data, traces, policies, seeds, jobs, cache)
+        timings["packing_s"] = round(time.monotonic() - started, 1)
+    if args.report or args.experiment in ("replay", "all"):
+        from extender.simulate.replay import run_replay_experiment
+
+        t0 = time.monotonic()
+        replay_results = run_replay_experiment(args.data, seed=args.replay_seed, limit=args.replay_limit,
+                                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+        timings["replay_s"] = round(time.monotonic() - t0, 1)
+    summary = write_report(args.out, packing_records, replay_results, args.fgd_data, timings,
+                           write_files=args.report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(summary.get("_text", ""))
+    return 0

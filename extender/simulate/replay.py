@@ -1,0 +1,603 @@
+"""Experiment 2, replay: the default trace with its arrivals and departures, three ways of sharing GPUs.
+
+Every GPU pod of the trace arrives at its creation time and needs its trace run time (deletion -
+scheduled, or - creation if it never ran) of GPU time; it gets a training job drawn (seeded) from the
+predictor's dataset, whose traced-and-calibrated memory is its true peak per GPU (drawn among jobs
+that fit the smallest GPU the pod may use). Policies:
+
+- static: whole GPUs per pod, FIFO (what `nvidia.com/gpu` gives without sharing);
+- request: the trace's gpu_milli as the declared share of GPU memory, binpack, FIFO (HAMi-style);
+- deepres: the live `extender.policy` functions: admission = the predictor's upper bound (or a job
+  signature's observed peak x margin), filter/score/GPU choice, priority order (LS = high
+  criticality, BE = low, others normal; LS jobs have a deadline of arrival + 2 x run time), the usage
+  rule after the warm-up, and preemption of strictly lower priority for high-priority pods.
+
+Memory actually used is the sum of the running jobs' true peaks (from their start). A placement
+that makes a GPU's true use exceed its capacity kills the job that allocated last (the newcomer):
+it holds its GPUs for `OOM_AFTER_S`, then restarts after a back-off (10 s doubling to 300 s);
+after `MAX_RESTARTS` kills it fails. Preempted and killed jobs lose their progress.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from extender.policy import (
+    GpuView,
+    NodeView,
+    PeakStore,
+    PodRequest,
+    PolicyParams,
+    PriorityInputs,
+    Reservation,
+    choose_gpus,
+    corrected_admission,
+    filter_nodes,
+    follow_usage,
+    plan_victims,
+    priority_of,
+    score_nodes,
+    spreads,
+)
+from extender.simulate.adapters import GPU_MEMORY_GB
+from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
+from extender.simulate.traces import MILLI, Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods
+
+log = logging.getLogger(__name__)
+
+MIB_PER_GB = 1024.0
+OOM_AFTER_S = 60.0
+BACKOFF_S = (10.0, 300.0)
+MAX_RESTARTS = 20
+DEADLINE_FACTOR = 2.0
+SAMPLE_EVERY_S = 600.0
+PREEMPT_CANDIDATES = 64
+CRITICALITY = {"LS": 2, "BE": 0}
+POLICIES = ("static", "request", "deepres")
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class Job:
+    """A GPU pod of the trace with its training job; mutable run state below the line."""
+
+    idx: int
+    pod: Pod
+    spec_key: str
+    true_mib: float
+    predicted_mib: float
+    upper_mib: float
+    qos: str
+    arrival: float
+    duration: float
+    deadline: float | None
+    # run state
+    admission_mib: float = 0.0
+    node: int = -1
+    gpus: list[int] = field(default_factory=list)
+    reserved_mib: float = 0.0  # per GPU
+    start: float = math.nan
+    run_id: int = 0
+    ooms: int = 0
+    preempted: int = 0
+    completion: float = math.nan
+    failed: bool = False
+    reservation: Reservation | None = None
+
+
+@dataclass
+class ReplayOutcome:
+    policy: str
+    metrics: dict[str, float]
+    per_qos: dict[str, dict[str, float]]
+    jct_s: list[float]
+    series_t: list[float]
+    series_alloc: list[float]
+    series_mem: list[float]
+
+
+@dataclass
+class ReplayExperiment:
+    outcomes: dict[str, ReplayOutcome]
+    notes: list[str]
+    qos_order: list[str]
+
+
+class Cluster:
+    """Per-GPU capacity, reservations and true use (MiB), in node-name order (= rank)."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.names = [n.name for n in nodes]
+        self.models = [n.model for n in nodes]
+        width = max(n.gpus for n in nodes)
+        self.cap = np.zeros((len(nodes), width))
+        for i, n in enumerate(nodes):
+            self.cap[i, : n.gpus] = GPU_MEMORY_GB.get(n.model, 16) * MIB_PER_GB
+        self.present = self.cap > 0
+        self.reserved = np.zeros_like(self.cap)
+        self.used = np.zeros_like(self.cap)
+        self.jobs_on: list[list[list[int]]] = [[[] for _ in range(width)] for _ in nodes]
+        self.cpu_left = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
+        self.mem_left = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.version = np.zeros(len(nodes), dtype=np.int64)
+        self.total_cap = float(self.cap.sum())
+        self.model_index = {m: i for i, m in enumerate(sorted(set(self.models)))}
+        self.model_id = np.array([self.model_index[m] for m in self.models])
+
+    def base_mask(self, pod: Pod) -> npt.NDArray[np.bool_]:
+        ok = (self.cpu_left >= pod.cpu_milli) & (self.mem_left >= pod.memory_mib)
+        if pod.spec:
+            allowed = np.zeros(len(self.model_index), dtype=bool)
+            for m in pod.spec:
+                if m in self.model_index:
+                    allowed[self.model_index[m]] = True
+            ok &= allowed[self.model_id]
+        return ok
+
+    def bind(self, job: Job, node: int, gpus: Sequence[int], reserve_mib: float) -> None:
+        if self.cpu_left[node] < job.pod.cpu_milli or self.mem_left[node] < job.pod.memory_mib:
+            raise ValueError(f"job {job.idx} does not fit node {self.names[node]} (cpu/memory)")
+        self.cpu_left[node] -= job.pod.cpu_milli
+        self.mem_left[node] -= job.pod.memory_mib
+        for g in gpus:
+            if not self.present[node, g]:
+                raise ValueError(f"node {self.names[node]} has no GPU {g}")
+            self.reserved[node, g] += reserve_mib
+            self.used[node, g] += job.true_mib
+            self.jobs_on[node][g].append(job.idx)
+        job.node, job.gpus, job.reserved_mib = node, list(gpus), reserve_mib
+        self.version[node] += 1
+
+    def release(self, job: Job) -> None:
+        node = job.node
+        self.cpu_left[node] += job.pod.cpu_milli
+        self.mem_left[node] += job.pod.memory_mib
+        for g in job.gpus:
+            self.reserved[node, g] -= job.reserved_mib
+            self.used[node, g] -= job.true_mib
+            self.jobs_on[node][g].remove(job.idx)
+            if not self.jobs_on[node][g]:  # no float residue on an empty GPU
+                self.reserved[node, g] = 0.0
+                self.used[node, g] = 0.0
+        if (self.reserved < -1e-6).any() or (self.cpu_left < 0).any():
+            raise AssertionError("negative capacity after release")
+        job.node, job.gpus, job.reserved_mib = -1, [], 0.0
+        self.version[node] += 1
+
+    def set_reservation(self, job: Job, reserve_mib: float) -> None:
+        for g in job.gpus:
+            self.reserved[job.node, g] += reserve_mib - job.reserved_mib
+        job.reserved_mib = reserve_mib
+        self.version[job.node] += 1
+
+    def over_committed(self, job: Job) -> bool:
+        return any(self.used[job.node, g] > self.cap[job.node, g] + 1e-6 for g in job.gpus)
+
+
+class Strategy:
+    """How one policy orders the queue, finds a place, and reacts (hooks are no-ops by default)."""
+
+    name = ""
+
+    def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
+        self.c = cluster
+        self.jobs = jobs
+        self.params = params
+        self.preemptions = 0
+
+    def admission(self, job: Job) -> float:
+        return 0.0
+
+    def order_key(self, job: Job, now: float) -> tuple[float, ...]:
+        return (job.arrival, job.idx)
+
+    def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
+        raise NotImplementedError
+
+    def preempt(self, job: Job, now: float) -> list[int] | None:
+        return None
+
+    def on_bind(self, job: Job, now: float) -> None:
+        return None
+
+    def on_usage(self, job: Job, now: float) -> bool:
+        return False
+
+    def on_oom(self, job: Job) -> None:
+        return None
+
+
+class Static(Strategy):
+    name = "static"
+
+    def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
+        k = job.pod.num_gpu
+        free = self.c.present & (self.c.reserved <= 0)
+        ok = self.c.base_mask(job.pod) & (free.sum(axis=1) >= k)
+        hits = np.flatnonzero(ok)
+        if not len(hits):
+            return None
+        i = int(hits[0])
+        gpus = [int(g) for g in np.flatnonzero(free[i])[:k]]
+        return i, gpus, float(self.c.cap[i, gpus[0]])
+
+
+class Request(Strategy):
+    name = "request"
+
+    def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
+        k = job.pod.num_gpu
+        share = job.pod.gpu_milli / MILLI
+        need = self.c.cap[:, :1] * share  # per node (one model per node)
+        free = np.where(self.c.present, self.c.cap - self.c.reserved, -1.0)
+        fits = free >= need - 1e-6
+        ok = self.c.base_mask(job.pod) & (fits.sum(axis=1) >= k)
+        hits = np.flatnonzero(ok)
+        if not len(hits):
+            return None
+        left = np.where(self.c.present[hits], free[hits], 0.0).sum(axis=1)
+        i = int(hits[int(np.argmin(left))])  # binpack: the node with the least declared memory left
+        row = np.where(fits[i], free[i], np.inf)
+        gpus = [int(g) for g in np.argsort(row, kind="stable")[:k]]  # best fit GPUs
+        return i, gpus, float(need[i, 0])
+
+
+class DeepRes(Strategy):
+    name = "deepres"
+
+    def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
+        super().__init__(cluster, jobs, params)
+        self.peaks = PeakStore()
+        self._views: dict[int, tuple[int, NodeView]] = {}
+        self._priority: dict[int, tuple[float, float]] = {}  # job -> (computed at, value)
+
+    def admission(self, job: Job) -> float:
+        return corrected_admission(job.upper_mib, self.peaks.get(job.spec_key), self.params)
+
+    def priority(self, job: Job, now: float) -> float:
+        cached = self._priority.get(job.idx)
+        if cached is not None and now - cached[0] < SAMPLE_EVERY_S:
+            return cached[1]
+        inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
+                                gpu_seconds=job.duration, gpus=job.pod.num_gpu)
+        value = priority_of(inputs, now, self.params)
+        self._priority[job.idx] = (now, value)
+        return value
+
+    def order_key(self, job: Job, now: float) -> tuple[float, ...]:
+        return (-self.priority(job, now), job.arrival, job.idx)
+
+    def request(self, job: Job, now: float) -> PodRequest:
+        return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
+                          admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
+                          priority=self.priority(job, now))
+
+    def view(self, i: int, now: float) -> NodeView:
+        cached = self._views.get(i)
+        if cached is not None and cached[0] == self.c.version[i]:
+            return cached[1]
+        cap, used, res = self.c.cap[i], self.c.used[i], self.c.reserved[i]
+        gpus = tuple(GpuView(uuid=f"{self.c.names[i]}-gpu{g}", index=g, capacity_mib=float(cap[g]),
+                             used_mib=float(used[g]), reserved_mib=float(res[g]),
+                             utilization=min(1.0, len(self.c.jobs_on[i][g]) / 2.0))
+                     for g in range(len(cap)) if self.c.present[i, g])
+        nv = NodeView(name=self.c.names[i], gpus=gpus, received_s=0.0)
+        self._views[i] = (int(self.c.version[i]), nv)
+        return nv
+
+    def candidates(self, job: Job) -> npt.NDArray[np.int64]:
+        """Nodes kube-scheduler would send (CPU, memory, GPU model) that can also pass DeepRes's filter:
+        a vectorised pre-check of the filter's own rule; the live filter then decides."""
+        free = np.where(self.c.present, self.c.cap - np.maximum(self.c.used, self.c.reserved), -1.0)
+        ok = self.c.base_mask(job.pod) & ((free >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu)
+        return np.flatnonzero(ok)
+
+    def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
+        hits = self.candidates(job)
+        if not len(hits):
+            return None
+        pod = self.request(job, now)
+        views = {self.c.names[int(i)]: self.view(int(i), now) for i in hits}
+        names = list(views)
+        passed = filter_nodes(pod, names, views, 0.0, self.params).passed
+        if not passed:
+            return None
+        scores = score_nodes(pod, passed, views, self.params)
+        best = max(scores, key=lambda ns: ns[1])[0]  # first of the highest: ties to the lowest rank
+        chosen = choose_gpus(pod, views[best], self.params)
+        if not chosen:
+            return None
+        i = self.c.names.index(best) if best not in self._index else self._index[best]
+        return i, [g.index for g in chosen], job.admission_mib
+
+    @property
+    def _index(self) -> dict[str, int]:
+        if not hasattr(self, "_name_index"):
+            self._name_index = {n: i for i, n in enumerate(self.c.names)}
+        return self._name_index
+
+    def preempt(self, job: Job, now: float) -> list[int] | None:
+        pod = self.request(job, now)
+        if not spreads(pod, self.params):  # only high-priority pods preempt
+            return None
+        base = self.c.base_mask(job.pod)
+        big = (self.c.cap >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu
+        best: tuple[int, int, list[int]] | None = None
+        looked = 0
+        for i in np.flatnonzero(base & big).tolist():
+            residents = {j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]}
+            lower = [self.jobs[j] for j in residents if self.priority(self.jobs[j], now) < pod.priority]
+            if not lower:
+                continue
+            looked += 1
+            reservations = [self.jobs[j].reservation for j in residents if self.jobs[j].reservation is not None]
+            victims = plan_victims(pod, self.view(i, now), reservations, now, self.params)  # type: ignore[arg-type]
+            if victims:
+                ids = [int(v) for v in victims]
+                if best is None or len(ids) < best[0]:
+                    best = (len(ids), i, ids)
+            if looked >= PREEMPT_CANDIDATES or (best is not None and best[0] == 1):
+                break
+        return None if best is None else best[2]
+
+    def on_bind(self, job: Job, now: float) -> None:
+        node = self.c.names[job.node]
+        inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
+                                gpu_seconds=job.duration, gpus=job.pod.num_gpu)
+        job.reservation = Reservation(pod_uid=str(job.idx), namespace="openb", name=job.pod.name, node=node,
+                                      gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
+                                      memory_mib=job.reserved_mib, admission_mib=job.admission_mib,
+                                      predicted_mib=job.predicted_mib, priority_inputs=inputs, bound_s=now,
+                                      signature=job.spec_key)
+
+    def on_usage(self, job: Job, now: float) -> bool:
+        if job.reservation is None:
+            return False
+        self.peaks.record(job.spec_key, job.true_mib)
+        updated = follow_usage(job.reservation, job.true_mib, now, self.params)
+        if updated is job.reservation:
+            return False
+        freed = updated.memory_mib < job.reservation.memory_mib
+        job.reservation = updated
+        self.c.set_reservation(job, updated.memory_mib)
+        return freed
+
+    def on_oom(self, job: Job) -> None:
+        self.peaks.record(job.spec_key, job.true_mib)
+
+
+def build_jobs(pods: Sequence[Pod], pool: JobPool, predictor: Any, seed: int, min_cap_mib: Callable[[Pod], float],
+               limit: int = 0) -> list[Job]:
+    """One Job per GPU pod (in creation order), with a training job drawn uniformly (numpy seed)."""
+    rng = np.random.default_rng(seed)
+    gpu_pods = sorted((p for p in pods if p.num_gpu > 0), key=lambda p: (p.creation_s, p.name))
+    if limit:
+        gpu_pods = gpu_pods[:limit]
+    by_true = sorted(pool.jobs, key=lambda j: j.true_mib)
+    trues = np.array([j.true_mib for j in by_true])
+    jobs = []
+    for idx, pod in enumerate(gpu_pods):
+        fitting = int(np.searchsorted(trues, min_cap_mib(pod), side="right"))
+        if fitting == 0:
+            raise ValueError(f"no job in the pool fits the GPUs pod {pod.name} may use")
+        pick = by_true[int(rng.integers(fitting))]
+        demand = predictor.predict(pick.spec)
+        end = pod.deletion_s if pod.deletion_s >= 0 else pod.creation_s + 1
+        duration = float(max(end - max(pod.creation_s, 0), 1))
+        deadline = pod.creation_s + DEADLINE_FACTOR * duration if pod.qos == "LS" else None
+        key = repr(sorted(pick.spec.to_annotations().items()))
+        jobs.append(Job(idx, pod, key, pick.true_mib, float(demand.memory_mib), float(demand.memory_mib_upper),
+                        pod.qos, float(pod.creation_s), duration, deadline))
+    return jobs
+
+
+def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: Sequence[Node],
+             params: PolicyParams, progress: Callable[[str], None] | None = None) -> ReplayOutcome:
+    """Event-driven replay of one policy; returns its metrics and time series."""
+    import copy
+
+    jobs = [copy.copy(j) for j in jobs_template]
+    for j in jobs:
+        j.gpus = []
+    cluster = Cluster(nodes)
+    strat = strategy_cls(cluster, jobs, params)
+    events: list[tuple[float, int, str, int, int]] = []
+    seq = 0
+
+    def push(t: float, kind: str, j: int, run: int = 0) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, j, run))
+        seq += 1
+
+    for j in jobs:
+        push(j.arrival, "arrive", j.idx)
+    pending: list[int] = []
+    ooms = 0
+    series_t: list[float] = []
+    series_alloc: list[float] = []
+    series_mem: list[float] = []
+    arrivals = sorted(j.arrival for j in jobs)
+    # the trace's first pods were created long before the bulk: sample from the 5th percentile arrival
+    next_sample = arrivals[len(arrivals) // 20] if arrivals else 0.0
+    last_arrival = arrivals[-1] if arrivals else 0.0
+    finished = 0
+    steps = 0
+
+    def start(job: Job, node: int, gpus: list[int], reserve: float, now: float) -> None:
+        nonlocal ooms
+        cluster.bind(job, node, gpus, reserve)
+        job.run_id += 1
+        job.start = now
+        strat.on_bind(job, now)
+        if cluster.over_committed(job):  # the newcomer allocated last: OOM-killed after OOM_AFTER_S
+            ooms += 1
+            job.ooms += 1
+            push(now + OOM_AFTER_S, "oom", job.idx, job.run_id)
+        else:
+            push(now + job.duration, "finish", job.idx, job.run_id)
+            if strat.name == "deepres":
+                push(now + params.usage_warmup_s, "usage", job.idx, job.run_id)
+
+    def stop(job: Job) -> None:
+        cluster.release(job)
+        job.run_id += 1
+        job.reservation = None
+
+    while events:
+        now = events[0][0]
+        while next_sample <= now and next_sample <= last_arrival:
+            series_t.append(next_sample)
+            series_alloc.append(float(cluster.reserved.sum()) / cluster.total_cap)
+            series_mem.append(float(cluster.used.sum()) / cluster.total_cap)
+            next_sample += SAMPLE_EVERY_S
+        freed = False
+        arrived: list[int] = []
+        while events and events[0][0] == now:
+            _, _, kind, j, run = heapq.heappop(events)
+            job = jobs[j]
+            if kind == "arrive":
+                job.admission_mib = strat.admission(job)
+                arrived.append(j)
+            elif run != job.run_id:
+                continue  # stale event of an earlier run (preempted or killed)
+            elif kind == "finish":
+                stop(job)
+                job.completion = now
+                finished += 1
+                freed = True
+            elif kind == "usage":
+                freed |= strat.on_usage(job, now)
+            elif kind == "oom":
+                stop(job)
+                strat.on_oom(job)
+                freed = True
+                if job.ooms >= MAX_RESTARTS:
+                    job.failed = True
+                    finished += 1
+                else:
+                    backoff = min(BACKOFF_S[0] * 2 ** (job.ooms - 1), BACKOFF_S[1])
+                    push(now + backoff, "arrive", j)
+        if freed:
+            candidates = pending + arrived
+        else:
+            candidates = arrived
+        pending = [j for j in pending if j not in set(arrived)] if not freed else []
+        waiting = set(pending)
+        order = sorted(candidates, key=lambda j: strat.order_key(jobs[j], now))
+        failed_shapes: list[tuple[int, float, int, int, tuple[str, ...], float]] = []
+        for j in order:
+            job = jobs[j]
+            shape = (job.pod.num_gpu, job.admission_mib, job.pod.cpu_milli, job.pod.memory_mib, job.pod.spec,
+                     job.pod.gpu_milli)
+            if any(s[0] == shape[0] and s[4] == shape[4] and shape[1] >= s[1] and shape[2] >= s[2]
+                   and shape[3] >= s[3] and shape[5] >= s[5] for s in failed_shapes):
+                if j not in waiting:
+                    pending.append(j)
+                    waiting.add(j)
+                continue
+            choice = strat.place(job, now)
+            if choice is None:
+                victims = strat.preempt(job, now)
+                if victims:
+                    for v in victims:
+                        victim = jobs[v]
+                        stop(victim)
+                        victim.preempted += 1
+                        strat.preemptions += 1
+                        push(now, "arrive", v)  # back to the queue, progress lost
+                    choice = strat.place(job, now)
+            if choice is None:
+                failed_shapes.append(shape)
+                if j not in waiting:
+                    pending.append(j)
+                    waiting.add(j)
+                continue
+            if j in waiting:
+                waiting.discard(j)
+                pending.remove(j)
+            start(job, *choice, now)
+        steps += 1
+        if progress is not None and steps % 2000 == 0:
+            progress(f"    {strat.name}: t={now:,.0f} s, finished {finished}/{len(jobs)}, pending {len(pending)}")
+    return _outcome(strat, jobs, ooms, series_t, series_alloc, series_mem)
+
+
+def _p95(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 95)) if values else math.nan
+
+
+def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[float], series_alloc: list[float],
+             series_mem: list[float]) -> ReplayOutcome:
+    done = [j for j in jobs if not j.failed and not math.isnan(j.completion)]
+    jct = [j.completion - j.arrival for j in done]
+    queue = [max(j.completion - j.arrival - j.duration, 0.0) for j in done]
+    speed = [j.duration / max(j.completion - j.arrival, 1e-9) for j in done]
+    jain = (sum(speed) ** 2 / (len(speed) * sum(s * s for s in speed))) if speed else math.nan
+    ls = [j for j in jobs if j.deadline is not None]
+    misses = sum(1 for j in ls if j.failed or math.isnan(j.completion) or j.completion > (j.deadline or 0))
+    metrics = {
+        "jobs": float(len(jobs)), "completed": float(len(done)), "failed": float(sum(j.failed for j in jobs)),
+        "mean_jct_s": round(statistics.fmean(jct), 1) if jct else math.nan, "p95_jct_s": round(_p95(jct), 1),
+        "mean_queue_s": round(statistics.fmean(queue), 1) if queue else math.nan,
+        "p95_queue_s": round(_p95(queue), 1),
+        "oom_kills": float(ooms), "oom_rate": round(ooms / max(len(jobs), 1), 5),
+        "preemptions": float(strat.preemptions),
+        "deadline_miss_rate": round(misses / max(len(ls), 1), 4), "jain": round(jain, 4),
+        "mean_alloc": round(statistics.fmean(series_alloc), 4) if series_alloc else math.nan,
+        "mean_mem_use": round(statistics.fmean(series_mem), 4) if series_mem else math.nan,
+    }
+    per_qos: dict[str, dict[str, float]] = {}
+    for q in sorted({j.qos for j in jobs}):
+        members = [j for j in done if j.qos == q]
+        if members:
+            per_qos[q] = {"jobs": float(len(members)),
+                          "mean_jct_s": statistics.fmean(j.completion - j.arrival for j in members),
+                          "mean_queue_s": statistics.fmean(max(j.completion - j.arrival - j.duration, 0.0)
+                                                           for j in members)}
+    return ReplayOutcome(strat.name, metrics, per_qos, jct, series_t, series_alloc, series_mem)
+
+
+def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: Sequence[str] = POLICIES,
+                          progress: Callable[[str], None] | None = None) -> ReplayExperiment:
+    """The three policies on the default trace with the same jobs."""
+    nodes = read_nodes(node_list_path(data))
+    pods = read_pods(pod_list_path(data, "default"))
+    pool = load_job_pool()
+    predictor, predictor_note = load_predictor(pool, seed)
+    caps = {n.model: GPU_MEMORY_GB.get(n.model, 16) * MIB_PER_GB for n in nodes}
+
+    def min_cap(pod: Pod) -> float:
+        models = [m for m in caps if not pod.spec or m in pod.spec] or list(caps)
+        return min(caps[m] for m in models)
+
+    jobs = build_jobs(pods, pool, predictor, seed, min_cap, limit)
+    params = PolicyParams()
+    classes: dict[str, type[Strategy]] = {"static": Static, "request": Request, "deepres": DeepRes}
+    outcomes = {}
+    for name in policies:
+        if progress is not None:
+            progress(f"replay: {name} ({len(jobs)} GPU jobs)")
+        outcomes[name] = simulate(classes[name], jobs, nodes, params, progress)
+    under = sum(1 for j in jobs if j.upper_mib < j.true_mib)
+    notes = [f"jobs: {len(jobs)} GPU pods of openb_pod_list_default (CPU-only pods left out), "
+             f"training jobs from {pool.source}, drawn with numpy seed {seed} among jobs whose true peak fits "
+             "the smallest GPU the pod may use",
+             f"predictor: {predictor_note}; its upper bound is below the true peak for {under} jobs "
+             f"({100 * under / max(len(jobs), 1):.1f} %)",
+             f"GPU memory per model (GB): {GPU_MEMORY_GB} (G2, G3 undisclosed: assumed)",
+             f"OOM: the newcomer is killed after {OOM_AFTER_S:.0f} s and restarts after a back-off; "
+             f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
+             "(waiting plus work lost to OOM kills and preemptions)"]
+    qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
+    return ReplayExperiment(outcomes, notes, qos_order)
