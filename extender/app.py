@@ -41,10 +41,10 @@ from extender.protocol import (
     PodInfo,
     ProtocolError,
     binding_result,
+    encode_host_priority_list,
     filter_all_unresolvable,
     filter_error,
     filter_result,
-    host_priority_list,
     parse_binding_args,
     parse_extender_args,
     parse_pod,
@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
 WARNED_MAX = 10_000
+
+
+class JsonText(str):
+    """A response body already encoded as JSON (the hot path writes it directly)."""
 
 
 class BadRequest(ValueError):
@@ -227,20 +231,20 @@ class Extender:
                       len(result.failed), len(result.unresolvable))
         return filter_result(result, args)
 
-    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+    def prioritize(self, body: Any) -> JsonText:
         """Scores; on any problem an empty list (kube-scheduler ignores prioritize errors anyway)."""
         try:
             args = parse_extender_args(body)
         except ProtocolError as err:
             log.info("prioritize: bad ExtenderArgs: %s", err)
-            return []
+            return JsonText("[]")
         self.remember(body["Pod"], args.pod)
         try:
             plan = self.plan(args.pod, self.clock())
         except (AnnotationError, PredictorUnavailable):
-            return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
+            return JsonText(encode_host_priority_list((name, 0) for name in dict.fromkeys(args.node_names)))
         scores = score_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, self.params)
-        return host_priority_list(scores)
+        return JsonText(encode_host_priority_list(scores))
 
     def bind(self, body: Any) -> dict[str, str]:
         try:
@@ -531,7 +535,8 @@ def create_app(
     metrics = ext.metrics
 
     def respond(payload: Any, status: int = 200) -> Response:
-        return Response(json.dumps(payload, separators=(",", ":")), status=status, mimetype="application/json")
+        text = payload if isinstance(payload, JsonText) else json.dumps(payload, separators=(",", ":"))
+        return Response(text, status=status, mimetype="application/json")
 
     def body_json() -> Any:
         data = request.get_data(cache=False)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from extender.policy.types import FilterResult
@@ -231,6 +232,18 @@ def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]
     return [{"Host": host, "Score": int(score)} for host, score in scores]
 
 
+def encode_host_priority_list(scores: Iterable[tuple[str, int]]) -> str:
+    """The HostPriorityList as JSON text, written directly: at 500 hosts several times faster than
+    building dicts and `json.dumps`, and the same text (a test holds them equal)."""
+    pairs = list(scores)
+    hosts = map(encode_basestring_ascii, [host for host, _ in pairs])
+    return "[" + ",".join(map(_HOST_SCORE.format, hosts, [int(score) for _, score in pairs])) + "]"
+
+
+_HOST_SCORE = '{{"Host":{},"Score":{}}}'
+
+
+
 def binding_result(error: str = "") -> dict[str, str]:
     return {"Error": error}
 
@@ -267,6 +280,8 @@ def _string(obj: Mapping[str, Any], key: str, path: str, *, required: bool = Fal
 def _string_list(raw: Any, path: str) -> list[str]:
     if not isinstance(raw, list):
         raise ProtocolError(path, f"must be a list, got {_kind(raw)}")
+    if set(map(type, raw)) <= {str}:  # the common case, checked in C
+        return raw
     for i, item in enumerate(raw):
         if not isinstance(item, str):
             raise ProtocolError(f"{path}[{i}]", f"must be a string, got {_kind(item)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress, repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -106,6 +107,11 @@ class NodeMatrix:
         return row
 
 
+def _rows(matrix: NodeMatrix, names: list[str]) -> I64:
+    """Row of each name, -1 for a node without one (looked up in C: map over dict.get)."""
+    return np.array(list(map(matrix.index.get, names, repeat(-1))), dtype=np.int64)
+
+
 def filter_matrix(
     pod: PodRequest,
     names: Iterable[str],
@@ -119,8 +125,7 @@ def filter_matrix(
     if not unique:
         return FilterResult((), {}, {}, {})
     a = matrix.arrays  # one reference: a concurrent grow swaps the whole set
-    index = matrix.index
-    rows = np.fromiter((index.get(n, -1) for n in unique), dtype=np.int64, count=len(unique))
+    rows = _rows(matrix, unique)
     known = rows >= 0
     safe = np.where(known, rows, 0)
     ok = known & (a.received[safe] >= now_s - params.telemetry_ttl_s)
@@ -130,24 +135,23 @@ def filter_matrix(
             ok[:] = False
         else:
             ok &= (a.healthy[safe] >= count) & (a.free_desc[safe, count - 1] >= pod.admission_mib)
-    passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
-    for name, fits in zip(unique, ok.tolist(), strict=True):
-        if fits:
-            passed.append(name)
-            continue
+    fits = ok.tolist()
+    for i in np.flatnonzero(~ok).tolist():  # only the failures need words
+        name = unique[i]
         failure = node_failure(pod, nodes.get(name), now_s, params)
-        if failure is None:
-            passed.append(name)
+        if failure is None:  # the row was being rewritten: the NodeView has the last word
+            fits[i] = True
             continue
         kind, reason, final = failure
         (unresolvable if final else failed)[name] = reason
         kinds[kind] = kinds.get(kind, 0) + 1
+    passed = tuple(compress(unique, fits))
     if passed:
         kinds[PASSED] = len(passed)
-    return FilterResult(tuple(passed), failed, unresolvable, kinds)
+    return FilterResult(passed, failed, unresolvable, kinds)
 
 
 def score_matrix(
@@ -166,8 +170,7 @@ def score_matrix(
     if count > 1:
         return [(n, score_node(pod, nodes.get(n), params)) for n in unique]
     a = matrix.arrays
-    index = matrix.index
-    rows = np.fromiter((index.get(n, -1) for n in unique), dtype=np.int64, count=len(unique))
+    rows = _rows(matrix, unique)
     known = rows >= 0
     safe = np.where(known, rows, 0)
     need = pod.admission_mib
