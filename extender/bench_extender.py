@@ -41,6 +41,7 @@ JOBS = (
     {"model-type": "transformer", "params-millions": "60", "batch-size": "32", "criticality": "high",
      "deadline": "6h"},
 )
+REPORTER_CONNECTIONS = 8
 KEYS = ("pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms")
 
 
@@ -320,19 +321,20 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class _Reporter:
-    """Agents posting at a fixed total rate (two connections), each report a fresh sequence."""
+    """Agents posting at a fixed total rate over several connections, each report a fresh sequence."""
 
     def __init__(self, server: _Server, cluster: _Cluster, names: list[str], rate: float) -> None:
         self.server, self.cluster, self.names, self.rate = server, cluster, names, rate
         self.stop_event = threading.Event()
+        self.lock = threading.Lock()
         self.sent = 0
         self.threads: list[threading.Thread] = []
         self.started = 0.0
 
     def start(self) -> None:
         self.started = time.perf_counter()
-        for k in range(2):
-            thread = threading.Thread(target=self._loop, args=(k, 2), daemon=True)
+        for k in range(REPORTER_CONNECTIONS):
+            thread = threading.Thread(target=self._loop, args=(k, REPORTER_CONNECTIONS), daemon=True)
             thread.start()
             self.threads.append(thread)
 
@@ -346,7 +348,8 @@ class _Reporter:
             body = self.cluster.report(self.names[i % len(self.names)])
             i += of
             _post(conn, "/v1/telemetry", body, headers)
-            self.sent += 1
+            with self.lock:
+                self.sent += 1
             next_at += interval
             delay = next_at - time.perf_counter()
             if delay > 0:
