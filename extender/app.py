@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
 WARNED_MAX = 10_000
+#: A relist does not release reservations made this recently: the list may predate their bind (a
+#: pod deleted meanwhile is still released by its watch event).
+RELIST_GRACE_S = 60.0
 
 
 class JsonText(str):
@@ -108,13 +111,19 @@ class Extender:
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._lock = threading.Lock()
-        if predictor is None:
-            threading.Thread(target=self._load_predictor, name="deepres-predictor-load", daemon=True).start()
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
                         "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")
 
     # ---- start-up ----
+    def start(self) -> None:
+        """Load the predictor (in the background unless given), then start the cluster watches: the
+        first sync rebuilds reservations with the pods' priorities, which need the predictor."""
+        if self._predictor is not None:
+            self.start_cluster()
+        else:
+            threading.Thread(target=self._load_predictor, name="deepres-predictor-load", daemon=True).start()
+
     def _load_predictor(self) -> None:
         try:
             factory = self.settings.predictor_factory
@@ -130,6 +139,7 @@ class Extender:
             return
         self._predictor = loaded
         log.info("predictor loaded version=%s", getattr(loaded, "version", "?"))
+        self.start_cluster()
 
     def start_cluster(self) -> None:
         self.cluster.start(ClusterHandlers(
@@ -465,8 +475,9 @@ class Extender:
                 continue
             alive.add(pod.uid)
             self._restore(pod)
+        recent = self.clock() - RELIST_GRACE_S
         for res in self.state.reservations():
-            if res.pod_uid not in alive:
+            if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
                 self.state.release(res.pod_uid)
                 log.info("released pod=%s (gone at relist)", res.key)
 
@@ -527,7 +538,7 @@ def create_app(
             settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s)
     ext = Extender(settings, predictor, cluster, clock)
     log.info("deepres extender settings: %s", describe(settings))
-    ext.start_cluster()
+    ext.start()
 
     app = Flask("deepres-extender")
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes

@@ -274,3 +274,17 @@ def test_predict_probes_metrics_and_openapi() -> None:
         assert name in text
     doc = client.get("/openapi.json").get_json()
     assert doc["openapi"].startswith("3.") and {"/filter", "/bind", "/v1/telemetry"} <= set(doc["paths"])
+
+
+def test_relist_releases_pods_gone_but_not_just_bound_ones() -> None:
+    client, _, clock = make()
+    send_report(client, "a", 1, [(NEED * 3, 0.0)], clock)
+    p1 = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(p1, names=["a"]))
+    assert client.post("/bind", json=binding_args(p1, "a")).get_json() == {"Error": ""}
+    ext = extender_of(client.application)
+    ext.on_pods_listed([])  # a list taken just before the bind must not undo it
+    assert len(ext.state.reservations()) == 1
+    clock.now += 61
+    ext.on_pods_listed([])
+    assert ext.state.reservations() == []
