@@ -72,3 +72,23 @@ def test_kind_cluster_has_one_control_plane_and_three_labelled_workers() -> None
     for node in config["nodes"]:
         if node["role"] == "worker":
             assert node["labels"]["deepres.io/simulated-gpus"] == "true", "the e2e agents select workers by this label"
+
+
+def test_too_large_example_exceeds_every_gpu_of_the_e2e_cluster() -> None:
+    """The e2e scenario 2 and the example's comment rely on it: no simulated GPU (largest 80 GB) can hold it."""
+    try:
+        from predictor.runtime import ArtifactError, Predictor
+        from predictor.spec import JobSpec
+    except ImportError as err:
+        pytest.skip(f"predictor runtime not importable yet: {err}")
+    try:
+        predictor = Predictor.load()
+    except ArtifactError as err:
+        pytest.skip(f"no shipped predictor artifact yet: {err}")
+    annotations = load(REPO / "deploy" / "examples" / "too-large.yaml")["metadata"]["annotations"]
+    spec = JobSpec.parse({k.removeprefix("deepres.io/"): v for k, v in annotations.items()})
+    values = yaml.safe_load((REPO / "tests" / "e2e" / "values-kind.yaml").read_text())
+    largest_gib = max(float(item.rsplit("-", 1)[1].rstrip("GBi"))
+                      for spec_text in values["agent"]["simulated"]["nodes"].values()
+                      for item in spec_text.split(","))
+    assert predictor.predict(spec).memory_mib > largest_gib * 1024
