@@ -311,6 +311,41 @@ def test_scheduler_configuration_matches_the_extender(tmp_path: Path) -> None:
     assert service["spec"]["ports"][0]["port"] == port
 
 
+# Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1/types.go). kube-scheduler
+# decodes its --config strictly: an unknown or misspelt key stops it at start-up.
+SCHEDULER_CONFIG_FIELDS = {
+    "": {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
+         "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds",
+         "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive"},
+    "leaderElection": {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock",
+                       "resourceName", "resourceNamespace"},
+    "profiles": {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"},
+    "extenders": {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+                  "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"},
+    "tlsConfig": {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"},
+    "managedResources": {"name", "ignoredByScheduler"},
+}
+
+
+def test_scheduler_configuration_has_only_upstream_fields(tmp_path: Path) -> None:
+    values = {
+        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "tls"},
+                     "managedResources": [{"name": "deepres.io/gpu-job", "ignoredByScheduler": True}]},
+        "scheduler": {"percentageOfNodesToScore": 30},
+    }
+    config = scheduler_config(render(tmp_path, values))
+    assert set(config) <= SCHEDULER_CONFIG_FIELDS[""], set(config) - SCHEDULER_CONFIG_FIELDS[""]
+    assert set(config["leaderElection"]) <= SCHEDULER_CONFIG_FIELDS["leaderElection"]
+    for profile in config["profiles"]:
+        assert set(profile) <= SCHEDULER_CONFIG_FIELDS["profiles"]
+    for ext in config["extenders"]:
+        assert set(ext) <= SCHEDULER_CONFIG_FIELDS["extenders"], set(ext) - SCHEDULER_CONFIG_FIELDS["extenders"]
+        assert set(ext["tlsConfig"]) <= SCHEDULER_CONFIG_FIELDS["tlsConfig"]
+        for resource in ext["managedResources"]:
+            assert set(resource) <= SCHEDULER_CONFIG_FIELDS["managedResources"]
+    assert config["percentageOfNodesToScore"] == 30
+
+
 def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
     objs = render(tmp_path, VALUE_SETS["separate-extender"])
     (ext,) = scheduler_config(objs)["extenders"]
