@@ -346,6 +346,21 @@ def test_scheduler_configuration_has_only_upstream_fields(tmp_path: Path) -> Non
     assert config["percentageOfNodesToScore"] == 30
 
 
+def test_probe_paths_are_served(tmp_path: Path) -> None:
+    """Every httpGet probe of the extender container hits a GET route of the extender's Flask app."""
+    try:
+        from extender.app import create_app
+        from extender.settings import KubeSettings, Settings
+    except ImportError as err:
+        pytest.skip(f"extender/app.py not importable yet: {err}")
+    flask_app = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object())  # type: ignore[arg-type]
+    gets = {r.rule for r in flask_app.url_map.iter_rules() if "GET" in (r.methods or set())}
+    extender = container(find(render(tmp_path, {}), "Deployment", "deepres-scheduler"), "extender")
+    probes = {extender[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes <= gets, f"probes {sorted(probes)} vs served {sorted(gets)}"
+    assert "/metrics" in gets, "the ServiceMonitor scrapes /metrics"
+
+
 def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
     objs = render(tmp_path, VALUE_SETS["separate-extender"])
     (ext,) = scheduler_config(objs)["extenders"]
