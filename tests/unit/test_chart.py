@@ -361,6 +361,20 @@ def test_probe_paths_are_served(tmp_path: Path) -> None:
     assert "/metrics" in gets, "the ServiceMonitor scrapes /metrics"
 
 
+def test_agent_probe_and_scrape_paths_are_served(tmp_path: Path) -> None:
+    try:
+        from extender.agent.metrics import AgentMetrics, Health, make_app
+    except ImportError as err:
+        pytest.skip(f"extender.agent.metrics not importable yet: {err}")
+    app = make_app(AgentMetrics(), Health(max_age_s=60.0))
+    agent = container(find(render(tmp_path, {}), "DaemonSet", "deepres-agent"), "agent")
+    paths = {agent[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")} | {"/metrics"}
+    statuses: list[str] = []
+    for path in sorted(paths):
+        app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda status, headers, *_: statuses.append(status))
+        assert not statuses[-1].startswith("404"), f"the agent does not serve {path}: {statuses[-1]}"
+
+
 def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
     objs = render(tmp_path, VALUE_SETS["separate-extender"])
     (ext,) = scheduler_config(objs)["extenders"]
