@@ -19,7 +19,7 @@ from kubernetes.client import (
     V1TokenReviewStatus,
     V1UserInfo,
 )
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
 
