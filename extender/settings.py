@@ -126,8 +126,9 @@ class Settings:
     predictor_factory: str = ""
     """`module:callable` returning a DemandPredictor to use instead of the shipped one (another model,
     or a stand-in for tests); empty: `predictor.runtime.Predictor.load(predictor_path)`."""
-    recent_pods: int = 20_000
-    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped)."""
+    recent_pods: int = 5_000
+    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped; bind
+    follows filter within seconds, and in a cluster a miss falls back to reading the pod)."""
 
     def validate(self) -> list[str]:
         """Every problem, with its path; empty when the settings can be used."""

@@ -66,3 +66,25 @@ def test_bad_yaml_is_one_clear_problem(tmp_path: Path) -> None:
     config.write_text("- a list\n")
     with pytest.raises(SettingsError, match="must be a mapping"):
         load_settings(str(config), env={})
+
+
+def test_serve_flags_override_everything_and_gunicorn_runs_one_threaded_worker(tmp_path: Path) -> None:
+    import argparse
+
+    from extender.cli import UsageError
+    from extender.server import add_arguments, gunicorn_options, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    args = parser.parse_args(["--bind", "127.0.0.1:9000", "--no-kube", "--threads", "3", "--tls-cert", str(cert),
+                              "--tls-key", str(key), "--log-level", "debug"])
+    settings = settings_from_args(args)
+    assert settings.kube.no_kube and settings.server.bind == "127.0.0.1:9000"
+    options = gunicorn_options(settings)
+    assert options["workers"] == 1 and options["worker_class"] == "gthread" and options["threads"] == 3
+    assert options["certfile"] == str(cert) and options["keyfile"] == str(key) and not options["preload_app"]
+    with pytest.raises(UsageError, match=r"server\.bind must be HOST:PORT"):
+        settings_from_args(parser.parse_args(["--bind", "nowhere"]))
