@@ -622,7 +622,7 @@ def test_config_changes_change_the_pod_checksums(tmp_path: Path) -> None:
 
 
 def test_settings_reach_the_extender_config_file(tmp_path: Path) -> None:
-    settings = {"telemetry_ttl_s": 45, "gunicorn_threads": 8}
+    settings = {"usage_margin": 1.3, "threads": 16, "policy": {"fragmentation_weight": 0.3}}
     objs = render(tmp_path, {"extender": {"settings": settings}})
     assert yaml.safe_load(find(objs, "ConfigMap", "deepres-extender")["data"]["settings.yaml"]) == settings
 
@@ -640,6 +640,8 @@ CONFLICTS = [
     ({"telemetry": {"ttlSeconds": 10}, "agent": {"heartbeatSeconds": 15}}, "telemetry.ttlSeconds"),
     ({"pdb": {"minAvailable": 1}}, "pdb.minAvailable"),
     ({"scheduler": {"enabled": False}}, "extender.mode=deployment (the extender gets its own"),
+    ({"extender": {"settings": {"telemetry_ttl_s": 60}}}, "set telemetry.ttlSeconds instead"),
+    ({"extender": {"settings": {"kube": {"scheduler_name": "x"}}}}, "set scheduler.name instead"),
 ]
 
 
