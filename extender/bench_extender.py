@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes < args.candidates or args.nodes < args.full_nodes or args.clients < 1 or args.duration_s <= 0:
         raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0")
     rng = random.Random(args.seed)
+    _progress(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (client and server share them)")
     with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
         names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
         cluster = _Cluster(names, rng)
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         results["under_telemetry"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
         achieved = reporter.stop()
         results["rss_mib"] = round(server.rss_mib(), 1)
-    _progress(f"telemetry achieved {achieved:.0f} reports/s")
+    _progress(f"telemetry achieved {achieved:.0f} reports/s; load average now {os.getloadavg()[0]:.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
