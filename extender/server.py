@@ -43,7 +43,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     try:
         return load_settings(args.config, overrides=overrides)
     except SettingsError as err:
-        raise UsageError(str(err).replace("\n", " ")) from None
+        raise UsageError("invalid settings: " + "; ".join(err.problems)) from None
 
 
 def gunicorn_options(settings: Settings) -> dict[str, Any]:
