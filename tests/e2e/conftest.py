@@ -47,7 +47,7 @@ def skip_reason(config: pytest.Config) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    e2e_items = [item for item in items if Path(str(item.fspath)).is_relative_to(Path(__file__).parent)]
+    e2e_items = [item for item in items if item.path.is_relative_to(Path(__file__).parent)]
     if not e2e_items:
         return
     reason = skip_reason(config)
