@@ -110,6 +110,7 @@ def fragmentation_delta(
     if len(fitting) < count:
         return None
     position = {g.uuid: k for k, g in enumerate(gpus)}
+    options: list[tuple[GpuView, ...]]
     if count == 1:
         options = [(g,) for g in fitting]
     else:

@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 POLICIES: tuple[str, ...] = ("random", "bestfit", "fgd", "deepres", "deepres-frag")
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
-#: Relative cost per run, to start the slowest tasks first.
-_COST = {"deepres-frag": 5.0, "fgd": 2.5, "deepres": 2.0, "bestfit": 1.0, "random": 1.0}
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,9 @@ class RunRecord:
     seconds: float
 
 
-_BASE_SOURCES = ("gorand.py", "traces.py", "packing.py")
+#: Bump when a change alters any packing decision of the simulator's own policies (random, bestfit, fgd)
+#: or the workload; cached results of another version are not reused.
+PACKING_VERSION = "1"
 _POLICY_SOURCES = {
     "deepres": ("adapters.py", "../policy/*.py"),
     "deepres-frag": ("adapters.py", "fragaware.py", "../policy/*.py"),
@@ -58,10 +58,11 @@ _POLICY_SOURCES = {
 
 
 def source_hash(policy: str) -> str:
-    """Hash of the code one policy's packing results depend on (so a change never reuses stale runs)."""
-    digest = hashlib.sha256()
+    """Version of the code one policy's packing results depend on: PACKING_VERSION, plus the sources of
+    the DeepRes policies (edited by others; any change to them re-runs those policies)."""
+    digest = hashlib.sha256(PACKING_VERSION.encode())
     here = Path(__file__).resolve().parent
-    for pattern in (*_BASE_SOURCES, *_POLICY_SOURCES.get(policy, ())):
+    for pattern in _POLICY_SOURCES.get(policy, ()):
         for path in sorted(here.glob(pattern)):
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
@@ -149,16 +150,15 @@ def default_jobs() -> int:
 
 
 def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], jobs: int,
-             cache: Cache, progress: Callable[[str], None] | None = None) -> list[RunRecord]:
+             cache: Cache, progress: Callable[[str], None] | None = None, chunk: int = 5) -> list[RunRecord]:
     """Every (trace, policy, seed) not in the cache is run; returns all records (cached and new)."""
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     tasks: list[tuple[str, str, str, list[int]]] = []
-    for trace in traces:
+    for trace in traces:  # in the order given (the default trace first), small chunks so results land early
         for policy in policies:
             todo = [s for s in seeds if cache.get(trace, policy, s) is None]
-            if todo:
-                tasks.append((str(data), trace, policy, todo))
-    tasks.sort(key=lambda t: -_COST.get(t[2], 1.0) * len(t[3]))
+            for k in range(0, len(todo), chunk):
+                tasks.append((str(data), trace, policy, todo[k : k + chunk]))
     total_runs = sum(len(t[3]) for t in tasks)
     say(f"packing: {total_runs} runs to do ({len(tasks)} tasks, {jobs} process(es)); "
         f"{len(traces) * len(policies) * len(seeds) - total_runs} cached")

@@ -158,7 +158,7 @@ def compare(url: str, log_path: Path, token: str, nodes: Sequence[Node], pods: S
     sim = DeepResPolicy(memoise=False, reference_model=REFERENCE_MODEL)
     for k, node in enumerate(nodes):
         _call(url + "/v1/telemetry", report_body(node, k + 1), token=token)
-    by_name = {n.name: n for n in nodes}
+    {n.name: n for n in nodes}
     result = Comparison()
     bound_seen = 0
     for k, pod in enumerate(pods):
@@ -184,7 +184,8 @@ def compare(url: str, log_path: Path, token: str, nodes: Sequence[Node], pods: S
         if set(passed_server) == sim_passed:
             result.agreed_filter += 1
         else:
-            result.mismatches.append(f"{pod.name}: filter server={sorted(passed_server)[:5]} sim={sorted(sim_passed)[:5]}")
+            result.mismatches.append(
+                f"{pod.name}: filter server={sorted(passed_server)[:5]} sim={sorted(sim_passed)[:5]}")
         if scores_server == sim_by_name:
             result.agreed_scores += 1
         else:

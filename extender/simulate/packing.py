@@ -21,6 +21,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from extender.policy import NodeView as GpuNodeView
+from extender.simulate.fragaware import DemandMix
 from extender.simulate.traces import MILLI, Node, Pod, TypicalPod
 
 IntArray = npt.NDArray[np.int64]
@@ -217,7 +219,7 @@ class Fragmentation:
         self._memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
 
     def amount(self, model: int, cpu_left: int, gpu_left: tuple[int, ...]) -> float:
-        key = (model, cpu_left, gpu_left)
+        key = (model, cpu_left, tuple(sorted(gpu_left)))  # F_n does not depend on the GPUs' order
         found = self._memo.get(key)
         if found is not None:
             return found
@@ -371,10 +373,10 @@ class DeepResPolicy:
         self._filter = filter_nodes
         self._choose = choose_gpus
         self._score_nodes = score if score is not None else score_nodes
-        self._views: dict[StateKey, object] = {}
+        self._views: dict[StateKey, GpuNodeView] = {}
         self._answers: dict[tuple[StateKey, tuple[int, int]], int] = {}  # (state, shape) -> score, -1 filtered
 
-    def _view(self, view: NodeView, sid: int) -> object:
+    def _view(self, view: NodeView, sid: int) -> GpuNodeView:
         from extender.simulate.adapters import node_view
 
         key = view.state_keys[sid]
@@ -463,11 +465,11 @@ class FragAwarePolicy:
         self.sharpness = DEFAULT_SHARPNESS if sharpness is None else sharpness
         self.params = PolicyParams()
         self.typical = [t for t in typical if t.num_gpu > 0 or use_cpu]
-        self._mixes: dict[str, object] = {}
-        self._views: dict[tuple[int, tuple[int, ...]], object] = {}
+        self._mixes: dict[str, DemandMix] = {}
+        self._views: dict[tuple[int, tuple[int, ...]], GpuNodeView] = {}
         self._memo: dict[tuple[StateKey, tuple[int, int, int]], tuple[int, list[int]]] = {}
 
-    def mix(self, model: str) -> object:
+    def mix(self, model: str) -> DemandMix:
         from extender.simulate.adapters import capacity_mib
         from extender.simulate.fragaware import demand_mix
 
@@ -490,7 +492,7 @@ class FragAwarePolicy:
         if node is None:
             node = self._views[(model, gpus)] = node_view(f"s{sid}", name, gpus)
         found = fragmentation_delta(pod_request(pod, name), node,
-                                    self.mix(name), cpu, float(pod.cpu_milli))  # type: ignore[arg-type]
+                                    self.mix(name), cpu, float(pod.cpu_milli))
         if found is None:
             return -1, []
         return score_from_delta(found[0], self.sharpness), [g.index for g in found[1]]

@@ -328,25 +328,42 @@ class DeepRes(Strategy):
         return self._name_index
 
     def preempt(self, job: Job, now: float) -> list[int] | None:
+        """Victims for a high-priority pod: `plan_victims` (GPU memory, strictly lower DeepRes priority) on a
+        node, plus further strictly-lower-priority pods while the node's CPU or memory is short (what
+        kube-scheduler's own preemption adds; the extender's /preempt only keeps lower-priority victims).
+        The node with the fewest victims wins, ties to the lowest rank; at most PREEMPT_CANDIDATES nodes
+        with lower-priority pods are examined."""
         pod = self.request(job, now)
         if not spreads(pod, self.params):  # only high-priority pods preempt
             return None
-        base = self.c.base_mask(job.pod)
+        spec_ok = self.c.base_mask(Pod(job.pod.name, 0, 0, job.pod.num_gpu, job.pod.gpu_milli, job.pod.spec))
         big = (self.c.cap >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu
         best: tuple[int, int, list[int]] | None = None
         looked = 0
-        for i in np.flatnonzero(base & big).tolist():
-            residents = {j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]}
-            lower = [self.jobs[j] for j in residents if self.priority(self.jobs[j], now) < pod.priority]
+        for i in np.flatnonzero(spec_ok & big).tolist():
+            residents = sorted({j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]})
+            lower = [j for j in residents if self.priority(self.jobs[j], now) < pod.priority]
             if not lower:
                 continue
             looked += 1
-            reservations = [self.jobs[j].reservation for j in residents if self.jobs[j].reservation is not None]
-            victims = plan_victims(pod, self.view(i, now), reservations, now, self.params)  # type: ignore[arg-type]
-            if victims:
-                ids = [int(v) for v in victims]
-                if best is None or len(ids) < best[0]:
-                    best = (len(ids), i, ids)
+            reservations = [r for j in residents if (r := self.jobs[j].reservation) is not None]
+            planned = plan_victims(pod, self.view(i, now), reservations, now, self.params)
+            if planned is None:
+                continue
+            victims = [int(v) for v in planned]
+            cpu = int(self.c.cpu_left[i]) + sum(self.jobs[v].pod.cpu_milli for v in victims)
+            mem = int(self.c.mem_left[i]) + sum(self.jobs[v].pod.memory_mib for v in victims)
+            extra = sorted((j for j in lower if j not in victims),
+                           key=lambda j: (self.priority(self.jobs[j], now), -self.jobs[j].pod.cpu_milli, j))
+            for j in extra:
+                if cpu >= job.pod.cpu_milli and mem >= job.pod.memory_mib:
+                    break
+                victims.append(j)
+                cpu += self.jobs[j].pod.cpu_milli
+                mem += self.jobs[j].pod.memory_mib
+            fits = bool(victims) and cpu >= job.pod.cpu_milli and mem >= job.pod.memory_mib
+            if fits and (best is None or len(victims) < best[0]):
+                best = (len(victims), i, victims)
             if looked >= PREEMPT_CANDIDATES or (best is not None and best[0] == 1):
                 break
         return None if best is None else best[2]
@@ -407,9 +424,9 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
     """Event-driven replay of one policy; returns its metrics and time series."""
     import copy
 
-    jobs = [copy.copy(j) for j in jobs_template]
-    for j in jobs:
-        j.gpus = []
+    jobs = [copy.copy(t) for t in jobs_template]
+    for fresh in jobs:
+        fresh.gpus = []
     cluster = Cluster(nodes)
     strat = strategy_cls(cluster, jobs, params)
     events: list[tuple[float, int, str, int, int]] = []
@@ -420,8 +437,8 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         heapq.heappush(events, (t, seq, kind, j, run))
         seq += 1
 
-    for j in jobs:
-        push(j.arrival, "arrive", j.idx)
+    for each in jobs:
+        push(each.arrival, "arrive", each.idx)
     pending: list[int] = []
     ooms = 0
     series_t: list[float] = []
@@ -488,10 +505,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 else:
                     backoff = min(BACKOFF_S[0] * 2 ** (job.ooms - 1), BACKOFF_S[1])
                     push(now + backoff, "arrive", j)
-        if freed:
-            candidates = pending + arrived
-        else:
-            candidates = arrived
+        candidates = pending + arrived if freed else arrived
         pending = [j for j in pending if j not in set(arrived)] if not freed else []
         waiting = set(pending)
         order = sorted(candidates, key=lambda j: strat.order_key(jobs[j], now))
@@ -548,6 +562,7 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
     misses = sum(1 for j in ls if j.failed or math.isnan(j.completion) or j.completion > (j.deadline or 0))
     metrics = {
         "jobs": float(len(jobs)), "completed": float(len(done)), "failed": float(sum(j.failed for j in jobs)),
+        "never_placed": float(sum(1 for j in jobs if not j.failed and math.isnan(j.completion))),
         "mean_jct_s": round(statistics.fmean(jct), 1) if jct else math.nan, "p95_jct_s": round(_p95(jct), 1),
         "mean_queue_s": round(statistics.fmean(queue), 1) if queue else math.nan,
         "p95_queue_s": round(_p95(queue), 1),
@@ -569,9 +584,10 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
 
 
 def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: Sequence[str] = POLICIES,
-                          progress: Callable[[str], None] | None = None) -> ReplayExperiment:
-    """The three policies on the default trace with the same jobs."""
-    nodes = read_nodes(node_list_path(data))
+                          progress: Callable[[str], None] | None = None, node_stride: int = 1) -> ReplayExperiment:
+    """The three policies on the default trace with the same jobs, on every `node_stride`-th node."""
+    all_nodes = read_nodes(node_list_path(data))
+    nodes = all_nodes[::max(node_stride, 1)]
     pods = read_pods(pod_list_path(data, "default"))
     pool = load_job_pool()
     predictor, predictor_note = load_predictor(pool, seed)
@@ -590,7 +606,10 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
             progress(f"replay: {name} ({len(jobs)} GPU jobs)")
         outcomes[name] = simulate(classes[name], jobs, nodes, params, progress)
     under = sum(1 for j in jobs if j.upper_mib < j.true_mib)
-    notes = [f"jobs: {len(jobs)} GPU pods of openb_pod_list_default (CPU-only pods left out), "
+    gpus = sum(n.gpus for n in nodes)
+    notes = [f"cluster: every {node_stride}th of the {len(all_nodes)} name-sorted openb nodes: {len(nodes)} nodes, "
+             f"{gpus} GPUs" if node_stride > 1 else f"cluster: all {len(nodes)} openb nodes, {gpus} GPUs",
+             f"jobs: {len(jobs)} GPU pods of openb_pod_list_default (CPU-only pods left out), "
              f"training jobs from {pool.source}, drawn with numpy seed {seed} among jobs whose true peak fits "
              "the smallest GPU the pod may use",
              f"predictor: {predictor_note}; its upper bound is below the true peak for {under} jobs "

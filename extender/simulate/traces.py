@@ -168,7 +168,7 @@ def build_workload(pods: Sequence[Pod], n_nodes: int, seed: int, total_gpu_milli
     deletes random pods until the total is within the target.
     """
     rng = GoRand(seed)
-    rng.int()  # FGD logs one rand.Int() right after seeding
+    rng.go_int()  # FGD logs one rand.Int() right after seeding
     order = rng.shuffle_indices(len(pods))
     arrival = [pods[i] for i in order]
     target = tune * total_gpu_milli
