@@ -150,8 +150,9 @@ def default_jobs() -> int:
 
 
 def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], jobs: int,
-             cache: Cache, progress: Callable[[str], None] | None = None, chunk: int = 5) -> list[RunRecord]:
-    """Every (trace, policy, seed) not in the cache is run; returns all records (cached and new)."""
+             cache: Cache, progress: Callable[[str], None] | None = None, chunk: int = 5,
+             dry: bool = False) -> list[RunRecord]:
+    """Every (trace, policy, seed) not in the cache is run (none with `dry`); returns the records held."""
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     tasks: list[tuple[str, str, str, list[int]]] = []
     for trace in traces:  # in the order given (the default trace first), small chunks so results land early
@@ -159,6 +160,8 @@ def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: 
             todo = [s for s in seeds if cache.get(trace, policy, s) is None]
             for k in range(0, len(todo), chunk):
                 tasks.append((str(data), trace, policy, todo[k : k + chunk]))
+    if dry:
+        tasks = []
     total_runs = sum(len(t[3]) for t in tasks)
     say(f"packing: {total_runs} runs to do ({len(tasks)} tasks, {jobs} process(es)); "
         f"{len(traces) * len(policies) * len(seeds) - total_runs} cached")

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", type=_csv, default=None,
                         help="packing policies (default: random,bestfit,fgd,deepres,deepres-frag)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="42..51 (default), 42,43, or a count")
+    parser.add_argument("--seeds-other", type=_seeds, default=None,
+                        help="seeds for the traces other than `default` (default: as --seeds)")
+    parser.add_argument("--from-cache", action="store_true",
+                        help="report only what the cache holds; run nothing new for the packing grid")
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0: both cores when idle)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "deepres" / "simulate-packing.jsonl",
                         help="packing results cache (keyed by a hash of the code)")
@@ -55,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
     parser.add_argument("--replay-seed", type=int, default=42, help="seed of the replay's job draw")
     parser.add_argument("--replay-limit", type=int, default=0, help="replay only the first N GPU pods (0: all)")
+    parser.add_argument("--replay-strides", type=_csv, default=["128", "64", "1"],
+                        help="cluster slices for the replay: every k-th node; the first is the headline (JSON)")
     parser.add_argument("--via-http", action="store_true",
                         help="drive a local `deepres serve --no-kube` and check it decides as the simulator")
     parser.add_argument("--server", default="", help="--via-http: URL of a running server (default: start one)")
@@ -93,18 +99,31 @@ def _run(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {}
     timings: dict[str, float] = {}
     packing_records = []
-    replay_results = None
+    replay_results: list[Any] = []
     started = time.monotonic()
     if args.report or args.experiment in ("packing", "all"):
         cache = grid.Cache(None if args.no_cache else args.cache)
-        packing_records = grid.run_grid(args.data, traces, policies, seeds, jobs, cache)
+        others = args.seeds_other or seeds
+        for group, group_seeds in ((["default"], seeds), ([t for t in traces if t != "default"], others)):
+            wanted = [t for t in group if t in traces]
+            if wanted:
+                packing_records += grid.run_grid(args.data, wanted, policies, group_seeds, jobs, cache,
+                                                 dry=args.from_cache)
         timings["packing_s"] = round(time.monotonic() - started, 1)
     if args.report or args.experiment in ("replay", "all"):
         from extender.simulate.replay import run_replay_experiment
 
         t0 = time.monotonic()
-        replay_results = run_replay_experiment(args.data, seed=args.replay_seed, limit=args.replay_limit,
-                                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+        try:
+            strides = [int(s) for s in args.replay_strides]
+        except ValueError:
+            from extender.cli import UsageError
+
+            raise UsageError(f"--replay-strides must be whole numbers, got {args.replay_strides}") from None
+        replay_results = [run_replay_experiment(args.data, seed=args.replay_seed, limit=args.replay_limit,
+                                                node_stride=k,
+                                                progress=lambda line: print(line, file=sys.stderr, flush=True))
+                          for k in strides]
         timings["replay_s"] = round(time.monotonic() - t0, 1)
     summary = write_report(args.out, packing_records, replay_results, args.fgd_data, timings,
                            write_files=args.report)

@@ -112,6 +112,9 @@ class ReplayExperiment:
     outcomes: dict[str, ReplayOutcome]
     notes: list[str]
     qos_order: list[str]
+    stride: int = 1
+    nodes: int = 0
+    gpus: int = 0
 
 
 class Cluster:
@@ -619,4 +622,4 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
              "(waiting plus work lost to OOM kills and preemptions)"]
     qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
-    return ReplayExperiment(outcomes, notes, qos_order)
+    return ReplayExperiment(outcomes, notes, qos_order, node_stride, len(nodes), gpus)
