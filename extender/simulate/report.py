@@ -211,7 +211,8 @@ def _replay_markdown(replay: ReplayExperiment, doc: dict[str, Any]) -> list[str]
     for name, o in replay.outcomes.items():
         m = o.metrics
         lines.append(f"| {name} | {m['jobs']:.0f} ({m['never_placed']:.0f}) | {m['mean_jct_s']:.0f} | "
-                     f"{m['p95_jct_s']:.0f} | {m['mean_queue_s']:.0f} | {m['p95_queue_s']:.0f} | {m['oom_kills']:.0f} | "
+                     f"{m['p95_jct_s']:.0f} | {m['mean_queue_s']:.0f} | {m['p95_queue_s']:.0f} | "
+                     f"{m['oom_kills']:.0f} | "
                      f"{100 * m['oom_rate']:.2f} % | {m['preemptions']:.0f} | {100 * m['deadline_miss_rate']:.1f} % | "
                      f"{m['jain']:.3f} | {100 * m['mean_alloc']:.1f} % | {100 * m['mean_mem_use']:.1f} % |")
     lines += ["", "Per qos (mean JCT / mean queue, seconds):", "", "| policy | " + " | ".join(
