@@ -39,7 +39,6 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from predictor.dataset import templates
@@ -86,6 +85,8 @@ class LiveTensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.peak = 0
         self.peak_breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.flops = 0
+        self._cache: dict[Any, Any] = {}
+        self._uncacheable: set[Any] = set()
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [nbytes, category]
 
     def classify(self, tensor: torch.Tensor, category: str) -> None:
@@ -127,16 +128,104 @@ class LiveTensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.current -= entry[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        out, flops = self._run(func, args, kwargs or {})
+        self.flops += flops
+        category = "activations" if self.phase == "forward" else "temporaries"
+        for leaf in _tensors(out):
+            self._see(leaf, category)
+        return out
+
+    def _run(self, func: Any, args: Any, kwargs: Any) -> tuple[Any, int]:
+        """Run `func` (output, FLOPs), or replay both when the same functional op met the same shapes.
+
+        Many meta kernels are Python code; a deep model repeats one block's operators with the
+        same shapes dozens of times, so replaying (fresh, empty meta tensors of the recorded sizes,
+        strides and dtypes) makes tracing a 96-block model cost much less than running each kernel.
+        Only operators that neither mutate nor alias their inputs are replayed.
+        """
+        cacheable = func not in self._uncacheable and _is_functional(func)
+        key = _cache_key(func, args, kwargs) if cacheable else None
+        if key is not None:
+            hit = self._cache.get(key)
+            if hit is not None:
+                return _materialise(hit[0]), hit[1]
         out = func(*args, **kwargs)
         count = flop_registry.get(func._overloadpacket)
-        if count is not None:
-            self.flops += int(count(*args, **kwargs, out_val=out))
-        category = "activations" if self.phase == "forward" else "temporaries"
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._see(leaf, category)
-        return out
+        flops = int(count(*args, **kwargs, out_val=out)) if count is not None else 0
+        if key is not None:
+            spec = _describe(out)
+            if spec is None:
+                self._uncacheable.add(func)
+            else:
+                self._cache[key] = (spec, flops)
+        elif cacheable:
+            self._uncacheable.add(func)
+        return out, flops
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+_FUNCTIONAL: dict[Any, bool] = {}
+
+
+def _is_functional(func: Any) -> bool:
+    """No argument written, no output aliasing an input (schema says so)."""
+    known = _FUNCTIONAL.get(func)
+    if known is None:
+        schema = func._schema
+        known = not schema.is_mutable and all(r.alias_info is None for r in schema.returns) and all(
+            a.alias_info is None for a in schema.arguments)
+        _FUNCTIONAL[func] = known
+    return known
+
+
+def _key_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), value.stride(), value.dtype, value.storage_offset(), value.device.type)
+    if isinstance(value, list | tuple):
+        return tuple(_key_of(v) for v in value)
+    if value is None or isinstance(value, bool | int | float | str | torch.dtype | torch.device | torch.layout
+                                   | torch.memory_format):
+        return value
+    raise TypeError("unhashable")
+
+
+def _cache_key(func: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        return (func, _key_of(args), _key_of(tuple(sorted(kwargs.items()))))
+    except TypeError:
+        return None
+
+
+def _describe(out: Any) -> Any:
+    """A replayable description of an operator's output (None when it cannot be replayed)."""
+    if isinstance(out, torch.Tensor):
+        if out.device.type != "meta":
+            return None
+        return ("T", tuple(out.shape), out.stride(), out.dtype, out.storage_offset(), out.untyped_storage().nbytes())
+    if isinstance(out, list | tuple):
+        parts = [_describe(o) for o in out]
+        return None if any(p is None for p in parts) else (type(out), parts)
+    if out is None or isinstance(out, bool | int | float):
+        return ("V", out)
+    return None
+
+
+def _materialise(spec: Any) -> Any:
+    if spec[0] == "T":
+        _, shape, stride, dtype, offset, nbytes = spec
+        storage = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        return torch.empty(0, dtype=dtype, device="meta").set_(storage.untyped_storage(), offset, shape, stride)
+    if spec[0] == "V":
+        return spec[1]
+    kind, parts = spec
+    return kind(None if p is None else _materialise(p) for p in parts)
 
 
 def make_optimizer(
@@ -181,8 +270,9 @@ def trace_training_step(
             model = model.to(dtype)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        step_extra, opt_state = _optimizer_step_profile(optimizer, params, learning_rate, weight_decay)
-
+    # outside the meta device context: optimizers keep their step counters on the CPU
+    step_extra, opt_state = _optimizer_step_profile(optimizer, params, learning_rate, weight_decay)
+    with torch.device("meta"):
         tracker = LiveTensorTracker()
         for p in params:
             tracker.classify(p, "params")
@@ -221,7 +311,7 @@ def _optimizer_step_profile(
     numel: dict[torch.dtype, int] = {}
     for p in params:
         numel[p.dtype] = numel.get(p.dtype, 0) + p.numel()
-    flats = [nn.Parameter(torch.empty(n, dtype=d)) for d, n in numel.items()]
+    flats = [nn.Parameter(torch.empty(n, dtype=d, device="meta")) for d, n in numel.items()]
     opt = make_optimizer(name, flats, lr, weight_decay)
     for f in flats:
         f.grad = torch.empty_like(f)
