@@ -12,12 +12,15 @@ in DeepRes's terms (memory per GPU instead of milli; CPU from the extender's pod
                                                                    and the node has CPU >= c_m
                               = all the node's free memory          otherwise (m cannot start there)
     delta(node)  = frag(after placing the pod on its best GPU(s)) - frag(before)
-    score        = int(10 x sigmoid(-sharpness x delta))        (0..10; 5 when nothing changes)
+    merit(node)  = int(100 x sigmoid(-delta))           (0..100, 50 when nothing changes; FGD's scale)
+    score        = 10 for the first top-merit node in a stable node order, 9 for the other top-merit
+                   nodes, <= 8 for the rest (`scores_from_merits`), so kube-scheduler's random tie
+                   break cannot scatter pods over equally good nodes.
 
-The score is absolute (no normalisation over candidates), so each node is scored on its own and
-equal nodes tie: kube-scheduler then breaks ties, which keeps placements consolidated (the
-simulator gives ties to the lowest node rank, as FGD's). A pod that is not a GPU job is scored by
-the CPU it takes alone when `cpu_left_milli` is known, else neutrally.
+The truncated merit makes near-equal placements tie, and ties go to a fixed node order: that
+consolidation is as much of FGD's gain as the fragmentation measure (measured: without it, exact
+minimum-delta placement allocates ~2 points less). A pod that is not a GPU job is scored by the CPU
+it takes alone when `cpu_left_milli` is known, else neutrally.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import numpy.typing as npt
 from extender.policy import GpuView, NodeView, PodRequest, PolicyParams, node_failure
 
 MAX_SCORE = 10
+MAX_MERIT = 100
 
-#: How fast the score leaves 5 as fragmentation grows: at delta = 0.23 GPU the score drops by 2.
-DEFAULT_SHARPNESS = 3.0
+#: Scale of the fragmentation growth (in GPUs) inside the sigmoid; 1.0 is FGD's (milli / 1000).
+DEFAULT_SHARPNESS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +94,12 @@ def fragmentation(free_mib: Sequence[float], capacity_mib: Sequence[float], mix:
 
 def fragmentation_delta(
     pod: PodRequest, node: NodeView, mix: DemandMix,
-    cpu_left_milli: float | None = None, pod_cpu_milli: float = 0.0,
+    cpu_left_milli: float | None = None, pod_cpu_milli: float = 0.0, sharpness: float = DEFAULT_SHARPNESS,
 ) -> tuple[float, tuple[GpuView, ...]] | None:
     """(growth of the node's fragmentation, the GPUs giving it) for placing `pod`; None if it cannot fit.
 
-    One-GPU pods try every fitting GPU (ties to the smallest leftover, then the index); multi-GPU
-    pods take the fitting GPUs with the smallest leftover, then the lowest index.
+    One-GPU pods try every fitting GPU and keep the best merit (ties to the smallest leftover, then
+    the index); multi-GPU pods take the fitting GPUs with the smallest leftover, then the lowest index.
     """
     gpus = node.healthy
     free = np.array([g.free_mib for g in gpus], dtype=float)
@@ -121,29 +125,39 @@ def fragmentation_delta(
             states[row, position[g.uuid]] -= need
     values = mix.fragmentation_many(states, caps, [cpu_left_milli] + [cpu_after] * len(options))
     deltas = values[1:] - values[0]
-    best = min(range(len(options)), key=lambda r: (float(deltas[r]), options[r][0].free_mib - need,
-                                                   options[r][0].index))
+    best = min(range(len(options)), key=lambda r: (-merit_from_delta(float(deltas[r]), sharpness),
+                                                   options[r][0].free_mib - need, options[r][0].index))
     return float(deltas[best]), options[best]
 
 
-def score_from_delta(delta: float, sharpness: float = DEFAULT_SHARPNESS) -> int:
-    """int(10 x sigmoid(-sharpness x delta)), computed without overflow."""
+def merit_from_delta(delta: float, sharpness: float = DEFAULT_SHARPNESS) -> int:
+    """int(100 x sigmoid(-sharpness x delta)) (0..100; 50 when nothing changes), without overflow.
+    The truncation is deliberate: placements within a few hundredths of a GPU of each other tie."""
     x = -sharpness * delta
     value = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-    return min(max(int(MAX_SCORE * value), 0), MAX_SCORE)
+    return min(max(int(MAX_MERIT * value), 0), MAX_MERIT)
 
 
-def score_node_fragaware(
-    pod: PodRequest, node: NodeView | None, params: PolicyParams, mix: DemandMix,
-    cpu_left_milli: float | None = None, pod_cpu_milli: float = 0.0, sharpness: float = DEFAULT_SHARPNESS,
-) -> int:
-    """The proposed score (0..10) of one node; 0 when the node cannot take the pod."""
-    if node is None:
-        return 0
-    if not pod.gpu_job and cpu_left_milli is None:
-        return min(max(params.neutral_score, 0), MAX_SCORE)
-    found = fragmentation_delta(pod, node, mix, cpu_left_milli, pod_cpu_milli)
-    return 0 if found is None else score_from_delta(found[0], sharpness)
+def scores_from_merits(merits: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """0..10 wire scores that make kube-scheduler pick what the extender would pick.
+
+    kube-scheduler breaks equal scores at random, which would scatter pods over equally good nodes;
+    consolidating them is half of the benefit. So the first node (in the given order, which the
+    caller keeps stable, e.g. by node name) with the top merit gets 10, the other top-merit nodes 9,
+    and the rest at most 8, in proportion to their merit.
+    """
+    if not merits:
+        return {}
+    top = max(m for _, m in merits)
+    out: dict[str, int] = {}
+    first = True
+    for name, m in merits:
+        if m == top:
+            out[name] = MAX_SCORE if first else MAX_SCORE - 1
+            first = False
+        else:
+            out[name] = min(MAX_SCORE - 2, (MAX_SCORE - 1) * max(m, 0) // MAX_MERIT)
+    return out
 
 
 def score_nodes_fragaware(
@@ -151,20 +165,26 @@ def score_nodes_fragaware(
     mix: DemandMix, cpu_left_milli: Mapping[str, float] | None = None, pod_cpu_milli: float = 0.0,
     sharpness: float = DEFAULT_SHARPNESS,
 ) -> list[tuple[str, int]]:
-    """Drop-in for `extender.policy.score_nodes` (same answer shape); nodes failing the filter score 0."""
-    out: list[tuple[str, int]] = []
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            continue
-        seen.add(name)
+    """Drop-in for `extender.policy.score_nodes` (same answer shape); nodes failing the filter score 0.
+
+    Candidates are ranked in name order for the tie rule of `scores_from_merits`. A pod that is not a
+    GPU job scores `neutral_score` everywhere unless `cpu_left_milli` is given.
+    """
+    order = sorted(dict.fromkeys(names))
+    if not pod.gpu_job and cpu_left_milli is None:
+        neutral = min(max(params.neutral_score, 0), MAX_SCORE)
+        return [(name, neutral) for name in dict.fromkeys(names)]
+    merits: list[tuple[str, int]] = []
+    for name in order:
         node = nodes.get(name)
         if node is None or node_failure(pod, node, node.received_s, params) is not None:
-            out.append((name, 0))
             continue
         cpu = None if cpu_left_milli is None else cpu_left_milli.get(name)
-        out.append((name, score_node_fragaware(pod, node, params, mix, cpu, pod_cpu_milli, sharpness)))
-    return out
+        found = fragmentation_delta(pod, node, mix, cpu, pod_cpu_milli, sharpness)
+        if found is not None:
+            merits.append((name, merit_from_delta(found[0], sharpness)))
+    scores = scores_from_merits(merits)
+    return [(name, scores.get(name, 0)) for name in dict.fromkeys(names)]
 
 
 def choose_gpus_fragaware(

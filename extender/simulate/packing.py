@@ -448,8 +448,9 @@ class DeepResPolicy:
 class FragAwarePolicy:
     """The proposed fragmentation-aware DeepRes score (`fragaware.py`) in the packing experiment.
 
-    Each node gets `score_node_fragaware` (0..10); the highest wins, ties to the lowest rank, and the
-    GPUs are `choose_gpus_fragaware`'s. Answers are memoised by (node state, pod shape), which is
+    Each node gets its merit (`fragaware.merit_from_delta`); the highest wins, ties to the lowest rank:
+    exactly the node `score_nodes_fragaware` gives 10 when its stable order is the rank order. The GPUs
+    are `choose_gpus_fragaware`'s. Answers are memoised by (node state, pod shape), which is
     exact because the score of a node depends on that node alone. The demand mix is the trace's
     typical pods as memory of each GPU model (a shape whose gpu_spec excludes the model can never
     start there: infinite memory); `use_cpu=False` drops the CPU condition and CPU-only pods.
@@ -483,7 +484,7 @@ class FragAwarePolicy:
 
     def _answer(self, view: NodeView, sid: int, pod: Pod) -> tuple[int, list[int]]:
         from extender.simulate.adapters import node_view, pod_request
-        from extender.simulate.fragaware import fragmentation_delta, score_from_delta
+        from extender.simulate.fragaware import fragmentation_delta, merit_from_delta
 
         model, cpu_left, gpus = view.state_keys[sid]
         name = view.models[model]
@@ -492,10 +493,10 @@ class FragAwarePolicy:
         if node is None:
             node = self._views[(model, gpus)] = node_view(f"s{sid}", name, gpus)
         found = fragmentation_delta(pod_request(pod, name), node,
-                                    self.mix(name), cpu, float(pod.cpu_milli))
+                                    self.mix(name), cpu, float(pod.cpu_milli), self.sharpness)
         if found is None:
             return -1, []
-        return score_from_delta(found[0], self.sharpness), [g.index for g in found[1]]
+        return merit_from_delta(found[0], self.sharpness), [g.index for g in found[1]]
 
     def _cached(self, view: NodeView, sid: int, pod: Pod) -> tuple[int, list[int]]:
         key = (view.state_keys[sid], (pod.gpu_milli, pod.num_gpu, pod.cpu_milli))

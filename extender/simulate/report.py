@@ -164,12 +164,14 @@ def _proposal_markdown(default: dict[str, dict[str, Any]]) -> list[str]:
         gap = frag["alloc_ratio_130"] - fgd["alloc_ratio_130"]
         lines.append(
             "- The proposal (`extender/simulate/fragaware.py`: expected stranded GPU memory under the recent "
-            "demand mix, FGD's idea in memory terms, with the node's CPU left; score = int(10 sigmoid(-3 delta)), "
-            f"still 0..10 on the wire) allocates {_fmt(frag['alloc_ratio_100'])} % at 100 % and "
+            "demand mix, FGD's idea in memory terms, with the node's CPU left; merit = int(100 sigmoid(-delta)); "
+            "on the wire 10 for the first top-merit node in name order, 9 for other top-merit nodes, <= 8 for the "
+            f"rest) allocates {_fmt(frag['alloc_ratio_100'])} % at 100 % and "
             f"{_fmt(frag['alloc_ratio_130'])} % at 130 % load: {gap:+.2f} points against FGD.")
     lines += [
         "- To move into `extender/policy` (owner: the policy helper; coordinated by the lead): `DemandShape`, "
-        "`DemandMix`, `fragmentation_delta`, `score_from_delta` and `choose_gpus_fragaware` as pure functions; "
+        "`DemandMix`, `fragmentation_delta`, `merit_from_delta`, `scores_from_merits`, `score_nodes_fragaware` and "
+        "`choose_gpus_fragaware` as pure functions; "
         "the extender keeps the demand mix (a decayed histogram of admitted (memory, GPUs, CPU) requests per GPU "
         "model, e.g. the shapes covering 95 % of the last 10,000 admissions) and each node's CPU left from its "
         "pod informer, and uses the new score for low-priority (packing) pods; bind uses the same GPU choice. "

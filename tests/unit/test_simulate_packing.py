@@ -225,3 +225,45 @@ def test_fragaware_node_scores_match_the_drop_in_score_nodes() -> None:
     scores = dict(score_nodes_fragaware(req, ["a", "b", "c"], nodes, PolicyParams(), mix))
     assert scores["c"] == 0  # does not fit
     assert scores["a"] > scores["b"]  # filling the 300 hole strands nothing; splitting a whole GPU does
+
+
+def test_scores_from_merits_gives_one_ten_in_the_stable_order() -> None:
+    from extender.simulate.fragaware import scores_from_merits
+
+    out = scores_from_merits([("a", 40), ("b", 57), ("c", 57), ("d", 0)])
+    assert out == {"a": 9 * 40 // 100, "b": 10, "c": 9, "d": 0}
+    assert scores_from_merits([]) == {}
+
+
+def test_fragaware_simulator_picks_what_the_drop_in_scores_would_pick() -> None:
+    from extender.policy import PolicyParams
+    from extender.simulate.adapters import node_view, pod_request
+    from extender.simulate.fragaware import score_nodes_fragaware
+
+    nodes, pods = small_cluster(5)
+    # one GPU model, so one request (one memory share) covers every candidate, as in the live extender
+    nodes = sorted((Node(n.name, n.cpu_milli, n.memory_mib, n.gpus, "T4") for n in nodes), key=lambda n: n.name)
+    models = {n.name: n.model for n in nodes}
+    policy = FragAwarePolicy(typical_pods(pods))
+    view = NodeView(nodes, list(range(len(nodes))))  # rank = name order, the drop-in's stable order
+    checked = 0
+    for p in pods:
+        feasible = np.flatnonzero(view.feasible(p))
+        if not len(feasible) or p.num_gpu == 0:
+            continue
+        choice = policy.choose(view, p, feasible)
+        assert choice is not None
+        names = [view.names[int(i)] for i in feasible]
+        answers: dict[str, int] = {}
+        for model in sorted({models[n] for n in names}):
+            group = [n for n in names if models[n] == model]
+            gviews = {n: node_view(n, model, view.state_keys[int(view.state_id[view.names.index(n)])][2])
+                      for n in group}
+            cpu = {n: float(view.cpu_left[view.names.index(n)]) for n in group}
+            scored = score_nodes_fragaware(pod_request(p, model), group, gviews, PolicyParams(), policy.mix(model),
+                                           cpu, float(p.cpu_milli))
+            answers.update(dict(scored))
+        assert view.names[choice[0]] == next(n for n in names if answers[n] == 10)
+        checked += 1
+        view.place(choice[0], p, choice[1])
+    assert checked > 30  # every GPU pod the small cluster could take was compared
