@@ -8,8 +8,8 @@ alike), one regressor per target.
 
 Tuning: each learner has a small grid (`GRIDS`, 2-3 settings of its most sensitive knob, the rest
 fixed at common defaults) scored on the random split's calibration fold, never on a test set;
-`deepres evaluate` picks the best setting once and uses it on every split. Thread counts are capped
-at 2 (the machine this runs on), tree counts kept moderate so the whole comparison stays in minutes.
+`deepres evaluate` picks the best setting once and uses it on every split. One thread per learner
+and moderate tree counts keep the whole comparison within minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ FloatArray = npt.NDArray[np.float64]
 BASELINES: tuple[str, ...] = (
     "decision_tree", "random_forest", "adaboost", "extra_trees", "xgboost", "lightgbm", "catboost",
 )
-N_JOBS = 2
+#: One thread per learner: on a busy 2-core machine OpenMP workers spin against each other (and
+#: against the other processes) and a second thread makes fits slower, not faster.
+N_JOBS = 1
 
 #: name -> candidate settings (the first is the default when no tuning is run).
 GRIDS: dict[str, list[dict[str, Any]]] = {
@@ -39,7 +41,7 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
 
 
 def make_regressor(name: str, settings: dict[str, Any], random_state: int) -> Any:
-    """A fresh single-target regressor of the named family with the given grid settings."""
+    """A fresh single-target regressor of the named family; `settings` override the fixed defaults."""
     if name == "decision_tree":
         from sklearn.tree import DecisionTreeRegressor
 
@@ -47,33 +49,38 @@ def make_regressor(name: str, settings: dict[str, Any], random_state: int) -> An
     if name == "random_forest":
         from sklearn.ensemble import RandomForestRegressor
 
-        return RandomForestRegressor(n_estimators=300, n_jobs=N_JOBS, random_state=random_state, **settings)
+        defaults = {"n_estimators": 300, "n_jobs": N_JOBS, "random_state": random_state}
+        return RandomForestRegressor(**(defaults | settings))
     if name == "extra_trees":
         from sklearn.ensemble import ExtraTreesRegressor
 
-        return ExtraTreesRegressor(n_estimators=300, n_jobs=N_JOBS, random_state=random_state, **settings)
+        defaults = {"n_estimators": 300, "n_jobs": N_JOBS, "random_state": random_state}
+        return ExtraTreesRegressor(**(defaults | settings))
     if name == "adaboost":
         from sklearn.ensemble import AdaBoostRegressor
         from sklearn.tree import DecisionTreeRegressor
 
         tree = DecisionTreeRegressor(max_depth=settings["max_depth"], random_state=random_state)
-        return AdaBoostRegressor(tree, n_estimators=200, learning_rate=0.5, loss="linear", random_state=random_state)
+        rest = {k: v for k, v in settings.items() if k != "max_depth"}
+        return AdaBoostRegressor(tree, **({"n_estimators": 200, "learning_rate": 0.5, "loss": "linear",
+                                           "random_state": random_state} | rest))
     if name == "xgboost":
         from xgboost import XGBRegressor
 
-        return XGBRegressor(n_estimators=600, learning_rate=0.05, subsample=0.9, colsample_bytree=0.9,
-                            tree_method="hist", n_jobs=N_JOBS, random_state=random_state, **settings)
+        return XGBRegressor(**({"n_estimators": 600, "learning_rate": 0.05, "subsample": 0.9, "colsample_bytree": 0.9,
+                                "tree_method": "hist", "n_jobs": N_JOBS, "random_state": random_state} | settings))
     if name == "lightgbm":
         from lightgbm import LGBMRegressor
 
-        return LGBMRegressor(n_estimators=600, learning_rate=0.05, min_child_samples=5, subsample=0.9,
-                             subsample_freq=1, colsample_bytree=0.9, n_jobs=N_JOBS, random_state=random_state,
-                             verbose=-1, **settings)
+        return LGBMRegressor(**({"n_estimators": 600, "learning_rate": 0.05, "min_child_samples": 5, "subsample": 0.9,
+                                 "subsample_freq": 1, "colsample_bytree": 0.9, "n_jobs": N_JOBS,
+                                 "random_state": random_state, "verbose": -1} | settings))
     if name == "catboost":
         from catboost import CatBoostRegressor
 
-        return CatBoostRegressor(iterations=1000, learning_rate=0.05, thread_count=N_JOBS, random_seed=random_state,
-                                 verbose=False, allow_writing_files=False, **settings)
+        return CatBoostRegressor(**({"iterations": 1000, "learning_rate": 0.05, "thread_count": N_JOBS,
+                                     "random_seed": random_state, "verbose": False, "allow_writing_files": False}
+                                    | settings))
     raise ValueError(f"unknown baseline {name!r}: expected one of {', '.join(BASELINES)}")
 
 

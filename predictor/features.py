@@ -259,6 +259,25 @@ def physics_features(cols: Mapping[str, npt.NDArray[Any]]) -> FeatureMatrix:
     return FeatureMatrix(values, names, tuple(card for _, card in CATEGORICAL))
 
 
+#: Physics features grouped into tokens by meaning (what the job is, how the network is shaped,
+#: what stays resident, what the step saves, totals and compute): fewer, richer tokens keep the
+#: sequence short (8 steps with the 3 categorical tokens), which is what the BiGRU's cost scales with.
+PHYSICS_TOKEN_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("log2_params_millions", "log2_batch_size", "log2_input_dim", "log2_num_layers", "regularization",
+     "data_augmentation"),
+    ("log2_width", "log2_tokens", "log2_params_millions", "log2_num_layers"),
+    ("log2_weights_bytes", "log2_grads_bytes", "log2_optimizer_bytes", "log2_static_bytes"),
+    ("log2_act_linear_bytes", "log2_act_attention_bytes", "log2_act_logits_bytes", "log2_activation_bytes"),
+    ("log2_static_bytes", "log2_activation_bytes", "log2_total_bytes", "log2_flops"),
+)
+
+
+def physics_token_groups() -> tuple[tuple[int, ...], ...]:
+    """PHYSICS_TOKEN_GROUPS as column indices of the physics feature matrix."""
+    names = physics_features(columns_from_specs([JobSpec("mlp")])).names
+    return tuple(tuple(names.index(n) for n in group) for group in PHYSICS_TOKEN_GROUPS)
+
+
 def build_features(cols: Mapping[str, npt.NDArray[Any]], feature_set: str) -> FeatureMatrix:
     """The named feature set (`seed` or `physics`) for the given columns."""
     if feature_set == "seed":

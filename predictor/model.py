@@ -44,6 +44,8 @@ class ModelConfig:
     """True: each feature is a token of width `d_token`. False (paper): one time step, channels = features."""
     d_token: int = 32
     """Token embedding width (tokens=True only)."""
+    token_groups: tuple[tuple[int, ...], ...] = ()
+    """Numeric columns embedded together as one token each (tokens=True); empty: one token per column."""
     max_positions: int = 512
     """Size of the learned position embedding table (the paper's maximum position 512)."""
     attention_layers: int = 2
@@ -80,12 +82,14 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["target_weights"] = list(self.target_weights)
+        data["token_groups"] = [list(g) for g in self.token_groups]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         values = dict(data)
         values["target_weights"] = tuple(values.get("target_weights", ()))
+        values["token_groups"] = tuple(tuple(g) for g in values.get("token_groups", ()))
         return cls(**values)
 
 
@@ -103,10 +107,13 @@ def paper_config() -> ModelConfig:
 def tuned_config() -> ModelConfig:
     """Our configuration (see the module docstring); settings chosen on the random split's
     calibration fold, never on its test set."""
+    from predictor.features import physics_token_groups
+
     return ModelConfig(
-        name="tuned", feature_set="physics", tokens=True, d_token=24, max_positions=512, attention_layers=2,
+        name="tuned", feature_set="physics", tokens=True, d_token=24, token_groups=physics_token_groups(),
+        max_positions=512, attention_layers=2,
         heads=4, key_channels=8, gru_forward_units=16, gru_backward_units=16, dropout=0.0, pool="flatten",
-        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=160, batch_size=64,
+        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=120, batch_size=256,
         learning_rate=3e-3, lr_schedule="cosine", weight_decay=1e-4, optimizer="adamw", grad_clip=1.0,
         target_weights=(1.0, 1.0),
     )
@@ -144,10 +151,13 @@ class TransformerBiGRU(nn.Module):
         self.n_categorical = len(categorical)
         self.n_numeric = n_features - self.n_categorical
         if config.tokens:
-            steps, channels = n_features, config.d_token
-            # one linear embedding per numeric feature (value * w_i + b_i), one table per categorical
-            self.num_weight = nn.Parameter(torch.randn(self.n_numeric, channels) * 0.1)
-            self.num_bias = nn.Parameter(torch.zeros(self.n_numeric, channels))
+            groups = config.token_groups or tuple((i,) for i in range(self.n_numeric))
+            if any(i >= self.n_numeric for group in groups for i in group):
+                raise ValueError(f"token_groups index numeric columns 0..{self.n_numeric - 1}, got {groups}")
+            steps, channels = len(groups) + self.n_categorical, config.d_token
+            # one linear embedding per group of numeric columns, one table per categorical column
+            self.group_index = [torch.as_tensor(group, dtype=torch.long) for group in groups]
+            self.group_embeddings = nn.ModuleList(nn.Linear(len(group), channels) for group in groups)
             self.cat_embeddings = nn.ModuleList(nn.Embedding(card, channels) for card in categorical)
         else:
             if categorical:
@@ -176,9 +186,10 @@ class TransformerBiGRU(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, F) -> (B, T, C) with positions added."""
         if self.config.tokens:
-            numeric = x[:, : self.n_numeric, None] * self.num_weight + self.num_bias  # (B, Fn, C)
+            pairs = zip(self.group_index, self.group_embeddings, strict=True)
+            groups = [emb(x[:, idx])[:, None, :] for idx, emb in pairs]
             cats = [emb(x[:, self.n_numeric + i].long())[:, None, :] for i, emb in enumerate(self.cat_embeddings)]
-            seq = torch.cat([numeric, *cats], dim=1)  # (B, T=F, C)
+            seq = torch.cat([*groups, *cats], dim=1)  # (B, T = groups + categorical, C)
         else:
             seq = x[:, None, :]  # (B, 1, F): one step, channels = features
         positions = torch.arange(self.steps, device=x.device)

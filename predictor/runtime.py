@@ -76,6 +76,10 @@ class Predictor:
         torch.set_num_threads(INFERENCE_THREADS)
         return cls(estimator, metadata, cache_size)
 
+    def with_cache_size(self, cache_size: int) -> Predictor:
+        """The same loaded model with its own, empty cache of the given size (0: no cache)."""
+        return Predictor(self._estimator, self.metadata, cache_size)
+
     def predict(self, spec: JobSpec) -> Demand:
         """The Demand of one JobSpec (cached)."""
         with self._lock:

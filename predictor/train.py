@@ -44,8 +44,9 @@ MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned",
 #: should under-estimate at most 5% of jobs; 97% leaves room for sampling noise).
 UPPER_COVERAGE = 0.97
 CALIBRATION_FRACTION = 0.15
-#: Threads for training: fixed so that results are reproducible, and the machine has 2 cores.
-TRAIN_THREADS = 2
+#: Threads for training: fixed so results are reproducible. One: these networks are so small that a
+#: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
+TRAIN_THREADS = 1
 
 
 class DatasetError(Exception):
