@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,14 @@ class _Server:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
                     if response.status == 200:
                         return self
+            except urllib.error.HTTPError as err:  # 503: still loading, or the predictor failed
+                waiting = json.loads(err.read() or b"{}").get("waiting_for", [])
+                failed = [w for w in waiting if "(" in w]
+                if failed:
+                    self.__exit__()
+                    raise UsageError(f"the extender cannot start: {failed[0]}; --predictor-factory picks "
+                                     "another predictor") from None
+                time.sleep(0.2)
             except OSError:
                 time.sleep(0.2)
         self.__exit__()
