@@ -288,3 +288,13 @@ def test_relist_releases_pods_gone_but_not_just_bound_ones() -> None:
     clock.now += 61
     ext.on_pods_listed([])
     assert ext.state.reservations() == []
+
+
+def test_deleted_or_unlisted_nodes_lose_their_telemetry() -> None:
+    client, cluster, clock = make()
+    for name in ("a", "b"):
+        send_report(client, name, 1, [(40960.0, 0.0)], clock)
+    cluster.delete_node("a")
+    extender_of(client.application).on_nodes_listed(["a"])  # a relist without b
+    out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a", "b"])).get_json()
+    assert out["FailedAndUnresolvableNodes"] == {"a": "no agent report", "b": "no agent report"}
