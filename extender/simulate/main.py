@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown policy {unknown[0]!r}; expected some of {','.join(grid.POLICIES)}")
     jobs = args.jobs or grid.default_jobs()
     summary: dict[str, Any] = {}
-    timings: dict[str, float] = {}
+    timings: dict[str, Any] = {"command": "deepres simulate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])}
     packing_records = []
     replay_results: list[Any] = []
     started = time.monotonic()
