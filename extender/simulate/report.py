@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,10 +68,21 @@ def write_report(out: Path, records: Sequence[RunRecord], replays: Sequence[Repl
     lines = _markdown(table, records, reference, replays, doc, timings, out)
     if write_files:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "simulation.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / "simulation.json").write_text(json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")
         _plots(out, records, reference, replay)
         (out / "simulation.md").write_text("\n".join(lines) + "\n")
     return {**doc, "_text": "\n".join(lines[: _validation_end(lines)])}
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (no data) become null, so the JSON stays valid for strict parsers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _validation_end(lines: list[str]) -> int:
