@@ -49,12 +49,12 @@ def make_regressor(name: str, settings: dict[str, Any], random_state: int) -> An
     if name == "random_forest":
         from sklearn.ensemble import RandomForestRegressor
 
-        defaults = {"n_estimators": 300, "n_jobs": N_JOBS, "random_state": random_state}
+        defaults = {"n_estimators": 200, "n_jobs": N_JOBS, "random_state": random_state}
         return RandomForestRegressor(**(defaults | settings))
     if name == "extra_trees":
         from sklearn.ensemble import ExtraTreesRegressor
 
-        defaults = {"n_estimators": 300, "n_jobs": N_JOBS, "random_state": random_state}
+        defaults = {"n_estimators": 200, "n_jobs": N_JOBS, "random_state": random_state}
         return ExtraTreesRegressor(**(defaults | settings))
     if name == "adaboost":
         from sklearn.ensemble import AdaBoostRegressor
@@ -78,7 +78,7 @@ def make_regressor(name: str, settings: dict[str, Any], random_state: int) -> An
     if name == "catboost":
         from catboost import CatBoostRegressor
 
-        return CatBoostRegressor(**({"iterations": 1000, "learning_rate": 0.05, "thread_count": N_JOBS,
+        return CatBoostRegressor(**({"iterations": 500, "learning_rate": 0.1, "thread_count": N_JOBS,
                                      "random_seed": random_state, "verbose": False, "allow_writing_files": False}
                                     | settings))
     raise ValueError(f"unknown baseline {name!r}: expected one of {', '.join(BASELINES)}")

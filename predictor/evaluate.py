@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "predictor.json").write_text(json.dumps(report, indent=2) + "\n")
     elapsed = time.perf_counter() - started
     context = {
-        "rows": data.n_rows, "sha256": data.sha256, "seed": args.seed, "settings": settings,
+        "rows": data.n_rows, "sha256": data.sha256, "data": _display_path(data.path), "seed": args.seed,
+        "settings": settings,
         "fold_epochs_scale": args.fold_epochs_scale, "elapsed_s": elapsed, "n_test_random": len(rnd.test),
         "families": sorted(set(data.families.tolist())),
     }
@@ -195,3 +196,10 @@ def _tune_baselines(data: Dataset, rnd: Split, names: list[str], args: argparse.
         chosen[name] = tune(name, x[fit_rows], data.y[fit_rows], x[cal_rows], data.y[cal_rows], args.seed)
         print(f"tuned {name}: {chosen[name]} ({time.perf_counter() - started:.0f}s)", flush=True)
     return chosen
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

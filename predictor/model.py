@@ -113,7 +113,7 @@ def tuned_config() -> ModelConfig:
         name="tuned", feature_set="physics", tokens=True, d_token=24, token_groups=physics_token_groups(),
         max_positions=512, attention_layers=2,
         heads=4, key_channels=8, gru_forward_units=16, gru_backward_units=16, dropout=0.0, pool="flatten",
-        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=120, batch_size=256,
+        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=60, batch_size=256,
         learning_rate=3e-3, lr_schedule="cosine", weight_decay=1e-4, optimizer="adamw", grad_clip=1.0,
         target_weights=(1.0, 1.0),
     )
@@ -232,12 +232,14 @@ class TransformerBiGRURegressor:
         random_state: int = 0,
         epochs: int | None = None,
         progress: Callable[[int, float], None] | None = None,
+        n_threads: int = 1,
     ) -> None:
         self.config = config
         self.categorical = categorical
         self.random_state = random_state
         self.epochs = epochs
         self.progress = progress
+        self.n_threads = n_threads
 
     # -- fitting -----------------------------------------------------------------------------
     def fit(self, X: FloatArray, Y: FloatArray) -> TransformerBiGRURegressor:
@@ -270,11 +272,39 @@ class TransformerBiGRURegressor:
         torch.manual_seed(self.random_state)
         n_out = self.n_targets_ + (1 if config.upper_quantile is not None else 0)
         self.module_ = TransformerBiGRU(config, X.shape[1], self.categorical, n_out)
-        xt = torch.as_tensor(self._scale_x(X), dtype=torch.float32)
-        yt = torch.as_tensor((targets - self.y_mean_) / self.y_scale_, dtype=torch.float32)
-        self.loss_curve_ = self._train(xt, yt, epochs, generator)
+        scaled_x = self._scale_x(X)
+        scaled_y = (targets - self.y_mean_) / self.y_scale_
+        if self.module_.wide is not None:
+            self._init_wide(scaled_x[:, : self.module_.n_numeric], scaled_y)
+        xt = torch.as_tensor(scaled_x, dtype=torch.float32)
+        yt = torch.as_tensor(scaled_y, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.n_threads)  # tiny network: more threads only add synchronisation
+        try:
+            self.loss_curve_ = self._train(xt, yt, epochs, generator)
+        finally:
+            torch.set_num_threads(threads)
         self.module_.eval()
         return self
+
+    def _init_wide(self, x: FloatArray, y: FloatArray) -> None:
+        """Start the wide path at the ridge least-squares fit and the deep head at zero, so training
+        begins from the best linear model in log space and the network learns what is not linear."""
+        wide = self.module_.wide
+        assert wide is not None
+        design = np.column_stack([x, np.ones(len(x))])
+        ridge = 1e-3 * np.eye(design.shape[1])
+        ridge[-1, -1] = 0.0
+        coef = np.linalg.solve(design.T @ design + ridge, design.T @ y)  # (F+1, n_targets)
+        with torch.no_grad():
+            wide.weight.zero_()
+            wide.bias.zero_()
+            wide.weight[: y.shape[1]] = torch.as_tensor(coef[:-1].T, dtype=torch.float32)
+            wide.bias[: y.shape[1]] = torch.as_tensor(coef[-1], dtype=torch.float32)
+            last = self.module_.head[-1] if isinstance(self.module_.head, nn.Sequential) else self.module_.head
+            if isinstance(last, nn.Linear):
+                last.weight.mul_(0.01)
+                last.bias.zero_()
 
     def _train(self, xt: torch.Tensor, yt: torch.Tensor, epochs: int, generator: torch.Generator) -> list[float]:
         config = self.config_

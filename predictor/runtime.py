@@ -11,6 +11,7 @@ sees, often for the same JobSpec again (a pod is retried on every cluster event)
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,7 +66,7 @@ class Predictor:
             metadata = json.loads(meta_path.read_text())
             weights = torch.load(weights_path, map_location="cpu", weights_only=True)
             estimator = TransformerBiGRURegressor.from_state(weights, metadata["estimator"])
-        except (OSError, ValueError, KeyError, RuntimeError, TypeError) as err:
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError, pickle.UnpicklingError) as err:
             raise ArtifactError(f"the predictor artifact in {directory} is unreadable ({err}): "
                                 f"rebuild it with `deepres train`") from None
         if metadata.get("feature_set") != "physics" or metadata.get("feature_names") != list(
