@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Any
 
 from extender.cli import UsageError
 from extender.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
-
-SWITCH_INTERVAL_S = 0.0005
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,9 +84,6 @@ def make_server(settings: Settings) -> Any:
             from extender.app import create_app
 
             logging.getLogger().setLevel(settings.server.log_level.upper())
-            # Requests are short and CPU-bound under one GIL: hand it over every 0.5 ms instead of
-            # Python's default 5 ms, so a request never waits a whole interval behind another.
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
             return create_app(settings)
 
     return ExtenderServer()
