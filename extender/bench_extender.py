@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes < args.candidates or args.nodes < args.full_nodes or args.clients < 1 or args.duration_s <= 0:
         raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0")
     rng = random.Random(args.seed)
-    _progress(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (client and server share them)")
+    _progress(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (client and server share them); "
+              f"a reference loop of 1M additions takes {_reference_loop_ms():.0f} ms here")
     with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
         names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
         cluster = _Cluster(names, rng)
@@ -91,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{mode:<16}" + "".join(f"{results[mode][k]:>19}" for k in KEYS))
         print(f"server RSS {results['rss_mib']} MiB; written to {out}")
     return 0
+
+
+def _reference_loop_ms() -> float:
+    """A fixed pure-Python workload, to tell a slow or contended host from a slow extender."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(1_000_000):
+        total += i
+    return (time.perf_counter() - started) * 1000.0
 
 
 def _progress(message: str) -> None:
@@ -157,14 +167,26 @@ class _Server:
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
 
-    def rss_mib(self) -> float:
+    def _pids(self) -> list[int]:
         assert self.proc is not None
         pids = [self.proc.pid]
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         if children.exists():
             pids += [int(p) for p in children.read_text().split()]
+        return pids
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server's processes have used (user + system)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self._pids():
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
+
+    def rss_mib(self) -> float:
         total_kib = 0
-        for pid in pids:
+        for pid in self._pids():
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total_kib += int(line.split()[1])
@@ -308,6 +330,7 @@ def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespa
             pods[0] += len(mine_f)
 
     started = time.perf_counter()
+    cpu_before = server.cpu_s()
     pool = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
     for t in pool:
         t.start()
@@ -316,6 +339,9 @@ def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespa
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"the extender answered with an error: {errors[0]}")
+    cpu_ms = (server.cpu_s() - cpu_before) * 1000.0 / max(pods[0], 1)
+    _progress(f"  {pods[0]} pods in {elapsed:.1f} s; server CPU {cpu_ms:.2f} ms per pod "
+              f"(~{1000.0 / max(cpu_ms, 1e-9):.0f} pods/s per dedicated core)")
     return {
         "pods_per_s": round(pods[0] / elapsed, 1),
         "filter_p50_ms": _percentile(filter_ms, 50), "filter_p99_ms": _percentile(filter_ms, 99),
