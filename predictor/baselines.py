@@ -34,8 +34,8 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
     "random_forest": [{"max_features": 0.5}, {"max_features": 1.0}],
     "adaboost": [{"max_depth": 8}, {"max_depth": 5}],
     "extra_trees": [{"max_features": 1.0}, {"max_features": 0.5}],
-    "xgboost": [{"max_depth": 6}, {"max_depth": 4}, {"max_depth": 8}],
-    "lightgbm": [{"num_leaves": 31}, {"num_leaves": 15}, {"num_leaves": 63}],
+    "xgboost": [{"max_depth": 6}, {"max_depth": 4}],
+    "lightgbm": [{"num_leaves": 31}, {"num_leaves": 15}],
     "catboost": [{"depth": 6}, {"depth": 8}],
 }
 
@@ -67,12 +67,12 @@ def make_regressor(name: str, settings: dict[str, Any], random_state: int) -> An
     if name == "xgboost":
         from xgboost import XGBRegressor
 
-        return XGBRegressor(**({"n_estimators": 600, "learning_rate": 0.05, "subsample": 0.9, "colsample_bytree": 0.9,
+        return XGBRegressor(**({"n_estimators": 300, "learning_rate": 0.1, "subsample": 0.9, "colsample_bytree": 0.9,
                                 "tree_method": "hist", "n_jobs": N_JOBS, "random_state": random_state} | settings))
     if name == "lightgbm":
         from lightgbm import LGBMRegressor
 
-        return LGBMRegressor(**({"n_estimators": 600, "learning_rate": 0.05, "min_child_samples": 5, "subsample": 0.9,
+        return LGBMRegressor(**({"n_estimators": 300, "learning_rate": 0.1, "min_child_samples": 5, "subsample": 0.9,
                                  "subsample_freq": 1, "colsample_bytree": 0.9, "n_jobs": N_JOBS,
                                  "random_state": random_state, "verbose": -1} | settings))
     if name == "catboost":

@@ -129,7 +129,8 @@ class Predictor:
 
     def _compute(self, specs: Sequence[JobSpec]) -> list[Demand]:
         x = feats.physics_features(feats.columns_from_specs(specs)).values
-        points, upper = self._estimator.predict_with_upper(x)
+        # numpy: at these sizes torch operator dispatch, not arithmetic, would dominate
+        points, upper = self._estimator.predict_with_upper(x, engine="numpy")
         memory = points[:, 0]
         bound = upper if upper is not None else memory
         bound = np.maximum(bound * np.exp(self._memory_shift), memory)

@@ -8,6 +8,7 @@ import torch
 
 from predictor.model import (
     ModelConfig,
+    NumpyForward,
     TransformerBiGRU,
     TransformerBiGRURegressor,
     paper_config,
@@ -95,3 +96,17 @@ def test_pinball_loss_by_hand() -> None:
     pred, target = torch.tensor([1.0, 1.0]), torch.tensor([2.0, 0.0])
     # under by 1 costs q, over by 1 costs 1 - q
     assert float(pinball_loss(pred, target, 0.9)) == pytest.approx((0.9 + 0.1) / 2)
+
+
+@pytest.mark.parametrize("config", [paper_config(), QUICK], ids=["paper", "tokens"])
+def test_numpy_forward_matches_torch(config: ModelConfig) -> None:
+    torch.manual_seed(0)
+    categorical = () if not config.tokens else (5, 3)
+    net = TransformerBiGRU(config, n_features=6 if config.tokens else 11, categorical=categorical, n_outputs=3).eval()
+    x = torch.randn(9, 6 if config.tokens else 11)
+    if config.tokens:
+        x[:, 4] = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3])
+        x[:, 5] = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    with torch.no_grad():
+        expected = net(x).double().numpy()
+    np.testing.assert_allclose(NumpyForward(net)(x.double().numpy()), expected, rtol=1e-4, atol=1e-5)
