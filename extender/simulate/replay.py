@@ -25,7 +25,7 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ from extender.policy import (
     plan_victims,
     priority_of,
     score_nodes,
-    spreads,
 )
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -63,7 +62,9 @@ DEADLINE_FACTOR = 2.0
 SAMPLE_EVERY_S = 600.0
 PREEMPT_CANDIDATES = 64
 CRITICALITY = {"LS": 2, "BE": 0}
-POLICIES = ("static", "request", "deepres")
+#: Pods from this DeepRes priority on (high criticality and above) may preempt strictly lower ones.
+PREEMPTING_PRIORITY = 20.0
+POLICIES = ("static", "request", "deepres", "deepres-pack")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -337,7 +338,7 @@ class DeepRes(Strategy):
         The node with the fewest victims wins, ties to the lowest rank; at most PREEMPT_CANDIDATES nodes
         with lower-priority pods are examined."""
         pod = self.request(job, now)
-        if not spreads(pod, self.params):  # only high-priority pods preempt
+        if pod.priority < PREEMPTING_PRIORITY:  # only high-criticality pods preempt
             return None
         spec_ok = self.c.base_mask(Pod(job.pod.name, 0, 0, job.pod.num_gpu, job.pod.gpu_milli, job.pod.spec))
         big = (self.c.cap >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu
@@ -395,6 +396,15 @@ class DeepRes(Strategy):
 
     def on_oom(self, job: Job) -> None:
         self.peaks.record(job.spec_key, job.true_mib)
+
+
+class DeepResPack(DeepRes):
+    """Ablation: DeepRes with the spread rule off (every pod packs); everything else unchanged."""
+
+    name = "deepres-pack"
+
+    def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
+        super().__init__(cluster, jobs, replace(params, spread_priority=math.inf))
 
 
 def build_jobs(pods: Sequence[Pod], pool: JobPool, predictor: Any, seed: int, min_cap_mib: Callable[[Pod], float],
@@ -602,7 +612,8 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
 
     jobs = build_jobs(pods, pool, predictor, seed, min_cap, limit)
     params = PolicyParams()
-    classes: dict[str, type[Strategy]] = {"static": Static, "request": Request, "deepres": DeepRes}
+    classes: dict[str, type[Strategy]] = {"static": Static, "request": Request, "deepres": DeepRes,
+                                          "deepres-pack": DeepResPack}
     outcomes = {}
     for name in policies:
         if progress is not None:

@@ -183,6 +183,8 @@ def fit_line(traced: Sequence[float], measured: Sequence[float]) -> LineFit:
     """Least squares on relative error: minimises sum(((c + f*t - m) / m)^2), the error we report."""
     if len(traced) != len(measured) or len(traced) < 2:
         raise ValueError("fit_line needs at least two (traced, measured) pairs of equal length")
+    if max(traced) == min(traced):
+        raise ValueError("fit_line needs traced values that are not all equal")
     # weighted least squares with weights 1/m^2 -> normal equations of a 2x2 system
     s_w = s_t = s_tt = s_m = s_tm = 0.0
     for t, m in zip(traced, measured, strict=True):
@@ -193,8 +195,6 @@ def fit_line(traced: Sequence[float], measured: Sequence[float]) -> LineFit:
         s_m += w * m
         s_tm += w * t * m
     det = s_w * s_tt - s_t * s_t
-    if abs(det) < 1e-18:
-        raise ValueError("fit_line needs traced values that are not all equal")
     factor = (s_w * s_tm - s_t * s_m) / det
     context = (s_m - factor * s_t) / s_w
     return LineFit(context, factor)
