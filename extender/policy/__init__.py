@@ -29,7 +29,13 @@ Functions
     follow_usage(reservation, peak_mib_per_gpu, now_s, params) -> Reservation
     PeakStore(capacity).record(signature, peak_mib) / .get(signature) -> Correction | None
     corrected_admission(predicted_upper_mib, correction | None, params) -> float
-    plan_victims(pod, node, reservations_on_node, now_s, params) -> tuple[uid, ...] | None
+    plan_victims(pod, node, reservations_on_node, now_s, params, evicted=()) -> tuple[uid, ...] | None
+
+Vectorised equivalents (`extender.policy.columnar`, numpy; same answers, property-tested), for
+callers that keep a columnar copy of their NodeViews (the extender's state does):
+    NodeMatrix(rows=1024, cols=8).put(view) / .remove(name)
+    filter_matrix(pod, names, matrix, nodes, now_s, params) -> FilterResult
+    score_matrix(pod, names, matrix, nodes, params) -> list[(name, score)]
 
 Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = priority_of(...)` at
 the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
