@@ -28,7 +28,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -399,7 +399,3 @@ def _add_session_time(work: Path, seconds: float) -> float:
     sessions.append(round(seconds, 1))
     path.write_text(json.dumps(sessions))
     return float(sum(sessions))
-
-
-def iter_ok(rows: Iterable[dict[str, str]]) -> Iterator[dict[str, str]]:
-    return (r for r in rows if r["status"] == "ok")
