@@ -113,7 +113,7 @@ def tuned_config() -> ModelConfig:
         name="tuned", feature_set="physics", tokens=True, d_token=24, token_groups=physics_token_groups(),
         max_positions=512, attention_layers=2,
         heads=4, key_channels=8, gru_forward_units=16, gru_backward_units=16, dropout=0.0, pool="flatten",
-        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=60, batch_size=256,
+        head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=80, batch_size=256,
         learning_rate=3e-3, lr_schedule="cosine", weight_decay=1e-4, optimizer="adamw", grad_clip=1.0,
         target_weights=(1.0, 1.0),
     )

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from predictor.train import UPPER_COVERAGE
+
 if TYPE_CHECKING:
     from predictor.evaluate import Predictions
     from predictor.train import Dataset
@@ -77,8 +79,9 @@ def _discussion(results: Results, per_family: dict[str, Any]) -> list[str]:
             lines.append(f"- **Admission bound.** `memory_mib_upper` of the tuned model under-estimates "
                          f"{tm['under_rate'] * 100:.1f}% of test jobs and over-reserves "
                          f"{tm['over_reservation'] * 100:.1f}% "
-                         f"on average; every model's bound is calibrated the same way (97% coverage on the "
-                         f"calibration fold), so their under-rates are comparable and near 3% by construction.")
+                         f"on average; every model's bound is calibrated the same way ({UPPER_COVERAGE:.0%} "
+                         f"coverage on the calibration fold), so their under-rates are comparable and near "
+                         f"{1 - UPPER_COVERAGE:.0%} by construction.")
     fam = results.get("family")
     if fam:
         best = _best(fam, "memory", "mape")
@@ -152,7 +155,8 @@ def write_markdown(results: Results, per_family: dict[str, Any], calibration: di
         "## Method",
         "",
         "- **Same rows, same procedure.** Every model fits on a split's training rows less a 15% calibration "
-        "fold, and sets its memory upper bound on that fold: the 97% quantile of log(truth / bound) becomes a "
+        f"fold, and sets its memory upper bound on that fold: the {UPPER_COVERAGE:.0%} quantile of log(truth / bound) "
+        "becomes a "
         "multiplicative margin (the tuned network's bound is its pinball-trained 95% quantile head, the other "
         "models' bound is their point prediction). The test rows are never seen before scoring.",
         "- **Paper configuration** (`predictor.model.paper_config`): the seed's 11 columns (categories "
