@@ -175,7 +175,7 @@ def _markdown(table: dict[str, dict[str, dict[str, Any]]], records: Sequence[Run
               f"({total_s / max(runs, 1):.1f} s per run on average); wall time of this invocation "
               f"{timings.get('packing_s', 0.0) / 60:.1f} min (cached runs cost nothing)."]
     if "replay_s" in timings:
-        lines.append(f"- replay: {timings['replay_s'] / 60:.1f} min for the three policies on every cluster slice.")
+        lines.append(f"- replay: {timings['replay_s'] / 60:.1f} min for all policies on every cluster slice.")
     lines.append("- the machine is a shared 2-core VM; per-run times above were measured while other sessions kept "
                  "its load average at 6-12 (the same runs take about 1.5 s (Random, BestFit), 5 s (FGD, DeepRes) "
                  "and 10 s (DeepRes + frag-aware) when it is quiet).")
@@ -270,7 +270,7 @@ def _sweep_markdown(replays: Sequence[ReplayExperiment]) -> list[str]:
         gain = ("n/a" if not static or not deepres else
                 f"{100 * round(1 - deepres['mean_jct_s'] / static['mean_jct_s'], 4):.1f} %")
         lines.append(
-            f"| every {r.stride}th node: {r.nodes} nodes, {r.gpus} GPUs | "
+            f"| {'all nodes' if r.stride == 1 else f'every {r.stride}th node'}: {r.nodes} nodes, {r.gpus} GPUs | "
             f"{static['mean_jct_s'] if static else 'n/a'} | {request['mean_jct_s'] if request else 'n/a'} | "
             f"{deepres['mean_jct_s'] if deepres else 'n/a'} | {gain} | {pack['mean_jct_s'] if pack else 'n/a'} | "
             f"{100 * request['oom_rate'] if request else float('nan'):.2f} % / "
