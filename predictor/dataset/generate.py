@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "predictor" / "data" / "jobs.csv"
 DEFAULT_WORK = calibration.WORK_DIR / "jobs.partial.csv"
-DEFAULT_N = 4000
+DEFAULT_N = 6000
 GPU_MIB = 80 * 1024  # the largest common GPU (A100/H100 80 GB): what "fits" means in the data card
 
 #: The dataset's columns, exactly as docs/CONTRACTS.md fixes them.
