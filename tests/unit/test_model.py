@@ -9,6 +9,7 @@ import torch
 from predictor.model import (
     ModelConfig,
     NumpyForward,
+    SelfAttention,
     TransformerBiGRU,
     TransformerBiGRURegressor,
     paper_config,
@@ -33,6 +34,7 @@ def test_paper_network_layers() -> None:
     assert (net.gru_forward.hidden_size, net.gru_backward.hidden_size) == (6, 10)
     assert len(net.attention) == 2
     attn = net.attention[0]
+    assert isinstance(attn, SelfAttention)
     assert attn.qkv.out_features == 3 * 4 * 32 and attn.out.out_features == 16
     assert isinstance(net.head, torch.nn.Linear) and net.head.out_features == 1
     assert net(torch.randn(5, 11)).shape == (5, 1)
