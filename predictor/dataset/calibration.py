@@ -230,9 +230,16 @@ def run_calibration(jobs: int = 1, seed: int = 0, source_dir: Path = SOURCE_DIR,
     fit_idx, hold_idx = split_holdout([r["key"] for r in rows], HOLDOUT_FRACTION, seed)
     fit = fit_line([traced[i] for i in fit_idx], [measured[i] for i in fit_idx])
     errors = abs_rel_errors(fit, [traced[i] for i in hold_idx], [measured[i] for i in hold_idx])
+    # the fit is used far beyond these small MLPs: show how the error grows with the traced size
+    top_cut = percentile([traced[i] for i in hold_idx], 90)
+    top = [e for e, i in zip(errors, hold_idx, strict=True) if traced[i] >= top_cut]
     report = {
         "median_abs_rel_err": round(percentile(errors, 50), 5),
         "p90_abs_rel_err": round(percentile(errors, 90), 5),
+        "top_decile_traced_min_mib": round(top_cut, 1),
+        "top_decile_median_abs_rel_err": round(percentile(top, 50), 5),
+        "top_decile_p90_abs_rel_err": round(percentile(top, 90), 5),
+        "measured_mib_max": max(measured),
         "n_fit": len(fit_idx),
         "n_holdout": len(hold_idx),
         "context_mib": round(fit.context_mib, 2),

@@ -8,7 +8,9 @@ forward, loss, backward and the optimizer step under `LiveTensorTracker`, our To
 It follows every live storage (weakref finalizers fire when the last reference dies, as the CUDA
 caching allocator would get the block back) and records the peak with its breakdown: parameters
 (and buffers), gradients, optimizer state, activations (allocated in forward and still alive) and
-temporaries (allocated in backward or the optimizer step, not gradients). In the same pass it adds
+temporaries (allocated in backward or the optimizer step, not gradients). The loop holds the input
+batch until the forward pass has consumed it and the targets until the step ends; with that
+convention the peak equals MemTracker's to the byte (tests/unit/test_dataset.py). In the same pass it adds
 up FLOPs with `torch.utils.flop_counter`'s formulas, which count only matmul, convolution and
 attention kernels, not element-wise work.
 
