@@ -7,6 +7,7 @@ of the simulator and policy sources, so a code change never reuses stale numbers
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -65,8 +66,23 @@ def source_hash(policy: str) -> str:
     for pattern in _POLICY_SOURCES.get(policy, ()):
         for path in sorted(here.glob(pattern)):
             digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+            digest.update(_code_only(path.read_text()).encode())
     return digest.hexdigest()[:16]
+
+
+def _code_only(source: str) -> str:
+    """The module's syntax tree without docstrings or comments, so documentation edits keep the cache."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def make_policy(name: str, seed: int, typical: Sequence[object], models: Sequence[str]) -> packing.Policy:
