@@ -129,7 +129,9 @@ def filter_matrix(
     known = rows >= 0
     safe = np.where(known, rows, 0)
     ok = known & (a.received[safe] >= now_s - params.telemetry_ttl_s)
-    if pod.gpu_job:
+    if not pod.gpu_job:  # not a GPU job: every node passes, telemetry or not
+        ok[:] = True
+    else:
         count = max(pod.gpus, 1)
         if count > a.free_desc.shape[1]:
             ok[:] = False

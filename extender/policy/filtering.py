@@ -31,14 +31,17 @@ def gib(mib: float) -> str:
 def node_failure(
     pod: PodRequest, node: NodeView | None, now_s: float, params: PolicyParams
 ) -> tuple[str, str, bool] | None:
-    """None when the node fits the pod, else (kind, reason, unresolvable)."""
+    """None when the node fits the pod, else (kind, reason, unresolvable).
+
+    A pod that is not a GPU job fits every node: GPU telemetry has nothing to say about it.
+    """
+    if not pod.gpu_job:
+        return None
     if node is None:
         return NO_REPORT, "no agent report", True
     age = now_s - node.received_s
     if age > params.telemetry_ttl_s:
         return STALE, f"telemetry stale ({age:.0f}s old)", True
-    if not pod.gpu_job:
-        return None
     need_gpus = max(pod.gpus, 1)
     free = node.free_desc
     if len(free) < need_gpus:
@@ -81,8 +84,8 @@ def filter_nodes(
         seen.add(name)
         node = nodes.get(name)
         # fast path (what node_failure decides, inlined): fresh, and the pod's GPUs fit
-        if node is not None and node.received_s >= oldest and (
-                not gpu_job or (len(node.free_desc) >= need_gpus and node.free_desc[need_gpus - 1] >= need)):
+        if not gpu_job or (node is not None and node.received_s >= oldest and
+                           len(node.free_desc) >= need_gpus and node.free_desc[need_gpus - 1] >= need):
             passed.append(name)
             continue
         failure = node_failure(pod, node, now_s, params)

@@ -92,6 +92,16 @@ def test_not_a_gpu_job_passes_fresh_nodes_and_scores_neutrally() -> None:
     assert {s for _, s in score_nodes(request, ["a", "b"], nodes, P)} == {P.neutral_score}
 
 
+def test_not_a_gpu_job_passes_nodes_without_or_with_stale_telemetry() -> None:
+    """DESIGN: pods that are not GPU jobs pass all nodes, agent or not (e.g. CPU pods of our scheduler)."""
+    stale = NodeView("old", node("old").gpus, NOW - 10 * P.telemetry_ttl_s)
+    nodes = {"old": stale}
+    request = pod(0, gpu_job=False)
+    result = filter_nodes(request, ["old", "no-agent"], nodes, NOW, P)
+    assert result.passed == ("old", "no-agent")
+    assert not result.failed and not result.unresolvable
+
+
 names_st = st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=12)
 gpu_st = st.tuples(st.floats(1, 80), st.floats(0, 1), st.floats(0, 1.2), st.floats(0, 1), st.booleans())
 
