@@ -49,10 +49,10 @@ def over_reservation(y_true: npt.ArrayLike, upper: npt.ArrayLike) -> float:
 
 
 def upper_margin(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, coverage: float) -> float:
-    """The multiplicative margin m >= 0 such that pred * exp(m) covers `coverage` of the jobs.
+    """The log-scale margin m such that pred * exp(m) covers `coverage` of the jobs.
 
     Computed on a calibration fold (split-conformal style): the `coverage` quantile of
-    log(truth / prediction), never negative for a point prediction's bound.
+    log(truth / prediction). It is negative when the bound already over-covers (a quantile head).
     """
     if not 0.0 < coverage < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got {coverage}")
