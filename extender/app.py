@@ -110,6 +110,7 @@ class Extender:
         self._predictor_error = ""
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (clock)
         self._lock = threading.Lock()
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
@@ -235,6 +236,8 @@ class Extender:
         result = filter_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, now, self.params)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
+        if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
+            self.self_preempt(plan.request, list(result.failed), body["Pod"], now)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
                       args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
@@ -383,6 +386,61 @@ class Extender:
                 out[node] = victims
         self.metrics.preemptions.inc(sum(len(v) for v in out.values()))
         return preemption_result(out, args.pdb_violations)
+
+    def self_preempt(self, req: PodRequest, nodes: list[str], raw_pod: Mapping[str, Any], now: float) -> list[str]:
+        """Evict the fewest strictly-lower-priority pods on the best of `nodes` so `req` fits there.
+
+        kube-scheduler's preemption dry run runs only its in-tree filters, which cannot see GPU
+        memory: it finds no victims and never calls /preempt. So the extender evicts itself, with
+        the same rule as the verb (`plan_victims`), at most once per pod per `preemption_grace_s`
+        (the victims take time to go; the pod is retried when they do). Best node: the lowest
+        highest-victim priority, then the fewest victims, then the least memory evicted.
+        """
+        with self._lock:
+            if self._preempting.get(req.uid, 0.0) > now:
+                return []
+            self._preempting[req.uid] = now + self.settings.kube.preemption_grace_s
+            self._preempting.move_to_end(req.uid)
+            while len(self._preempting) > WARNED_MAX:
+                self._preempting.popitem(last=False)
+        best: tuple[tuple[float, int, float, str], str, list[Reservation]] | None = None
+        for node in nodes:
+            view = self.state.node_view(node)
+            if view is None:
+                continue
+            on_node = self.state.reservations_on(node)
+            victims = plan_victims(req, view, on_node, now, self.params)
+            if not victims:
+                continue
+            by_uid = {r.pod_uid: r for r in on_node}
+            chosen = [by_uid[uid] for uid in victims]
+            top = max(priority_of(r.priority_inputs, now, self.params) for r in chosen)
+            key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node)
+            if best is None or key < best[0]:
+                best = (key, node, chosen)
+        if best is None:
+            with self._lock:
+                self._preempting.pop(req.uid, None)
+            return []
+        _, node, chosen = best
+        evicted: list[str] = []
+        for res in chosen:
+            try:
+                self.cluster.evict(res.namespace, res.name, res.pod_uid)
+            except ClusterError as err:
+                log.warning("preemption for pod=%s stopped: %s", req.key, err)
+                break
+            evicted.append(res.key)
+            victim_priority = priority_of(res.priority_inputs, now, self.params)
+            self.cluster.event({"metadata": {"namespace": res.namespace, "name": res.name, "uid": res.pod_uid}},
+                               "Preempted", f"evicted by deepres for {req.key} on {node}: priority "
+                               f"{victim_priority:.1f} < {req.priority:.1f}", warning=True)
+        if evicted:
+            self.metrics.preemptions.inc(len(evicted))
+            self.cluster.event(raw_pod, "Preempting", f"evicting {', '.join(evicted)} (lower priority) on {node} "
+                               f"to make room for {gib(req.admission_mib)} per GPU")
+            log.info("preempting for pod=%s node=%s victims=%s", req.key, node, ",".join(evicted))
+        return evicted
 
     # ---- telemetry ----
     def authenticate(self, header: str) -> tuple[bool, str, str]:

@@ -78,6 +78,9 @@ class Cluster(Protocol):
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
         """The token's identity when the API server authenticates it for `audience`, else None."""
 
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Evict a pod through the Eviction API (PodDisruptionBudgets apply); raises ClusterError."""
+
 
 def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
     """(namespace, name, uid) of a pod dict."""
@@ -98,6 +101,7 @@ class InMemoryCluster:
         self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
         self.fail_patch = False
         self.fail_bind = False
+        self.evictions: list[str] = []  # namespace/name, in order
         self.deleted_nodes: list[str] = []
         self._handlers: ClusterHandlers | None = None
         self._synced = False
@@ -183,6 +187,14 @@ class InMemoryCluster:
         with self._lock:
             self.events.append((f"{ns}/{name}", reason, message, warning))
             del self.events[:-1000]
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") not in (None, "", uid)):
+                raise ClusterError(f"evict pod {namespace}/{name}: not found")
+        self.evictions.append(f"{namespace}/{name}")
+        self.delete_pod(namespace, name)
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
         identity = self.tokens.get(token)
@@ -323,6 +335,17 @@ class KubeCluster:
             self._core.create_namespaced_event(ns, body)
         except Exception as err:
             log.info("pod=%s/%s event %s not recorded: %s", ns, name, reason, _api_reason(err))
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        c: Any = self._client
+        body = c.V1Eviction(
+            metadata=c.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid) if uid else None),
+        )
+        try:
+            self._core.create_namespaced_pod_eviction(name, namespace, body)
+        except Exception as err:
+            raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
         key = hashlib.sha256(token.encode("utf-8")).hexdigest()

@@ -103,6 +103,12 @@ class KubeSettings:
     """How long a successful TokenReview is trusted before asking the API server again."""
     agent_service_accounts: list[str] = field(default_factory=list)
     """If set, only these ServiceAccounts (system:serviceaccount:NS:NAME) may post telemetry."""
+    self_preemption: bool = True
+    """When no node fits a GPU pod, evict (Eviction API) the fewest strictly-lower-priority pods on
+    the best node: kube-scheduler's own preemption dry run cannot see GPU memory, so it never asks
+    the preempt verb unless the pods also conflict on resources it models."""
+    preemption_grace_s: float = 120.0
+    """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
 
 
 @dataclass
@@ -171,6 +177,7 @@ class Settings:
         if not k.scheduler_name:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)
+        _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
         if k.token_cache_s < 0:
             p.append(f"kube.token_cache_s must be >= 0, got {k.token_cache_s}")
         if t.telemetry_token_file and not Path(t.telemetry_token_file).is_file():

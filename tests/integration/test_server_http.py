@@ -21,7 +21,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kube"
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(tmp_path_factory.mktemp("server")) as base:
+    # the preempt verb is tested here; the extender's own evictions are tested in test_app
+    with running_server(tmp_path_factory.mktemp("server"), env={"DEEPRES_SELF_PREEMPTION": "false"}) as base:
         yield base
 
 

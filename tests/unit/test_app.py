@@ -40,7 +40,7 @@ def make(cluster: InMemoryCluster | None = None, clock: Clock | None = None, loc
     settings.server.max_body_bytes = 200_000
     settings.telemetry.telemetry_max_bytes = 50_000
     for key, value in policy.items():
-        setattr(settings.policy, key, value)
+        setattr(settings.kube if hasattr(settings.kube, key) else settings.policy, key, value)
     cluster = cluster if cluster is not None else InMemoryCluster()
     clock = clock or Clock()
     app = create_app(settings, predictor=FormulaPredictor(), clock=clock, cluster=cluster)
@@ -298,3 +298,46 @@ def test_deleted_or_unlisted_nodes_lose_their_telemetry() -> None:
     extender_of(client.application).on_nodes_listed(["a"])  # a relist without b
     out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a", "b"])).get_json()
     assert out["FailedAndUnresolvableNodes"] == {"a": "no agent report", "b": "no agent report"}
+
+
+def test_extender_evicts_strictly_lower_priority_itself() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
+    low = pod("low", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    peer = pod("peer", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
+    for p, n in ((low, "a"), (peer, "b")):
+        client.post("/filter", json=extender_args(p, names=[n]))
+        assert client.post("/bind", json=binding_args(p, n)).get_json() == {"Error": ""}
+    equal = pod("equal", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
+    client.post("/filter", json=extender_args(equal, names=["b"]))
+    assert cluster.evictions == []  # the same priority is never a victim
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
+    out = client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()
+    assert out["NodeNames"] == [] and set(out["FailedNodes"]) == {"a", "b"}
+    assert cluster.evictions == ["default/low"]  # the lower of the two, not the peer
+    assert [e[2] for e in cluster.events if e[1] == "Preempting"] == [
+        f"evicting default/low (lower priority) on a to make room for {NEED / 1024:.1f} GiB per GPU"]
+    assert [e[0] for e in cluster.events if e[1] == "Preempted"] == ["default/low"]
+    again = client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()
+    assert again["NodeNames"] == ["a"]  # the victim's reservation went with its pod
+    assert client.post("/bind", json=binding_args(high, "a")).get_json() == {"Error": ""}
+
+
+def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
+    for enabled in (True, False):
+        client, cluster, clock = make(self_preemption=enabled)
+        send_report(client, "a", 1, [(NEED * 2.5, 0.0)], clock)
+        for name in ("low0", "low1"):
+            low = pod(name, {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+            client.post("/filter", json=extender_args(low, names=["a"]))
+            assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        big = pod("big", {**CNN_ANNOTATIONS, "deepres.io/criticality": "critical",
+                          "deepres.io/gpu-memory": f"{int(NEED * 1.5)}Mi"})
+        client.post("/filter", json=extender_args(big, names=["a"]))
+        client.post("/filter", json=extender_args(big, names=["a"]))  # within the grace: no second round
+        assert len(cluster.evictions) == (1 if enabled else 0)
+        if enabled:
+            clock.now += 121
+            client.post("/filter", json=extender_args(big, names=["a"]))
+            assert len(cluster.evictions) == 1  # it fits now: nothing more to evict

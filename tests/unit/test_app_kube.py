@@ -41,6 +41,11 @@ class FakeCore:
         if self.fail:
             raise self.fail
 
+    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
+        self.calls.append(("evict", (name, namespace, body)))
+        if self.fail:
+            raise self.fail
+
     def create_namespaced_event(self, namespace: str, body: Any) -> None:
         self.calls.append(("event", (namespace, body)))
         if self.fail:
@@ -80,6 +85,16 @@ def test_api_failures_become_cluster_errors_naming_the_call() -> None:
     with pytest.raises(ClusterError, match=r"patch annotations of pod ml/p: HTTP 409 Conflict"):
         kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
     kube.event(POD, "Placed", "x")  # events are best effort: no exception
+
+
+def test_eviction_carries_the_uid_precondition_and_pdb_refusals_surface() -> None:
+    kube, core = cluster()
+    kube.evict("ml", "low", "u-9")
+    name, namespace, body = core.calls[0][1]
+    assert (name, namespace, body.metadata.name, body.delete_options.preconditions.uid) == ("low", "ml", "low", "u-9")
+    core.fail = ApiException(status=429, reason="Too Many Requests")
+    with pytest.raises(ClusterError, match=r"evict pod ml/low: HTTP 429"):
+        kube.evict("ml", "low", "u-9")
 
 
 def test_patch_and_event_bodies() -> None:
