@@ -31,6 +31,15 @@ Functions
     corrected_admission(predicted_upper_mib, correction | None, params) -> float
     plan_victims(pod, node, reservations_on_node, now_s, params, evicted=()) -> tuple[uid, ...] | None
 
+Fragmentation-aware packing score (`extender.policy.fragmentation`), for low-priority pods:
+    DemandShape(memory_mib, gpus, probability, cpu_milli=0); DemandMix(shapes);
+    demand_mix([(memory_mib, gpus, weight, cpu_milli), ...]) -> DemandMix (weights renormalised)
+    score_nodes_fragaware(pod, names, nodes, params, mix, cpu_left_milli=None, pod_cpu_milli=0)
+        -> list[(name, score 0..10)]   (10: first top-merit node in name order, 9: other top ones)
+    choose_gpus_fragaware(pod, node, mix, cpu_left_milli=None, pod_cpu_milli=0) -> GPUs | None
+    fragmentation(free, capacity, mix, cpu_left) / fragmentation_delta(...) / merit_from_delta(delta)
+        / scores_from_merits([(name, merit 0..100)])
+
 Vectorised equivalents (`extender.policy.columnar`, numpy; same answers, property-tested), for
 callers that keep a columnar copy of their NodeViews (the extender's state does):
     NodeMatrix(rows=1024, cols=8).put(view) / .remove(name)
@@ -42,6 +51,17 @@ the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations
 """
 
 from extender.policy.filtering import filter_nodes, node_failure
+from extender.policy.fragmentation import (
+    DemandMix,
+    DemandShape,
+    choose_gpus_fragaware,
+    demand_mix,
+    fragmentation,
+    fragmentation_delta,
+    merit_from_delta,
+    score_nodes_fragaware,
+    scores_from_merits,
+)
 from extender.policy.preemption import plan_victims
 from extender.policy.priority import cap_criticality, criticality_from_priority_class, criticality_level, priority_of
 from extender.policy.scoring import choose_gpus, score_node, score_nodes, spreads
@@ -60,6 +80,8 @@ from extender.policy.usage import Correction, PeakStore, corrected_admission, fo
 __all__ = [
     "CRITICALITIES",
     "Correction",
+    "DemandMix",
+    "DemandShape",
     "FilterResult",
     "GpuView",
     "NodeView",
@@ -70,15 +92,22 @@ __all__ = [
     "Reservation",
     "cap_criticality",
     "choose_gpus",
+    "choose_gpus_fragaware",
     "corrected_admission",
     "criticality_from_priority_class",
     "criticality_level",
+    "demand_mix",
     "filter_nodes",
     "follow_usage",
+    "fragmentation",
+    "fragmentation_delta",
+    "merit_from_delta",
     "node_failure",
     "plan_victims",
     "priority_of",
     "score_node",
     "score_nodes",
+    "score_nodes_fragaware",
+    "scores_from_merits",
     "spreads",
 ]

@@ -32,7 +32,7 @@ from extender.simulate.traces import (
 
 log = logging.getLogger(__name__)
 
-POLICIES: tuple[str, ...] = ("random", "bestfit", "fgd", "deepres", "deepres-frag")
+POLICIES: tuple[str, ...] = ("random", "bestfit", "fgd", "deepres", "deepres-nofrag")
 SEEDS: tuple[int, ...] = tuple(range(42, 52))
 
 
@@ -54,7 +54,7 @@ class RunRecord:
 PACKING_VERSION = "1"
 _POLICY_SOURCES = {
     "deepres": ("adapters.py", "../policy/*.py"),
-    "deepres-frag": ("adapters.py", "fragaware.py", "../policy/*.py"),
+    "deepres-nofrag": ("adapters.py", "../policy/*.py"),
 }
 
 
@@ -93,9 +93,9 @@ def make_policy(name: str, seed: int, typical: Sequence[object], models: Sequenc
     if name == "fgd":
         return packing.FgdPolicy(packing.Fragmentation(typical, models))  # type: ignore[arg-type]
     if name == "deepres":
-        return packing.DeepResPolicy()
-    if name == "deepres-frag":
         return packing.FragAwarePolicy(typical)  # type: ignore[arg-type]
+    if name == "deepres-nofrag":
+        return packing.DeepResPolicy()
     raise ValueError(f"unknown packing policy {name!r}; expected one of {', '.join(POLICIES)}")
 
 
@@ -211,7 +211,7 @@ def _report(say: Callable[[str], None], records: Sequence[RunRecord], done: int,
     eta = elapsed / done * (total - done) if done else math.nan
     r = records[0]
     mean130 = [x.columns[130] for x in records if x.columns[130] is not None]
-    avg = sum(mean130) / len(mean130) if mean130 else math.nan  # type: ignore[arg-type]
+    avg = sum(mean130) / len(mean130) if mean130 else math.nan
     per_run = sum(x.seconds for x in records) / len(records)
     say(f"  [{done}/{total}] {r.trace:<11} {r.policy:<12} {len(records)} seeds, alloc@130 {avg:6.2f}%, "
         f"{per_run:5.1f} s/run; elapsed {elapsed / 60:5.1f} min, eta {eta / 60:5.1f} min")

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", choices=("packing", "replay", "all"), default="all")
     parser.add_argument("--traces", type=_csv, default=None, help="packing traces (default: FGD's 17)")
     parser.add_argument("--policies", type=_csv, default=None,
-                        help="packing policies (default: random,bestfit,fgd,deepres,deepres-frag)")
+                        help="packing policies (default: random,bestfit,fgd,deepres,deepres-nofrag)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="42..51 (default), 42,43, or a count")
     parser.add_argument("--seeds-other", type=_seeds, default=None,
                         help="seeds for the traces other than `default` (default: as --seeds)")

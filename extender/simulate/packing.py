@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from extender.policy import DemandMix
 from extender.policy import NodeView as GpuNodeView
-from extender.simulate.fragaware import DemandMix
 from extender.simulate.traces import MILLI, Node, Pod, TypicalPod
 
 IntArray = npt.NDArray[np.int64]
@@ -353,8 +353,9 @@ def bin_allocation(result: PackingResult, columns: int = 130) -> list[float | No
 
 
 class DeepResPolicy:
-    """DeepRes's own filter, score and GPU choice (the live `extender.policy` functions) in the
-    packing experiment; kube-scheduler's part (CPU, memory, GPU model) stays in `NodeView.feasible`.
+    """DeepRes's filter, best-fit score and GPU choice (`extender.policy.score_nodes`, the live score
+    for high-priority pods; the "no frag term" ablation of packing) in the packing experiment;
+    kube-scheduler's part (CPU, memory, GPU model) stays in `NodeView.feasible`.
 
     Answers are memoised by (node state, pod shape). The live functions are pure and score each node
     on its own GPUs alone, so a memoised answer is the one the live call gives for any node in that
@@ -362,7 +363,7 @@ class DeepResPolicy:
     improvement with the signature of `score_nodes`.
     """
 
-    def __init__(self, name: str = "deepres", score: Callable[..., list[tuple[str, int]]] | None = None,
+    def __init__(self, name: str = "deepres-nofrag", score: Callable[..., list[tuple[str, int]]] | None = None,
                  memoise: bool = True, reference_model: str | None = None) -> None:
         from extender.policy import PolicyParams, choose_gpus, filter_nodes, score_nodes
 
@@ -446,9 +447,10 @@ class DeepResPolicy:
 
 
 class FragAwarePolicy:
-    """The proposed fragmentation-aware DeepRes score (`fragaware.py`) in the packing experiment.
+    """DeepRes's packing score (`extender.policy.fragmentation`, the live extender's score for
+    low-priority pods) in the packing experiment.
 
-    Each node gets its merit (`fragaware.merit_from_delta`); the highest wins, ties to the lowest rank:
+    Each node gets its merit (`merit_from_delta`); the highest wins, ties to the lowest rank:
     exactly the node `score_nodes_fragaware` gives 10 when its stable order is the rank order. The GPUs
     are `choose_gpus_fragaware`'s. Answers are memoised by (node state, pod shape), which is
     exact because the score of a node depends on that node alone. The demand mix is the trace's
@@ -456,10 +458,10 @@ class FragAwarePolicy:
     start there: infinite memory); `use_cpu=False` drops the CPU condition and CPU-only pods.
     """
 
-    def __init__(self, typical: Sequence[TypicalPod], name: str = "deepres-frag", use_cpu: bool = True,
+    def __init__(self, typical: Sequence[TypicalPod], name: str = "deepres", use_cpu: bool = True,
                  sharpness: float | None = None) -> None:
         from extender.policy import PolicyParams
-        from extender.simulate.fragaware import DEFAULT_SHARPNESS
+        from extender.policy.fragmentation import DEFAULT_SHARPNESS
 
         self.name = name
         self.use_cpu = use_cpu
@@ -471,8 +473,8 @@ class FragAwarePolicy:
         self._memo: dict[tuple[StateKey, tuple[int, int, int]], tuple[int, list[int]]] = {}
 
     def mix(self, model: str) -> DemandMix:
+        from extender.policy import demand_mix
         from extender.simulate.adapters import capacity_mib
-        from extender.simulate.fragaware import demand_mix
 
         found = self._mixes.get(model)
         if found is None:
@@ -483,8 +485,8 @@ class FragAwarePolicy:
         return found
 
     def _answer(self, view: NodeView, sid: int, pod: Pod) -> tuple[int, list[int]]:
+        from extender.policy import fragmentation_delta, merit_from_delta
         from extender.simulate.adapters import node_view, pod_request
-        from extender.simulate.fragaware import fragmentation_delta, merit_from_delta
 
         model, cpu_left, gpus = view.state_keys[sid]
         name = view.models[model]

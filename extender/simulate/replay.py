@@ -24,6 +24,7 @@ import heapq
 import logging
 import math
 import statistics
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.policy import (
+    DemandMix,
     GpuView,
     NodeView,
     PeakStore,
@@ -41,12 +43,16 @@ from extender.policy import (
     PriorityInputs,
     Reservation,
     choose_gpus,
+    choose_gpus_fragaware,
     corrected_admission,
+    demand_mix,
     filter_nodes,
     follow_usage,
     plan_victims,
     priority_of,
     score_nodes,
+    score_nodes_fragaware,
+    spreads,
 )
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -64,7 +70,14 @@ PREEMPT_CANDIDATES = 64
 CRITICALITY = {"LS": 2, "BE": 0}
 #: Pods from this DeepRes priority on (high criticality and above) may preempt strictly lower ones.
 PREEMPTING_PRIORITY = 20.0
-POLICIES = ("static", "request", "deepres", "deepres-pack")
+POLICIES = ("static", "request", "deepres", "deepres-pack", "deepres-nofrag")
+#: The demand mix of the fragmentation-aware score: the last MIX_WINDOW admissions, binned, rebuilt every
+#: MIX_REBUILD binds, keeping the most frequent shapes that cover MIX_COVER of them (what the extender keeps).
+MIX_WINDOW = 2000
+MIX_REBUILD = 50
+MIX_COVER = 0.95
+MIX_MEMORY_BIN_MIB = 512
+MIX_CPU_BIN_MILLI = 1000
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -257,11 +270,45 @@ class Request(Strategy):
         return i, gpus, float(need[i, 0])
 
 
+class DemandWindow:
+    """The recent admissions as a demand mix for `score_nodes_fragaware`: (memory per GPU, GPUs, CPU)
+    rounded up to bins, the most frequent shapes covering MIX_COVER of the window."""
+
+    def __init__(self) -> None:
+        self.recent: deque[tuple[float, int, float]] = deque(maxlen=MIX_WINDOW)
+        self._mix = demand_mix([])
+        self._since = MIX_REBUILD
+
+    def admit(self, memory_mib: float, gpus: int, cpu_milli: float) -> None:
+        self.recent.append((math.ceil(memory_mib / MIX_MEMORY_BIN_MIB) * MIX_MEMORY_BIN_MIB, gpus,
+                            math.ceil(cpu_milli / MIX_CPU_BIN_MILLI) * MIX_CPU_BIN_MILLI))
+        self._since += 1
+
+    def mix(self) -> DemandMix:
+        if self._since >= MIX_REBUILD:
+            counts = Counter(self.recent)
+            kept: list[tuple[float, int, float, float]] = []
+            covered = 0
+            for (memory, gpus, cpu), n in counts.most_common():
+                if covered >= MIX_COVER * len(self.recent):
+                    break
+                kept.append((memory, gpus, float(n), cpu))
+                covered += n
+            self._mix = demand_mix(kept)
+            self._since = 0
+        return self._mix
+
+
 class DeepRes(Strategy):
+    """DeepRes: predicted admission, priority order, spread rule for high priority, the
+    fragmentation-aware score for the others (packing), usage following and preemption."""
+
     name = "deepres"
+    frag_aware = True
 
     def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
         super().__init__(cluster, jobs, params)
+        self.demand = DemandWindow()
         self.peaks = PeakStore()
         self._views: dict[int, tuple[int, NodeView]] = {}
         self._priority: dict[int, tuple[float, float]] = {}  # job -> (computed at, value)
@@ -317,9 +364,17 @@ class DeepRes(Strategy):
         passed = filter_nodes(pod, names, views, 0.0, self.params).passed
         if not passed:
             return None
-        scores = score_nodes(pod, passed, views, self.params)
-        best = max(scores, key=lambda ns: ns[1])[0]  # first of the highest: ties to the lowest rank
-        chosen = choose_gpus(pod, views[best], self.params)
+        if self.frag_aware and not spreads(pod, self.params):
+            mix = self.demand.mix()
+            cpu = {name: float(self.c.cpu_left[self._index[name]]) for name in passed}
+            pod_cpu = float(job.pod.cpu_milli)
+            scores = score_nodes_fragaware(pod, passed, views, self.params, mix, cpu, pod_cpu)
+            best = max(scores, key=lambda ns: ns[1])[0]
+            chosen = choose_gpus_fragaware(pod, views[best], mix, cpu[best], pod_cpu)
+        else:
+            scores = score_nodes(pod, passed, views, self.params)
+            best = max(scores, key=lambda ns: ns[1])[0]  # first of the highest: ties to the lowest rank
+            chosen = choose_gpus(pod, views[best], self.params)
         if not chosen:
             return None
         i = self.c.names.index(best) if best not in self._index else self._index[best]
@@ -373,6 +428,7 @@ class DeepRes(Strategy):
         return None if best is None else best[2]
 
     def on_bind(self, job: Job, now: float) -> None:
+        self.demand.admit(job.admission_mib, job.pod.num_gpu, job.pod.cpu_milli)
         node = self.c.names[job.node]
         inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
                                 gpu_seconds=job.duration, gpus=job.pod.num_gpu)
@@ -396,6 +452,13 @@ class DeepRes(Strategy):
 
     def on_oom(self, job: Job) -> None:
         self.peaks.record(job.spec_key, job.true_mib)
+
+
+class DeepResNoFrag(DeepRes):
+    """Ablation: DeepRes with the previous packing score (`score_nodes`' best fit) for low-priority pods."""
+
+    name = "deepres-nofrag"
+    frag_aware = False
 
 
 class DeepResPack(DeepRes):
@@ -613,7 +676,7 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
     jobs = build_jobs(pods, pool, predictor, seed, min_cap, limit)
     params = PolicyParams()
     classes: dict[str, type[Strategy]] = {"static": Static, "request": Request, "deepres": DeepRes,
-                                          "deepres-pack": DeepResPack}
+                                          "deepres-pack": DeepResPack, "deepres-nofrag": DeepResNoFrag}
     outcomes = {}
     for name in policies:
         if progress is not None:

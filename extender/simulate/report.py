@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from extender.simulate.replay import ReplayExperiment
 
 JSON_POLICIES = ("random", "bestfit", "fgd", "deepres")
-LABELS = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD", "deepres": "DeepRes (live policy)",
-          "deepres-frag": "DeepRes + frag-aware (proposal)"}
+LABELS = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD", "deepres": "DeepRes",
+          "deepres-nofrag": "DeepRes (no frag term)"}
 COLOURS = {"random": "tab:gray", "bestfit": "tab:blue", "fgd": "tab:green", "deepres": "tab:red",
-           "deepres-frag": "tab:purple", "static": "tab:gray", "request": "tab:blue", "deepres-pack": "tab:orange"}
+           "deepres-nofrag": "tab:purple", "static": "tab:gray", "request": "tab:blue", "deepres-pack": "tab:orange"}
 REPLAY_KEYS = ("mean_jct_s", "p95_jct_s", "mean_queue_s", "oom_rate", "preemptions", "deadline_miss_rate", "jain")
 VALIDATION_TOLERANCE = 1.0
 
@@ -139,23 +139,23 @@ def _markdown(table: dict[str, dict[str, dict[str, Any]]], records: Sequence[Run
     if default:
         lines += ["## DeepRes on the packing experiment (default trace)", "",
                   "| policy | alloc @100 | alloc @130 | unallocated @130 | s/run |", "|---|---|---|---|---|"]
-        for policy in ("random", "bestfit", "fgd", "deepres", "deepres-frag"):
+        for policy in ("random", "bestfit", "fgd", "deepres", "deepres-nofrag"):
             row = default.get(policy)
             if row is not None:
                 un = None if row["alloc_ratio_130"] is None else 100 - row["alloc_ratio_130"]
                 lines.append(f"| {LABELS[policy]} | {_fmt(row['alloc_ratio_100'])} | "
                              f"{_fmt(row['alloc_ratio_130'])} | {_fmt(un)} | {row['mean_run_s']:.1f} |")
         lines += ["", "![allocation vs arrived load](simulation-packing-alloc.png)", ""]
-        lines += _proposal_markdown(default)
+        lines += _packing_markdown(default)
     lines += ["## All traces (allocation % at 130 % arrived load; FGD's cached means in brackets)", "",
-              "| trace | Random | BestFit | FGD | DeepRes | DeepRes+frag | FGD-cached BestFit | FGD-cached FGD |",
+              "| trace | Random | BestFit | FGD | DeepRes | DeepRes no-frag | FGD-cached BestFit | FGD-cached FGD |",
               "|---|---|---|---|---|---|---|---|"]
     for trace in FGD_TRACES:
         row = table.get(trace)
         if row is None:
             continue
         cells = [_fmt(row.get(p, {}).get("alloc_ratio_130")) for p in
-                 ("random", "bestfit", "fgd", "deepres", "deepres-frag")]
+                 ("random", "bestfit", "fgd", "deepres", "deepres-nofrag")]
         lines.append(f"| {trace} | " + " | ".join(cells) + f" | {_fmt(reference.mean(trace, 'bestfit', 130))} | "
                      f"{_fmt(reference.mean(trace, 'fgd', 130))} |")
     lines += ["", "![allocation at 130 % per trace](simulation-packing-traces.png)", ""]
@@ -178,38 +178,33 @@ def _markdown(table: dict[str, dict[str, dict[str, Any]]], records: Sequence[Run
         lines.append(f"- replay: {timings['replay_s'] / 60:.1f} min for all policies on every cluster slice.")
     lines.append("- the machine is a shared 2-core VM; per-run times above were measured while other sessions kept "
                  "its load average at 6-12 (the same runs take about 1.5 s (Random, BestFit), 5 s (FGD, DeepRes) "
-                 "and 10 s (DeepRes + frag-aware) when it is quiet).")
+                 "and 4-10 s (DeepRes) when it is quiet).")
     lines.append("")
     return lines
 
 
-def _proposal_markdown(default: dict[str, dict[str, Any]]) -> list[str]:
-    """What the packing experiment says about DeepRes's score, and what should move into extender/policy."""
-    fgd, live, frag = default.get("fgd"), default.get("deepres"), default.get("deepres-frag")
-    if not (fgd and live):
+def _packing_markdown(default: dict[str, dict[str, Any]]) -> list[str]:
+    """What the packing experiment says about DeepRes's packing score against FGD, with the ablation."""
+    fgd, ours, nofrag = default.get("fgd"), default.get("deepres"), default.get("deepres-nofrag")
+    if not (fgd and ours):
         return []
-    lines = ["### DeepRes's score against FGD, and the proposed fragmentation-aware term", "",
-             f"- The live DeepRes score (best fit on memory + a 'keep GPUs whole' share, 0..10) allocates "
-             f"{_fmt(live['alloc_ratio_130'])} % at 130 % load, "
-             f"{_fmt(fgd['alloc_ratio_130'] - live['alloc_ratio_130'])} points below FGD and below plain "
-             "BestFit: its 11 score levels tie most nodes (ties go to the lowest rank) and it is blind to CPU, "
-             "so GPU capacity is stranded on nodes whose CPU is gone."]
-    if frag:
-        gap = frag["alloc_ratio_130"] - fgd["alloc_ratio_130"]
+    gap = ours["alloc_ratio_130"] - fgd["alloc_ratio_130"]
+    lines = ["### DeepRes's packing score against FGD", "",
+             "- DeepRes scores low-priority (packing) pods with `extender.policy.score_nodes_fragaware`: the "
+             "expected GPU memory stranded under the recent demand mix (FGD's idea in memory terms, with the "
+             "node's CPU left), merit = int(100 sigmoid(-growth)); on the wire 10 for the first top-merit node "
+             "in name order, 9 for the other top-merit nodes, <= 8 for the rest; the GPUs are "
+             "`choose_gpus_fragaware`'s. Here the demand mix is the trace's frequent pod shapes. It allocates "
+             f"{_fmt(ours['alloc_ratio_100'])} % at 100 % and {_fmt(ours['alloc_ratio_130'])} % at 130 % load: "
+             f"{gap:+.2f} points against FGD."]
+    if nofrag:
         lines.append(
-            "- The proposal (`extender/simulate/fragaware.py`: expected stranded GPU memory under the recent "
-            "demand mix, FGD's idea in memory terms, with the node's CPU left; merit = int(100 sigmoid(-delta)); "
-            "on the wire 10 for the first top-merit node in name order, 9 for other top-merit nodes, <= 8 for the "
-            f"rest) allocates {_fmt(frag['alloc_ratio_100'])} % at 100 % and "
-            f"{_fmt(frag['alloc_ratio_130'])} % at 130 % load: {gap:+.2f} points against FGD.")
-    lines += [
-        "- To move into `extender/policy` (owner: the policy helper; coordinated by the lead): `DemandShape`, "
-        "`DemandMix`, `fragmentation_delta`, `merit_from_delta`, `scores_from_merits`, `score_nodes_fragaware` and "
-        "`choose_gpus_fragaware` as pure functions; "
-        "the extender keeps the demand mix (a decayed histogram of admitted (memory, GPUs, CPU) requests per GPU "
-        "model, e.g. the shapes covering 95 % of the last 10,000 admissions) and each node's CPU left from its "
-        "pod informer, and uses the new score for low-priority (packing) pods; bind uses the same GPU choice. "
-        "Without the CPU term (no informer data) the measured allocation is about 0.8 point lower.", ""]
+            "- Ablation `deepres-nofrag` (the previous packing score: best fit on memory + a 'keep GPUs whole' "
+            f"share, 0..10, still the score of high-priority pods) allocates {_fmt(nofrag['alloc_ratio_130'])} % "
+            f"at 130 % load, {_fmt(fgd['alloc_ratio_130'] - nofrag['alloc_ratio_130'])} points below FGD: its 11 "
+            "score levels tie most nodes and it is blind to CPU, so GPU capacity is stranded on nodes whose CPU "
+            "is gone.")
+    lines += ["- Without the CPU term (no pod-informer data) the allocation was measured about 0.8 point lower.", ""]
     return lines
 
 
@@ -244,7 +239,13 @@ def _findings(replay: ReplayExperiment) -> list[str]:
             f"{pack['mean_jct_s']:.0f} s ({100 * (1 - pack['mean_jct_s'] / st['mean_jct_s']):.1f} % better than "
             f"static), LS deadline misses {100 * pack['deadline_miss_rate']:.1f} %. Spreading urgent pods to idle "
             "GPUs scatters them over every node and leaves no node with the CPU and memory a large pod needs; "
-            "spreading within partly used nodes (or the fragmentation-aware score) would keep both benefits.")
+            "spreading within partly used nodes would keep both benefits.")
+    nofrag = o.get("deepres-nofrag")
+    if nofrag is not None:
+        lines.append(
+            f"- ablation `deepres-nofrag` (low-priority pods packed by the previous best-fit score instead of the "
+            f"fragmentation-aware one): mean JCT {nofrag['mean_jct_s']:.0f} s vs {d['mean_jct_s']:.0f} s, "
+            f"mean allocation {100 * nofrag['mean_alloc']:.1f} % vs {100 * d['mean_alloc']:.1f} %.")
     lines.append("- the claim's 35 % assumes GPUs are the bottleneck; on this trace, once GPUs are shared, CPU and "
                  "host memory are, so the JCT gain is bounded by them.")
     return lines
@@ -364,7 +365,7 @@ def _plots(out: Path, records: Sequence[RunRecord], reference: Any, replay: Repl
     table = packing_table(records)
     traces = [t for t in FGD_TRACES if t in table]
     if traces:
-        policies = [p for p in ("random", "bestfit", "fgd", "deepres", "deepres-frag")
+        policies = [p for p in ("random", "bestfit", "fgd", "deepres", "deepres-nofrag")
                     if any(p in table[t] for t in traces)]
         fig, ax = plt.subplots(figsize=(14, 4.5))
         width = 0.8 / max(len(policies), 1)

@@ -213,7 +213,7 @@ def test_deepres_memoised_decisions_equal_live_calls_over_all_nodes() -> None:
 def test_fragaware_node_scores_match_the_drop_in_score_nodes() -> None:
     from extender.policy import PolicyParams
     from extender.simulate.adapters import node_view, pod_request
-    from extender.simulate.fragaware import DemandMix, DemandShape, fragmentation, score_nodes_fragaware
+    from extender.policy import DemandMix, DemandShape, fragmentation, score_nodes_fragaware
 
     mix = DemandMix([DemandShape(8000.0, 1, 0.6, 4000.0), DemandShape(16000.0, 2, 0.4, 8000.0)])
     # node GPUs free 16000, 4800 (of 16000): shape 1 -> 1 GPU >= 8000 -> stranded 4800/16000 = .3
@@ -228,7 +228,7 @@ def test_fragaware_node_scores_match_the_drop_in_score_nodes() -> None:
 
 
 def test_scores_from_merits_gives_one_ten_in_the_stable_order() -> None:
-    from extender.simulate.fragaware import scores_from_merits
+    from extender.policy import scores_from_merits
 
     out = scores_from_merits([("a", 40), ("b", 57), ("c", 57), ("d", 0)])
     assert out == {"a": 9 * 40 // 100, "b": 10, "c": 9, "d": 0}
@@ -238,7 +238,7 @@ def test_scores_from_merits_gives_one_ten_in_the_stable_order() -> None:
 def test_fragaware_simulator_picks_what_the_drop_in_scores_would_pick() -> None:
     from extender.policy import PolicyParams
     from extender.simulate.adapters import node_view, pod_request
-    from extender.simulate.fragaware import score_nodes_fragaware
+    from extender.policy import score_nodes_fragaware
 
     nodes, pods = small_cluster(5)
     # one GPU model, so one request (one memory share) covers every candidate, as in the live extender
