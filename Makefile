@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv tools test lint typecheck unit run e2e clean
+.PHONY: venv tools test lint typecheck unit run predict e2e clean
 
 venv: $(STAMP)
 
@@ -34,7 +34,20 @@ unit: $(STAMP) $(TOOLS_STAMP)
 
 test: lint typecheck unit
 
-run: $(STAMP)
+# The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Agents
+# authenticate with the token in .venv/run-token (made once); `make predict` shows a prediction.
+RUN_TOKEN := $(VENV)/run-token
+BIND ?= 127.0.0.1:8888
+
+run: $(STAMP) $(RUN_TOKEN)
+	$(BIN)/deepres predict -f deploy/examples/cnn-small.yaml
+	$(BIN)/deepres serve --no-kube --bind $(BIND) --telemetry-token-file $(RUN_TOKEN)
+
+$(RUN_TOKEN): | $(STAMP)
+	@$(BIN)/python -c "import secrets; print(secrets.token_urlsafe(32))" > $(RUN_TOKEN)
+	@chmod 600 $(RUN_TOKEN)
+
+predict: $(STAMP)
 	$(BIN)/deepres predict -f deploy/examples/cnn-small.yaml
 
 e2e: $(STAMP) $(TOOLS_STAMP)
