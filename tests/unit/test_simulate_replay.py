@@ -28,7 +28,7 @@ def setup() -> tuple[list[replay.Job], list[Node]]:
     return jobs, nodes
 
 
-@pytest.mark.parametrize("cls", [replay.Static, replay.Request, replay.DeepRes])
+@pytest.mark.parametrize("cls", [replay.Static, replay.Request, replay.DeepRes, replay.DeepResNoFrag])
 def test_every_job_accounted_and_cluster_drains(cls: type[replay.Strategy],
                                                 setup: tuple[list[replay.Job], list[Node]]) -> None:
     jobs, nodes = setup
@@ -72,3 +72,22 @@ def test_preemption_only_evicts_strictly_lower_priority(setup: tuple[list[replay
     assert out.metrics["preemptions"] == len(seen) > 0  # the slice is contended enough to preempt
     assert all(victim < preemptor for victim, preemptor in seen)
     assert not math.isnan(out.metrics["mean_jct_s"])
+
+
+def test_demand_window_keeps_the_frequent_binned_shapes() -> None:
+    """The replay's demand mix: admissions binned up (512 MiB, 1000 mCPU), rebuilt every MIX_REBUILD binds,
+    the most frequent shapes covering MIX_COVER of the window, weights renormalised."""
+    window = replay.DemandWindow()
+    assert len(window.mix()) == 0
+    for _ in range(60):
+        window.admit(7_900.0, 1, 1_500.0)  # -> (8192, 1, 2000)
+    for _ in range(39):
+        window.admit(3_000.0, 2, 500.0)  # -> (3072, 2, 1000)
+    window.admit(20_000.0, 1, 0.0)  # 1 % of the window: beyond the 95 % cover
+    shapes = {(s.memory_mib, s.gpus, s.cpu_milli): s.probability for s in window.mix().shapes}
+    assert shapes == {(8_192.0, 1, 2_000.0): pytest.approx(60 / 99), (3_072.0, 2, 1_000.0): pytest.approx(39 / 99)}
+    for _ in range(replay.MIX_REBUILD - 1):
+        window.admit(20_000.0, 1, 0.0)
+    assert len(window.mix()) == 2  # not rebuilt before MIX_REBUILD new binds
+    window.admit(20_000.0, 1, 0.0)
+    assert (20_480.0, 1, 0.0) in {(s.memory_mib, s.gpus, s.cpu_milli) for s in window.mix().shapes}
