@@ -91,3 +91,35 @@ def test_demand_window_keeps_the_frequent_binned_shapes() -> None:
     assert len(window.mix()) == 2  # not rebuilt before MIX_REBUILD new binds
     window.admit(20_000.0, 1, 0.0)
     assert (20_480.0, 1, 0.0) in {(s.memory_mib, s.gpus, s.cpu_milli) for s in window.mix().shapes}
+
+
+def test_representatives_give_the_same_decision_as_scoring_every_node(
+        setup: tuple[list[replay.Job], list[Node]]) -> None:
+    """DeepRes scores one node per distinct state; the winner must be the node that scoring every
+    passed node with `score_nodes_fragaware` gives 10, at every placement of a short replay."""
+    from extender.policy import filter_nodes, score_nodes_fragaware
+
+    jobs, _ = setup
+    checked = 0
+    original = replay.DeepRes.place
+
+    def place_and_check(self: replay.DeepRes, job: replay.Job, now: float) -> tuple[int, list[int], float] | None:
+        nonlocal checked
+        answer = original(self, job, now)
+        pod = self.request(job, now)
+        if answer is not None and not replay.spreads(pod, self.params):
+            views = {self.c.names[int(i)]: self.view(int(i), now) for i in self.candidates(job)}
+            passed = filter_nodes(pod, list(views), views, 0.0, self.params).passed
+            cpu = {n: float(self.c.cpu_left[self._index[n]]) for n in passed}
+            full = dict(score_nodes_fragaware(pod, passed, views, self.params, self.demand.mix(), cpu,
+                                              float(job.pod.cpu_milli)))
+            assert full[self.c.names[answer[0]]] == 10
+            checked += 1
+        return answer
+
+    replay.DeepRes.place = place_and_check  # type: ignore[method-assign]
+    try:
+        replay.simulate(replay.DeepRes, jobs[:400], read_nodes(node_list_path(DEFAULT_DATA))[::32], PolicyParams())
+    finally:
+        replay.DeepRes.place = original  # type: ignore[method-assign]
+    assert checked > 100
