@@ -97,7 +97,7 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
         setup: tuple[list[replay.Job], list[Node]]) -> None:
     """DeepRes scores one node per distinct state; the winner must be the node that scoring every
     passed node with `score_nodes_fragaware` gives 10, at every placement of a short replay."""
-    from extender.policy import filter_nodes, score_nodes_fragaware
+    from extender.policy import filter_nodes, score_nodes_fragaware, spreads
 
     jobs, _ = setup
     checked = 0
@@ -107,7 +107,7 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
         nonlocal checked
         answer = original(self, job, now)
         pod = self.request(job, now)
-        if answer is not None and not replay.spreads(pod, self.params):
+        if answer is not None and not spreads(pod, self.params):
             views = {self.c.names[int(i)]: self.view(int(i), now) for i in self.candidates(job)}
             passed = filter_nodes(pod, list(views), views, 0.0, self.params).passed
             cpu = {n: float(self.c.cpu_left[self._index[n]]) for n in passed}
