@@ -34,9 +34,11 @@ from extender.policy import (
     corrected_admission,
     plan_victims,
     priority_of,
+    spreads,
 )
 from extender.policy.columnar import filter_matrix, score_matrix
 from extender.policy.filtering import gib
+from extender.policy.fragmentation import DemandWindow, score_nodes_fragaware
 from extender.protocol import (
     PodInfo,
     ProtocolError,
@@ -112,6 +114,7 @@ class Extender:
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (clock)
         self._lock = threading.Lock()
+        self.demand = DemandWindow()  # recent admissions: the demand mix of the packing score (under _lock)
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
                         "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")
@@ -256,7 +259,15 @@ class Extender:
             plan = self.plan(args.pod, self.clock())
         except (AnnotationError, PredictorUnavailable):
             return JsonText(encode_host_priority_list((name, 0) for name in dict.fromkeys(args.node_names)))
-        scores = score_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, self.params)
+        req = plan.request
+        with self._lock:
+            mix = self.demand.mix()
+        if req.gpu_job and not spreads(req, self.params) and len(mix):
+            # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
+            # recent admissions; reports/simulation.md measures it at FGD's allocation level
+            scores = score_nodes_fragaware(req, args.node_names, self.state.views, self.params, mix)
+        else:
+            scores = score_matrix(req, args.node_names, self.state.matrix, self.state.views, self.params)
         return JsonText(encode_host_priority_list(scores))
 
     def bind(self, body: Any) -> dict[str, str]:
@@ -323,6 +334,8 @@ class Extender:
             log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
+        with self._lock:
+            self.demand.admit(res.admission_mib, len(res.gpu_uuids))
         view = self.state.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
         self.cluster.event(raw, "Placed", self._placed_message(plan, args.node, indexes))
@@ -569,6 +582,8 @@ class Extender:
                           admission, predicted, inputs, now, signature,
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
         if self.state.restore(res):
+            with self._lock:
+                self.demand.admit(admission, len(res.gpu_uuids))
             log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
                      gpus, admission)
 

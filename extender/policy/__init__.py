@@ -34,6 +34,7 @@ Functions
 Fragmentation-aware packing score (`extender.policy.fragmentation`), for low-priority pods:
     DemandShape(memory_mib, gpus, probability, cpu_milli=0); DemandMix(shapes);
     demand_mix([(memory_mib, gpus, weight, cpu_milli), ...]) -> DemandMix (weights renormalised)
+    DemandWindow().admit(memory_mib, gpus, cpu_milli) / .mix() -> DemandMix   (the recent admissions)
     score_nodes_fragaware(pod, names, nodes, params, mix, cpu_left_milli=None, pod_cpu_milli=0)
         -> list[(name, score 0..10)]   (10: first top-merit node in name order, 9: other top ones)
     choose_gpus_fragaware(pod, node, mix, cpu_left_milli=None, pod_cpu_milli=0) -> GPUs | None
@@ -54,6 +55,7 @@ from extender.policy.filtering import filter_nodes, node_failure
 from extender.policy.fragmentation import (
     DemandMix,
     DemandShape,
+    DemandWindow,
     choose_gpus_fragaware,
     demand_mix,
     fragmentation,
@@ -82,6 +84,7 @@ __all__ = [
     "Correction",
     "DemandMix",
     "DemandShape",
+    "DemandWindow",
     "FilterResult",
     "GpuView",
     "NodeView",

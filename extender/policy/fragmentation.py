@@ -26,6 +26,7 @@ it takes alone when `cpu_left_milli` is known, else neutrally.
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -176,14 +177,20 @@ def score_nodes_fragaware(
         neutral = min(max(params.neutral_score, 0), MAX_SCORE)
         return [(name, neutral) for name in dict.fromkeys(names)]
     merits: list[tuple[str, int]] = []
+    # Nodes in the same state (GPUs' free/capacity, CPU left) have the same merit: compute it once.
+    known: dict[tuple[object, ...], int | None] = {}
     for name in order:
         node = nodes.get(name)
         if node is None or node_failure(pod, node, node.received_s, params) is not None:
             continue
         cpu = None if cpu_left_milli is None else cpu_left_milli.get(name)
-        found = fragmentation_delta(pod, node, mix, cpu, pod_cpu_milli, sharpness)
-        if found is not None:
-            merits.append((name, merit_from_delta(found[0], sharpness)))
+        key = (cpu, *sorted((g.free_mib, g.capacity_mib) for g in node.gpus))  # GPU order does not matter
+        if key not in known:
+            found = fragmentation_delta(pod, node, mix, cpu, pod_cpu_milli, sharpness)
+            known[key] = None if found is None else merit_from_delta(found[0], sharpness)
+        merit = known[key]
+        if merit is not None:
+            merits.append((name, merit))
     scores = scores_from_merits(merits)
     return [(name, scores.get(name, 0)) for name in dict.fromkeys(names)]
 
@@ -202,3 +209,45 @@ def demand_mix(shapes: Sequence[tuple[float, int, float, float]]) -> DemandMix:
     if total <= 0:
         return DemandMix(())
     return DemandMix([DemandShape(m, g, w / total, c) for m, g, w, c in shapes])
+
+
+#: The recent admissions that make the live demand mix, and how it is binned (DemandWindow).
+MIX_WINDOW = 2000
+MIX_REBUILD = 50
+MIX_COVER = 0.95
+MIX_MEMORY_BIN_MIB = 512
+MIX_CPU_BIN_MILLI = 1000
+
+
+class DemandWindow:
+    """The recent admissions as a demand mix for `score_nodes_fragaware`: (memory per GPU, GPUs, CPU)
+    rounded up to bins, the most frequent shapes covering MIX_COVER of the window.
+
+    Pure bookkeeping (no I/O, no clock); the extender feeds it at every bind, the simulator's replay
+    at every placement. Not thread-safe: the caller serialises `admit` and `mix`.
+    """
+
+    def __init__(self, window: int = MIX_WINDOW, rebuild_every: int = MIX_REBUILD) -> None:
+        self.recent: deque[tuple[float, int, float]] = deque(maxlen=window)
+        self._rebuild_every = rebuild_every
+        self._mix = demand_mix([])
+        self._since = rebuild_every
+
+    def admit(self, memory_mib: float, gpus: int, cpu_milli: float = 0.0) -> None:
+        self.recent.append((math.ceil(memory_mib / MIX_MEMORY_BIN_MIB) * MIX_MEMORY_BIN_MIB, gpus,
+                            math.ceil(cpu_milli / MIX_CPU_BIN_MILLI) * MIX_CPU_BIN_MILLI))
+        self._since += 1
+
+    def mix(self) -> DemandMix:
+        if self._since >= self._rebuild_every or (not len(self._mix) and self.recent):  # first admissions count at once
+            counts = Counter(self.recent)
+            kept: list[tuple[float, int, float, float]] = []
+            covered = 0
+            for (memory, gpus, cpu), n in counts.most_common():
+                if covered >= MIX_COVER * len(self.recent):
+                    break
+                kept.append((memory, gpus, float(n), cpu))
+                covered += n
+            self._mix = demand_mix(kept)
+            self._since = 0
+        return self._mix

@@ -24,7 +24,6 @@ import heapq
 import logging
 import math
 import statistics
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.policy import (
-    DemandMix,
+    DemandWindow,
     GpuView,
     NodeView,
     PeakStore,
@@ -45,7 +44,6 @@ from extender.policy import (
     choose_gpus,
     choose_gpus_fragaware,
     corrected_admission,
-    demand_mix,
     filter_nodes,
     follow_usage,
     plan_victims,
@@ -71,13 +69,6 @@ CRITICALITY = {"LS": 2, "BE": 0}
 #: Pods from this DeepRes priority on (high criticality and above) may preempt strictly lower ones.
 PREEMPTING_PRIORITY = 20.0
 POLICIES = ("static", "request", "deepres", "deepres-pack", "deepres-nofrag")
-#: The demand mix of the fragmentation-aware score: the last MIX_WINDOW admissions, binned, rebuilt every
-#: MIX_REBUILD binds, keeping the most frequent shapes that cover MIX_COVER of them (what the extender keeps).
-MIX_WINDOW = 2000
-MIX_REBUILD = 50
-MIX_COVER = 0.95
-MIX_MEMORY_BIN_MIB = 512
-MIX_CPU_BIN_MILLI = 1000
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -268,35 +259,6 @@ class Request(Strategy):
         row = np.where(fits[i], free[i], np.inf)
         gpus = [int(g) for g in np.argsort(row, kind="stable")[:k]]  # best fit GPUs
         return i, gpus, float(need[i, 0])
-
-
-class DemandWindow:
-    """The recent admissions as a demand mix for `score_nodes_fragaware`: (memory per GPU, GPUs, CPU)
-    rounded up to bins, the most frequent shapes covering MIX_COVER of the window."""
-
-    def __init__(self) -> None:
-        self.recent: deque[tuple[float, int, float]] = deque(maxlen=MIX_WINDOW)
-        self._mix = demand_mix([])
-        self._since = MIX_REBUILD
-
-    def admit(self, memory_mib: float, gpus: int, cpu_milli: float) -> None:
-        self.recent.append((math.ceil(memory_mib / MIX_MEMORY_BIN_MIB) * MIX_MEMORY_BIN_MIB, gpus,
-                            math.ceil(cpu_milli / MIX_CPU_BIN_MILLI) * MIX_CPU_BIN_MILLI))
-        self._since += 1
-
-    def mix(self) -> DemandMix:
-        if self._since >= MIX_REBUILD:
-            counts = Counter(self.recent)
-            kept: list[tuple[float, int, float, float]] = []
-            covered = 0
-            for (memory, gpus, cpu), n in counts.most_common():
-                if covered >= MIX_COVER * len(self.recent):
-                    break
-                kept.append((memory, gpus, float(n), cpu))
-                covered += n
-            self._mix = demand_mix(kept)
-            self._since = 0
-        return self._mix
 
 
 class DeepRes(Strategy):

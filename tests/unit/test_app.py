@@ -341,3 +341,28 @@ def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
             clock.now += 121
             client.post("/filter", json=extender_args(big, names=["a"]))
             assert len(cluster.evictions) == 1  # it fits now: nothing more to evict
+
+
+def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_a_demand_mix() -> None:
+    """Best fit prefers the tighter node; with a mix of recent admissions of this size the extender
+    prefers the node where placing the pod strands no memory another such pod could use."""
+    low = {k: v for k, v in CNN_ANNOTATIONS.items() if k != "deepres.io/deadline"}
+    low["deepres.io/criticality"] = "low"
+    capacity = 4 * NEED
+    client, _, clock = make()
+    send_report(client, "tight", 1, [(capacity, capacity - 1.5 * NEED)], clock)  # leaves 0.5x: stranded
+    send_report(client, "roomy", 1, [(capacity, capacity - 2.5 * NEED)], clock)  # leaves 1.5x: still fits one
+    send_report(client, "warm", 1, [(40 * NEED, 0.0)], clock)
+    probe = extender_args(pod("probe", low), names=["tight", "roomy"])
+
+    def scores() -> dict[str, int]:
+        return {h["Host"]: h["Score"] for h in client.post("/prioritize", json=probe).get_json()}
+
+    before = scores()
+    assert before["tight"] > before["roomy"], "without a demand mix: best fit on memory"
+    for i in range(3):  # admissions of the same shape make the demand mix
+        earlier = pod(f"w{i}", low)
+        client.post("/filter", json=extender_args(earlier, names=["warm"]))
+        assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
+    after = scores()
+    assert after["roomy"] > after["tight"], after

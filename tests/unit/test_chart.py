@@ -529,7 +529,8 @@ def test_simulated_agents_get_their_node_specs(tmp_path: Path) -> None:
 EXPECTED_RULES = {
     "deepres-extender": {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
-        ("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+        ("", "pods/binding", "create"), ("", "pods/eviction", "create"),
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
         ("", "events", "create"), ("", "events", "patch"), ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"), ("authentication.k8s.io", "tokenreviews", "create"),
     },

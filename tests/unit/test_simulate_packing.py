@@ -211,9 +211,8 @@ def test_deepres_memoised_decisions_equal_live_calls_over_all_nodes() -> None:
 
 
 def test_fragaware_node_scores_match_the_drop_in_score_nodes() -> None:
-    from extender.policy import PolicyParams
+    from extender.policy import DemandMix, DemandShape, PolicyParams, fragmentation, score_nodes_fragaware
     from extender.simulate.adapters import node_view, pod_request
-    from extender.policy import DemandMix, DemandShape, fragmentation, score_nodes_fragaware
 
     mix = DemandMix([DemandShape(8000.0, 1, 0.6, 4000.0), DemandShape(16000.0, 2, 0.4, 8000.0)])
     # node GPUs free 16000, 4800 (of 16000): shape 1 -> 1 GPU >= 8000 -> stranded 4800/16000 = .3
@@ -236,9 +235,8 @@ def test_scores_from_merits_gives_one_ten_in_the_stable_order() -> None:
 
 
 def test_fragaware_simulator_picks_what_the_drop_in_scores_would_pick() -> None:
-    from extender.policy import PolicyParams
+    from extender.policy import PolicyParams, score_nodes_fragaware
     from extender.simulate.adapters import node_view, pod_request
-    from extender.policy import score_nodes_fragaware
 
     nodes, pods = small_cluster(5)
     # one GPU model, so one request (one memory share) covers every candidate, as in the live extender

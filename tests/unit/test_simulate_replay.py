@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from extender.policy import PolicyParams
+from extender.policy.fragmentation import MIX_REBUILD, DemandWindow
 from extender.simulate import replay
 from extender.simulate.jobs import load_job_pool, load_predictor
 from extender.simulate.traces import DEFAULT_DATA, Node, node_list_path, pod_list_path, read_nodes, read_pods
@@ -77,7 +78,7 @@ def test_preemption_only_evicts_strictly_lower_priority(setup: tuple[list[replay
 def test_demand_window_keeps_the_frequent_binned_shapes() -> None:
     """The replay's demand mix: admissions binned up (512 MiB, 1000 mCPU), rebuilt every MIX_REBUILD binds,
     the most frequent shapes covering MIX_COVER of the window, weights renormalised."""
-    window = replay.DemandWindow()
+    window = DemandWindow()
     assert len(window.mix()) == 0
     for _ in range(60):
         window.admit(7_900.0, 1, 1_500.0)  # -> (8192, 1, 2000)
@@ -86,7 +87,7 @@ def test_demand_window_keeps_the_frequent_binned_shapes() -> None:
     window.admit(20_000.0, 1, 0.0)  # 1 % of the window: beyond the 95 % cover
     shapes = {(s.memory_mib, s.gpus, s.cpu_milli): s.probability for s in window.mix().shapes}
     assert shapes == {(8_192.0, 1, 2_000.0): pytest.approx(60 / 99), (3_072.0, 2, 1_000.0): pytest.approx(39 / 99)}
-    for _ in range(replay.MIX_REBUILD - 1):
+    for _ in range(MIX_REBUILD - 1):
         window.admit(20_000.0, 1, 0.0)
     assert len(window.mix()) == 2  # not rebuilt before MIX_REBUILD new binds
     window.admit(20_000.0, 1, 0.0)
