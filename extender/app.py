@@ -115,6 +115,7 @@ class Extender:
         self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (clock)
         self._lock = threading.Lock()
         self.demand = DemandWindow()  # recent admissions: the demand mix of the packing score (under _lock)
+        self.fragmentation_aware = settings.policy.fragmentation_aware_packing
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
                         "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")
@@ -262,7 +263,7 @@ class Extender:
         req = plan.request
         with self._lock:
             mix = self.demand.mix()
-        if req.gpu_job and not spreads(req, self.params) and len(mix):
+        if self.fragmentation_aware and req.gpu_job and not spreads(req, self.params) and len(mix):
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
             scores = score_nodes_fragaware(req, args.node_names, self.state.views, self.params, mix)

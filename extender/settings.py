@@ -59,6 +59,9 @@ class PolicySettings:
     """Priority from which pods spread to the least utilised GPUs (20 = a `high` job)."""
     fragmentation_weight: float = 0.2
     """Share of the score (0..1) rewarding placements that leave fewer GPUs partly used."""
+    fragmentation_aware_packing: bool = True
+    """Score packing (below `spread_priority`) pods by the fragmentation-aware rule against the mix of
+    recent admissions (FGD's idea in memory terms; reports/simulation.md). False: best fit only."""
     usage_warmup_s: float = 120.0
     """Time after bind before a reservation follows the pod's observed peak."""
     usage_margin: float = 1.10

@@ -91,7 +91,11 @@ def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
     token_file.write_text(token + "\n")
     port = _free_port()
     log_path = workdir / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DEEPRES_TELEMETRY_TTL_S": "86400"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DEEPRES_TELEMETRY_TTL_S": "86400",
+           # the server learns its demand mix from its own binds, the simulator takes the trace's typical
+           # pods: compare the shared filter / score / GPU-choice functions with the best-fit packing rule
+           # (the fragmentation-aware rule is checked against the same functions in the unit tests)
+           "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false"}
     with log_path.open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind",
                                  f"127.0.0.1:{port}", "--telemetry-token-file", str(token_file),
