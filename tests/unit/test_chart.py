@@ -348,11 +348,9 @@ def test_scheduler_configuration_has_only_upstream_fields(tmp_path: Path) -> Non
 
 def test_probe_paths_are_served(tmp_path: Path) -> None:
     """Every httpGet probe of the extender container hits a GET route of the extender's Flask app."""
-    try:
-        from extender.app import create_app
-        from extender.settings import KubeSettings, Settings
-    except ImportError as err:
-        pytest.skip(f"extender/app.py not importable yet: {err}")
+    from extender.app import create_app
+    from extender.settings import KubeSettings, Settings
+
     flask_app = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object())  # type: ignore[arg-type]
     gets = {r.rule for r in flask_app.url_map.iter_rules() if "GET" in (r.methods or set())}
     extender = container(find(render(tmp_path, {}), "Deployment", "deepres-scheduler"), "extender")
@@ -362,10 +360,8 @@ def test_probe_paths_are_served(tmp_path: Path) -> None:
 
 
 def test_agent_probe_and_scrape_paths_are_served(tmp_path: Path) -> None:
-    try:
-        from extender.agent.metrics import AgentMetrics, Health, make_app
-    except ImportError as err:
-        pytest.skip(f"extender.agent.metrics not importable yet: {err}")
+    from extender.agent.metrics import AgentMetrics, Health, make_app
+
     app = make_app(AgentMetrics(), Health(max_age_s=60.0))
     agent = container(find(render(tmp_path, {}), "DaemonSet", "deepres-agent"), "agent")
     paths = {agent[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")} | {"/metrics"}
