@@ -17,7 +17,7 @@ from typing import Any
 
 # subcommand -> (module, one-line help). Bench targets dispatch inside `extender.bench`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("extender.server", "run the scheduler extender (gunicorn) with the embedded predictor"),
+    "serve": ("extender.server", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
     "agent": ("extender.agent.main", "run the node agent: sample GPUs, report to the extender, /metrics"),
     "predict": ("predictor.predict_cli", "predict the GPU demand of an annotated pod or JobSpec"),
     "dataset": ("predictor.dataset.generate", "generate the traced, calibrated training-job dataset"),

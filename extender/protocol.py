@@ -13,7 +13,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from extender.policy.types import FilterResult
@@ -230,17 +229,6 @@ def filter_all_unresolvable(args: ExtenderArgs, reason: str) -> dict[str, Any]:
 
 def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": int(score)} for host, score in scores]
-
-
-def encode_host_priority_list(scores: Iterable[tuple[str, int]]) -> str:
-    """The HostPriorityList as JSON text, written directly: at 500 hosts several times faster than
-    building dicts and `json.dumps`, and the same text (a test holds them equal)."""
-    pairs = list(scores)
-    hosts = map(encode_basestring_ascii, [host for host, _ in pairs])
-    return "[" + ",".join(map(_HOST_SCORE.format, hosts, [int(score) for _, score in pairs])) + "]"
-
-
-_HOST_SCORE = '{{"Host":{},"Score":{}}}'
 
 
 

@@ -22,6 +22,8 @@ import yaml
 from extender.policy.types import CRITICALITIES, PolicyParams
 
 ENV_PREFIX = "DEEPRES_"
+#: The production WSGI servers `deepres serve` can run under (extender/server.py says why granian leads).
+ENGINES = ("granian", "gunicorn")
 
 
 class SettingsError(ValueError):
@@ -36,10 +38,13 @@ class SettingsError(ValueError):
 class ServerSettings:
     bind: str = "0.0.0.0:8888"
     """HOST:PORT the HTTP server listens on."""
+    engine: str = "granian"
+    """WSGI server: granian (HTTP in Rust, less CPU per request) or gunicorn (gthread worker)."""
     threads: int = 8
     """Request threads of the single worker process (the cluster state lives in that one process)."""
     timeout_s: float = 30.0
-    """gunicorn worker timeout; kube-scheduler's own httpTimeout is 5 s by default."""
+    """gunicorn: worker timeout; granian: time to read a request's headers. kube-scheduler's own
+    httpTimeout is 5 s by default."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
     tls_cert: str = ""
@@ -147,6 +152,8 @@ class Settings:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             p.append(f"server.bind must be HOST:PORT with a port in 1..65535, got {s.bind!r}")
         _positive(p, "server.threads", s.threads)
+        if s.engine not in ENGINES:
+            p.append(f"server.engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
         _positive(p, "server.timeout_s", s.timeout_s)
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
         if bool(s.tls_cert) != bool(s.tls_key):

@@ -1,5 +1,6 @@
-"""The production server (`deepres serve --no-kube`, gunicorn) over real HTTP on a loopback port:
-kube-scheduler's golden payloads, the four verbs, telemetry auth and staleness, probes."""
+"""The production server (`deepres serve --no-kube`) over real HTTP on a loopback port, under each
+engine (granian, the default, and gunicorn): kube-scheduler's golden payloads, the four verbs,
+telemetry auth and staleness, probes."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from tests.fixtures.kube.server import TOKEN, get, post, running_server
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kube"
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["granian", "gunicorn"])
+def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # the preempt verb is tested here; the extender's own evictions are tested in test_app
-    with running_server(tmp_path_factory.mktemp("server"), env={"DEEPRES_SELF_PREEMPTION": "false"}) as base:
+    env = {"DEEPRES_SELF_PREEMPTION": "false", "DEEPRES_ENGINE": request.param}
+    with running_server(tmp_path_factory.mktemp("server"), env=env) as base:
         yield base
 
 

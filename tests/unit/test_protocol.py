@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from extender.policy import FilterResult
 from extender.protocol import (
     ProtocolError,
-    encode_host_priority_list,
     filter_error,
     filter_result,
     host_priority_list,
@@ -111,7 +108,3 @@ def test_bind_args_require_name_uid_and_node(body: dict[str, str]) -> None:
     with pytest.raises(ProtocolError):
         parse_binding_args(body)
 
-
-@given(st.lists(st.tuples(st.text(max_size=20), st.integers(0, 10)), max_size=20))
-def test_direct_priority_list_encoding_equals_json(scores: list[tuple[str, int]]) -> None:
-    assert json.loads(encode_host_priority_list(scores)) == host_priority_list(scores)

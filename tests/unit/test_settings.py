@@ -88,3 +88,31 @@ def test_serve_flags_override_everything_and_gunicorn_runs_one_threaded_worker(t
     assert options["certfile"] == str(cert) and options["keyfile"] == str(key) and not options["preload_app"]
     with pytest.raises(UsageError, match=r"server\.bind must be HOST:PORT"):
         settings_from_args(parser.parse_args(["--bind", "nowhere"]))
+
+
+def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: Path) -> None:
+    import argparse
+
+    from granian.constants import Interfaces
+
+    from extender.server import GranianServer, add_arguments, granian_options, make_server, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    settings = settings_from_args(parser.parse_args(["--bind", "127.0.0.1:9001", "--threads", "5", "--tls-cert",
+                                                     str(cert), "--tls-key", str(key)]))
+    assert settings.server.engine == "granian" and isinstance(make_server(settings), GranianServer)
+    options = granian_options(settings)
+    assert (options["address"], options["port"]) == ("127.0.0.1", 9001)
+    assert options["workers"] == 1 and options["blocking_threads"] == 5 and options["interface"] == Interfaces.WSGI
+    assert options["ssl_cert"] == cert and options["ssl_key"] == key
+    gunicorn = settings_from_args(parser.parse_args(["--engine", "gunicorn"]))
+    assert not isinstance(make_server(gunicorn), GranianServer)
+
+
+def test_an_unknown_engine_is_refused_with_the_choices() -> None:
+    with pytest.raises(SettingsError, match=r"server\.engine must be one of granian, gunicorn, got 'uwsgi'"):
+        load_settings(None, env={"DEEPRES_ENGINE": "uwsgi"})
