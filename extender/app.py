@@ -37,9 +37,9 @@ from extender.policy import (
     priority_of,
     spreads,
 )
-from extender.policy.columnar import filter_matrix, score_matrix
+from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import gib
-from extender.policy.fragmentation import DemandWindow, score_nodes_fragaware
+from extender.policy.fragmentation import DemandWindow
 from extender.protocol import (
     PodInfo,
     ProtocolError,
@@ -275,7 +275,7 @@ class Extender:
         if self.fragmentation_aware and req.gpu_job and not spreads(req, self.params) and len(mix):
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
-            scores = score_nodes_fragaware(req, args.node_names, self.state.views, self.params, mix)
+            scores = score_matrix_fragaware(req, args.node_names, self.state.matrix, self.params, mix)
         else:
             scores = score_matrix(req, args.node_names, self.state.matrix, self.state.views, self.params)
         return host_priority_list(scores)

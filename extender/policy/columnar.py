@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.policy.filtering import PASSED, node_failure
+from extender.policy.fragmentation import DEFAULT_SHARPNESS, DemandMix, merits_from_deltas, scores_from_merits
 from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node
 from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
 
@@ -35,6 +36,7 @@ class _Arrays:
     empty: F64  # 1.0 for a whole GPU (as float: it enters the pack key)
     partly: I64  # 1 for a partly used GPU
     free_desc: F64  # each row's free memory sorted, largest first
+    index: F64  # the GPU's index on its node (the tie break of multi-GPU choices)
     healthy: I64  # (rows,) healthy GPUs
     partly_count: I64
     received: F64  # (rows,) -inf for a free row
@@ -44,14 +46,15 @@ class _Arrays:
         return cls(
             free=np.full((rows, cols), -np.inf), cap=np.zeros((rows, cols)), util=np.zeros((rows, cols)),
             empty=np.zeros((rows, cols)), partly=np.zeros((rows, cols), dtype=np.int64),
-            free_desc=np.full((rows, cols), -np.inf), healthy=np.zeros(rows, dtype=np.int64),
+            free_desc=np.full((rows, cols), -np.inf), index=np.zeros((rows, cols)),
+            healthy=np.zeros(rows, dtype=np.int64),
             partly_count=np.zeros(rows, dtype=np.int64), received=np.full(rows, -np.inf),
         )
 
     def grown(self, rows: int, cols: int) -> _Arrays:
         bigger = _Arrays.allocate(rows, cols)
         r, c = self.free.shape
-        for name in ("free", "cap", "util", "empty", "partly", "free_desc"):
+        for name in ("free", "cap", "util", "empty", "partly", "free_desc", "index"):
             getattr(bigger, name)[:r, :c] = getattr(self, name)
         for name in ("healthy", "partly_count", "received"):
             getattr(bigger, name)[:r] = getattr(self, name)
@@ -84,6 +87,7 @@ class NodeMatrix:
         a.util[row, :n] = [g.utilization for g in healthy]
         a.empty[row, :n] = [1.0 if g.empty else 0.0 for g in healthy]
         a.partly[row, :n] = [1 if g.partly else 0 for g in healthy]
+        a.index[row, :n] = [g.index for g in healthy]
         a.free_desc[row, :n] = view.free_desc
         a.healthy[row] = n
         a.partly_count[row] = view.partly_count
@@ -201,3 +205,101 @@ def score_matrix(
         value = (1.0 - weight) * np.clip(main, 0.0, 1.0) + weight * whole
         scores[ok] = np.clip(np.rint(MAX_SCORE * value), MIN_SCORE, MAX_SCORE).astype(np.int64)
     return list(zip(unique, scores.tolist(), strict=True))
+
+
+def score_matrix_fragaware(
+    pod: PodRequest,
+    names: Iterable[str],
+    matrix: NodeMatrix,
+    params: PolicyParams,
+    mix: DemandMix,
+    sharpness: float = DEFAULT_SHARPNESS,
+) -> list[tuple[str, int]]:
+    """`fragmentation.score_nodes_fragaware` (without a CPU term) over the matrix: the live extender's
+    packing score at 500 candidates in well under a millisecond instead of ~15 ms.
+
+    Each node's fragmentation before and after each possible placement is computed for all
+    candidates at once; for a one-GPU pod the state after placing on GPU g differs from the state
+    before in g alone, so it is updated from the state before instead of recomputed. Sums taken in
+    another order can differ from the scalar's in the last bit, which moves a truncated merit only if
+    it lies within ~1e-15 of an integer; a property test holds the scores equal.
+    """
+    unique = list(dict.fromkeys(names))
+    if not pod.gpu_job or not unique:
+        neutral = min(max(params.neutral_score, 0), MAX_SCORE)
+        return [(n, neutral) for n in unique]
+    order = sorted(unique)  # the stable order of the tie rule
+    a = matrix.arrays
+    rows = _rows(matrix, order)
+    known = rows >= 0
+    safe = np.where(known, rows, 0)
+    count, need = max(pod.gpus, 1), pod.admission_mib
+    if count > a.free_desc.shape[1]:
+        return [(n, 0) for n in unique]
+    ok = known & (a.healthy[safe] >= count) & (a.free_desc[safe, count - 1] >= need)
+    members = np.flatnonzero(ok)
+    r = safe[members]
+    free, caps = a.free[r], a.cap[r]  # missing GPU columns: free -inf, capacity 0 (they never fit, weigh 0)
+    before = _Fragmentation(free, caps, mix)
+    if count == 1:  # every fitting GPU is an option; the node's merit is the best option's
+        option_merits = merits_from_deltas(before.after_one(need) - before.value[:, None], sharpness)
+        node_merits = np.where(free >= need, option_merits, -1).max(axis=1)
+    else:  # the fitting GPUs with the smallest leftover, then the lowest index
+        leftover = np.where(free >= need, free - need, np.inf)
+        chosen = np.lexsort((a.index[r], leftover), axis=-1)[:, :count]
+        after = free.copy()
+        after[np.arange(len(r))[:, None], chosen] -= need
+        node_merits = merits_from_deltas(_Fragmentation(after, caps, mix).value - before.value, sharpness)
+    scores = scores_from_merits([(order[i], m) for i, m in zip(members.tolist(), node_merits.tolist(), strict=True)])
+    return [(name, scores.get(name, 0)) for name in unique]
+
+
+class _Fragmentation:
+    """`DemandMix.fragmentation_many` for N nodes at once (no CPU term), laid out GPU x node so that
+    numpy's work runs along the long node axis. Free and capacities come in as (N, G).
+
+    Shapes sharing a memory size share one test per GPU (`free >= memory`); a shape of k GPUs can
+    start where at least k GPUs pass it, so with `table[j, c]` = the probability of the shapes of
+    size j that start with c fitting GPUs, the fragmentation is
+    sum_j table[j, c_j] x stranded_j + (p_j - table[j, c_j]) x idle. The per-size terms are kept so
+    that one-GPU placements are evaluated incrementally (`after_one`).
+    """
+
+    def __init__(self, free: F64, caps: F64, mix: DemandMix) -> None:
+        memory, gpus, p = mix.arrays()
+        self.sizes, which = np.unique(memory, return_inverse=True)
+        count = free.shape[1]
+        table = np.zeros((len(self.sizes), count + 1))
+        for j, k, q in zip(which.tolist(), gpus.tolist(), p.tolist(), strict=True):
+            if 0 < k <= count:  # a shape needing more GPUs than the node has never starts there
+                table[j, k:] += q
+        self.table = table.ravel()
+        self.offset = np.arange(len(self.sizes)) * (count + 1)
+        self.total = np.bincount(which, weights=p, minlength=len(self.sizes))
+        self.free = np.ascontiguousarray(free.T)  # (G, N); missing GPUs: free -inf, capacity 0
+        self.caps = np.ascontiguousarray(caps.T)
+        self.safe = np.where(self.caps > 0, self.caps, 1.0)
+        self.fraction = np.where(self.caps > 0, self.free / self.safe, 0.0)  # (G, N)
+        self.fits = self.free[None] >= self.sizes[:, None, None]  # (J, G, N)
+        self.terms = np.where(self.fits, 0.0, self.fraction[None])  # (J, G, N)
+        self.stranded = self.terms.sum(axis=1)  # (J, N)
+        self.fit_count = self.fits.sum(axis=1)  # (J, N)
+        self.idle = self.fraction.sum(axis=0)  # (N,)
+        self.value = self._combine(self.stranded, self.fit_count, self.idle, self.offset[:, None])
+
+    def _combine(self, stranded: F64, fit_count: I64, idle: F64, offset: I64) -> F64:
+        weight = np.take(self.table, fit_count + offset)
+        total = self.total.reshape((-1,) + (1,) * (stranded.ndim - 1))
+        value: F64 = (weight * stranded + (total - weight) * idle).sum(axis=0)
+        return value
+
+    def after_one(self, need: float) -> F64:
+        """(N, G): the fragmentation after taking `need` MiB from GPU g alone, for every g."""
+        free = self.free - need
+        fraction = np.where(self.caps > 0, free / self.safe, 0.0)
+        fits = free[None] >= self.sizes[:, None, None]
+        stranded = self.stranded[:, None, :] - self.terms + np.where(fits, 0.0, fraction[None])
+        fit_count = self.fit_count[:, None, :] - self.fits + fits
+        idle = self.idle - self.fraction + fraction
+        after: F64 = self._combine(stranded, fit_count, idle[None], self.offset[:, None, None]).T
+        return after

@@ -67,6 +67,10 @@ class DemandMix:
     def __len__(self) -> int:
         return len(self.shapes)
 
+    def arrays(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """(memory per GPU, GPUs, probability) per shape, for the columnar twin of the score."""
+        return self._memory, self._gpus, self._p
+
     def fragmentation_many(self, free_mib: npt.NDArray[np.float64], capacity_mib: npt.NDArray[np.float64],
                            cpu_left_milli: Sequence[float | None]) -> npt.NDArray[np.float64]:
         """Fragmentation (GPUs) of S states of one node at once: free (S, G), capacities (G,), CPU left (S)."""
@@ -138,6 +142,19 @@ def merit_from_delta(delta: float, sharpness: float = DEFAULT_SHARPNESS) -> int:
     x = -sharpness * delta
     value = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
     return min(max(int(MAX_MERIT * value), 0), MAX_MERIT)
+
+
+def merits_from_deltas(deltas: npt.NDArray[np.float64], sharpness: float = DEFAULT_SHARPNESS) -> npt.NDArray[np.int64]:
+    """`merit_from_delta` over an array. Where 100 x sigmoid lies within 1e-9 of an integer (numpy's
+    and libm's exp may round differently there) the scalar decides; a zero delta is exactly 50."""
+    flat = np.asarray(deltas, dtype=float).reshape(-1)
+    x = -sharpness * flat
+    e = np.exp(-np.abs(x))
+    value = MAX_MERIT * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    merits = np.clip(value.astype(np.int64), 0, MAX_MERIT)
+    for k in np.flatnonzero((np.abs(value - np.rint(value)) < 1e-9) & (x != 0)).tolist():
+        merits[k] = merit_from_delta(float(flat[k]), sharpness)
+    return merits.reshape(np.shape(deltas))
 
 
 def scores_from_merits(merits: Sequence[tuple[str, int]]) -> dict[str, int]:

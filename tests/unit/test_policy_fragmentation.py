@@ -186,3 +186,41 @@ def test_scores_cover_exactly_the_input_within_0_to_10(
         assert dict(scores)[min(n for n, v in deltas.items() if v == best)] == 10
     else:
         assert all(s == 0 for _, s in scores)
+
+
+GPU_STATES = st.tuples(st.sampled_from([0.0, 1_000.0, 3_500.0, 8_000.0, 11_111.0, 15_000.0, 16_000.0, 40_000.0]),
+                       st.sampled_from([16_000.0, 40_960.0]), st.booleans())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.lists(GPU_STATES, min_size=1, max_size=8),
+                       max_size=12),
+       st.lists(st.tuples(st.sampled_from([1_000.0, 4_000.0, 8_000.0, 20_000.0]), st.integers(0, 4),
+                          st.floats(0.05, 1.0)), max_size=5),
+       st.sampled_from([500.0, 3_000.0, 8_000.0, 15_000.0]), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_the_columnar_score_equals_the_scalar_one(
+    gpus_by_node: dict[str, list[tuple[float, float, bool]]], shapes: list[tuple[float, int, float]],
+    mib: float, gpus: int, rnd: object,
+) -> None:
+    """`columnar.score_matrix_fragaware` is the live extender's fast path: the same scores as
+    `score_nodes_fragaware`, for nodes of mixed sizes and GPU orders, with unhealthy GPUs."""
+    import random
+
+    from extender.policy.columnar import NodeMatrix, score_matrix_fragaware
+
+    assert isinstance(rnd, random.Random)
+    views: dict[str, NodeView] = {}
+    matrix = NodeMatrix(rows=2, cols=2)  # grows as nodes arrive
+    for name, states in gpus_by_node.items():
+        order = list(range(len(states)))
+        rnd.shuffle(order)  # GPU indices need not follow the report's order
+        gpu_views = tuple(GpuView(uuid=f"{name}-{k}", index=order[k], capacity_mib=cap, used_mib=max(cap - free, 0.0),
+                                  healthy=ok or k == 0) for k, (free, cap, ok) in enumerate(states))
+        views[name] = NodeView(name=name, gpus=gpu_views, received_s=0.0)
+        matrix.put(views[name])
+    names = list(views) + ["missing"]
+    rnd.shuffle(names)
+    m = demand_mix([(memory, count, weight, 0.0) for memory, count, weight in shapes])
+    request = pod(mib, gpus)
+    expected = score_nodes_fragaware(request, names, views, PolicyParams(), m)
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m) == expected
