@@ -1,7 +1,9 @@
 """`deepres bench extender`: the production server on a loopback port under kube-scheduler's load.
 
-A simulated 5,000-node cluster reports through `/v1/telemetry`; then, for each mode, 4 clients
-play kube-scheduler: per pod one `/filter` then one `/prioritize`.
+A simulated 5,000-node cluster reports through `/v1/telemetry`, and 200 pods are filtered and
+bound first, so that the packing score works against a demand mix of recent admissions as it does
+in a running cluster; then, for each mode, 4 clients play kube-scheduler: per pod one `/filter`
+then one `/prioritize`.
 - names: 500 candidate node names (nodeCacheCapable: true; what kube-scheduler sends at 5,000 nodes)
 - nodes: 100 full Node objects (nodeCacheCapable: false)
 - under_telemetry: the names mode while agents post 500 reports/s
@@ -43,6 +45,7 @@ JOBS = (
      "deadline": "6h"},
 )
 REPORTER_CONNECTIONS = 8
+WARM_UP_BINDS = 200
 KEYS = ("pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms")
 
 
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         cluster = _Cluster(names, rng)
         _progress(f"posting telemetry for {args.nodes} nodes")
         _post_many(server, [cluster.report(n) for n in names], threads=4)
+        _progress(f"binding {WARM_UP_BINDS} pods (the packing score's demand mix comes from admissions)")
+        _bind_pods(server, names, args.candidates, rng)
         results: dict[str, Any] = {}
         _progress(f"names mode: {args.clients} clients, {args.candidates} names per request, {args.duration_s:g} s")
         results["names"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
@@ -241,10 +246,31 @@ def _post_many(server: _Server, bodies: list[bytes], threads: int) -> None:
         t.join()
 
 
-def _pod(i: int, rng: random.Random) -> dict[str, Any]:
+def _bind_pods(server: _Server, names: list[str], candidates: int, rng: random.Random) -> None:
+    """kube-scheduler's full cycle for WARM_UP_BINDS pods: filter, then bind to the first node passed."""
+    conn = server.connection()
+    headers = {"Content-Type": "application/json"}
+    bound = 0
+    for i in range(WARM_UP_BINDS):
+        pod = _pod(i, rng, prefix="warm")
+        status, text = _post(conn, "/filter", json.dumps(
+            {"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, candidates)}).encode(), headers)
+        passed = json.loads(text).get("NodeNames") or [] if status == 200 else []
+        if not passed:
+            continue
+        meta = pod["metadata"]
+        status, text = _post(conn, "/bind", json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                                        "PodUID": meta["uid"], "Node": passed[0]}).encode(), headers)
+        bound += status == 200 and json.loads(text).get("Error") == ""
+    conn.close()
+    if bound < WARM_UP_BINDS // 2:
+        raise RuntimeError(f"only {bound} of {WARM_UP_BINDS} warm-up pods could be bound")
+
+
+def _pod(i: int, rng: random.Random, prefix: str = "bench") -> dict[str, Any]:
     job = JOBS[i % len(JOBS)]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"train-{i}", "namespace": "ml", "uid": f"bench-{i:08d}",
+            "metadata": {"name": f"{prefix}-train-{i}", "namespace": "ml", "uid": f"{prefix}-{i:08d}",
                          "creationTimestamp": "2026-11-21T12:00:00Z",
                          "annotations": {f"deepres.io/{k}": v for k, v in job.items()}},
             "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "pytorch"}]}}

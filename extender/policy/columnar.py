@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.policy.filtering import PASSED, node_failure
-from extender.policy.fragmentation import DEFAULT_SHARPNESS, DemandMix, merits_from_deltas, scores_from_merits
+from extender.policy.fragmentation import DEFAULT_SHARPNESS, MAX_MERIT, DemandMix, merits_from_deltas
 from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node
 from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
 
@@ -250,8 +250,15 @@ def score_matrix_fragaware(
         after = free.copy()
         after[np.arange(len(r))[:, None], chosen] -= need
         node_merits = merits_from_deltas(_Fragmentation(after, caps, mix).value - before.value, sharpness)
-    scores = scores_from_merits([(order[i], m) for i, m in zip(members.tolist(), node_merits.tolist(), strict=True)])
-    return [(name, scores.get(name, 0)) for name in unique]
+    scores = np.zeros(len(order), dtype=np.int64)
+    if len(members):  # `fragmentation.scores_from_merits`, vectorised
+        top = node_merits.max()
+        ranked = np.minimum(MAX_SCORE - 2, (MAX_SCORE - 1) * np.maximum(node_merits, 0) // MAX_MERIT)
+        ranked[node_merits == top] = MAX_SCORE - 1
+        ranked[np.argmax(node_merits == top)] = MAX_SCORE  # the first top node in the stable order
+        scores[members] = ranked
+    by_name = dict(zip(order, scores.tolist(), strict=True))
+    return [(name, by_name[name]) for name in unique]
 
 
 class _Fragmentation:
@@ -290,7 +297,9 @@ class _Fragmentation:
     def _combine(self, stranded: F64, fit_count: I64, idle: F64, offset: I64) -> F64:
         weight = np.take(self.table, fit_count + offset)
         total = self.total.reshape((-1,) + (1,) * (stranded.ndim - 1))
-        value: F64 = (weight * stranded + (total - weight) * idle).sum(axis=0)
+        starting = weight * stranded
+        not_starting = (total - weight) * idle
+        value: F64 = (starting + not_starting).sum(axis=0)
         return value
 
     def after_one(self, need: float) -> F64:
