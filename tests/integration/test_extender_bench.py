@@ -1,0 +1,36 @@
+"""`deepres bench extender` end to end on a tiny cluster: the production server starts, the warm-up
+binds happen, every mode runs, and the JSON has exactly the keys issue #3 names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from extender import bench_extender
+from tests.fixtures.kube.server import real_predictor_available
+
+MODE_KEYS = ["pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms"]
+
+
+def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out")
+    bench_extender.add_arguments(parser)
+    out = tmp_path / "bench-extender.json"
+    argv = ["--out", str(out), "--nodes", "60", "--candidates", "20", "--full-nodes", "5", "--clients", "2",
+            "--duration-s", "0.5", "--telemetry-rate", "50"]
+    if not real_predictor_available():
+        argv += ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
+    assert bench_extender.run(parser.parse_args(argv)) == 0
+    figures = json.loads(out.read_text())
+    assert list(figures) == ["names", "nodes", "under_telemetry", "rss_mib"]
+    for mode in ("names", "nodes", "under_telemetry"):
+        assert list(figures[mode]) == MODE_KEYS
+        values = figures[mode]
+        assert all(isinstance(values[k], float) and math.isfinite(values[k]) and values[k] > 0 for k in MODE_KEYS)
+        assert values["filter_p99_ms"] >= values["filter_p50_ms"]
+        assert values["prioritize_p99_ms"] >= values["prioritize_p50_ms"]
+    assert 50 < figures["rss_mib"] < 4096
