@@ -39,7 +39,8 @@ from extender.policy import (
 )
 from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import gib
-from extender.policy.fragmentation import DemandWindow
+from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
+from extender.policy.types import GpuView, NodeView
 from extender.protocol import (
     PodInfo,
     ProtocolError,
@@ -270,15 +271,30 @@ class Extender:
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
         req = plan.request
-        with self._lock:
-            mix = self.demand.mix()
-        if self.fragmentation_aware and req.gpu_job and not spreads(req, self.params) and len(mix):
+        mix = self._packing_mix(req)
+        if mix is not None:
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
             scores = score_matrix_fragaware(req, args.node_names, self.state.matrix, self.params, mix)
         else:
             scores = score_matrix(req, args.node_names, self.state.matrix, self.state.views, self.params)
         return host_priority_list(scores)
+
+    def _packing_mix(self, req: PodRequest) -> DemandMix | None:
+        """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
+        if not (self.fragmentation_aware and req.gpu_job and not spreads(req, self.params)):
+            return None
+        with self._lock:
+            mix = self.demand.mix()
+        return mix if len(mix) else None
+
+    def _gpu_chooser(self, req: PodRequest) -> Callable[[PodRequest, NodeView], tuple[GpuView, ...] | None] | None:
+        """Bind takes the GPUs the node was scored for: the fragmentation-aware choice for packing
+        pods (as the simulator does), the scoring rule's best fit otherwise (None: the default)."""
+        mix = self._packing_mix(req)
+        if mix is None:
+            return None
+        return lambda pod, view: choose_gpus_fragaware(pod, view, mix)
 
     def bind(self, body: Any) -> dict[str, str]:
         try:
@@ -314,7 +330,7 @@ class Extender:
             return Reservation(req.uid, req.namespace, req.name, args.node, uuids, req.admission_mib,
                                req.admission_mib, req.predicted_mib, plan.inputs, now, plan.job.signature, version)
 
-        outcome = self.state.reserve_on(req, args.node, build, now)
+        outcome = self.state.reserve_on(req, args.node, build, now, self._gpu_chooser(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
             self.metrics.binds.labels("refused").inc()

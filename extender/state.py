@@ -111,8 +111,10 @@ class ClusterState:
         node: str,
         build: Callable[[tuple[str, ...]], Reservation],
         now_s: float,
+        choose: Callable[[PodRequest, NodeView], tuple[GpuView, ...] | None] | None = None,
     ) -> Reservation | str:
-        """Choose the pod's GPUs on `node` by the scoring rule and reserve them atomically.
+        """Choose the pod's GPUs on `node` and reserve them atomically: by `choose` (the rule that
+        scored the node) or, by default, `choose_gpus`.
 
         Returns the recorded Reservation (`build(gpu_uuids)`), or the reason it was refused. An
         existing reservation of the same pod on the same node is returned as is (a retried bind).
@@ -125,7 +127,9 @@ class ClusterState:
                 return f"pod {pod.key} already holds GPUs on {existing.node}"
             view = self._views.get(node)
             failure = node_failure(pod, view, now_s, self.params)
-            chosen = choose_gpus(pod, view, self.params) if view is not None and failure is None else None
+            chosen = None
+            if view is not None and failure is None:
+                chosen = choose(pod, view) if choose is not None else choose_gpus(pod, view, self.params)
             if chosen is None:
                 self.overcommits_refused += 1
                 return failure[1] if failure is not None else "no GPU left that fits"

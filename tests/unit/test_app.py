@@ -366,3 +366,25 @@ def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_
         assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
     after = scores()
     assert after["roomy"] > after["tight"], after
+
+
+@pytest.mark.parametrize("fragmentation_aware", [True, False])
+def test_bind_takes_the_gpu_the_packing_score_chose(fragmentation_aware: bool) -> None:
+    """With a demand mix, bind picks GPUs as the fragmentation-aware score does (the GPU where the pod
+    strands nothing another such pod could use), not the tightest fit; with the rule off, best fit."""
+    low = {k: v for k, v in CNN_ANNOTATIONS.items() if k != "deepres.io/deadline"}
+    low["deepres.io/criticality"] = "low"
+    capacity = 4 * NEED
+    client, cluster, clock = make(fragmentation_aware_packing=fragmentation_aware)
+    # gpu 0 leaves 0.5x after the pod (stranded), gpu 1 leaves 1.5x (another such pod still fits)
+    send_report(client, "two", 1, [(capacity, capacity - 1.5 * NEED), (capacity, capacity - 2.5 * NEED)], clock)
+    send_report(client, "warm", 1, [(40 * NEED, 0.0)], clock)
+    for i in range(3):
+        earlier = pod(f"w{i}", low)
+        client.post("/filter", json=extender_args(earlier, names=["warm"]))
+        assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
+    placed = pod("placed", low)
+    client.post("/filter", json=extender_args(placed, names=["two"]))
+    assert client.post("/bind", json=binding_args(placed, "two")).get_json() == {"Error": ""}
+    gpus = cluster.pods[("default", "placed")]["metadata"]["annotations"]["deepres.io/assigned-gpus"]
+    assert gpus == ("two-gpu1" if fragmentation_aware else "two-gpu0")
