@@ -1,8 +1,9 @@
-"""The packing grid: traces x policies x seeds, run in worker processes, cached, with progress.
+"""The packing grid (traces x policies x seeds) and the replay, in worker processes, cached, with progress.
 
-A task is one (trace, policy) over its seeds, so a worker's memoised node-state scores carry from
-one seed to the next. Results are cached per (trace, policy, seed) under a key that includes a hash
-of the simulator and policy sources, so a code change never reuses stale numbers.
+A packing task is one (trace, policy) over all its seeds, so a worker's memoised node-state scores
+carry from one seed to the next; the replay's (cluster slice, policy) runs share the same pool.
+Results are cached per (trace, policy, seed) under a key that includes a hash of the simulator and
+policy sources, so a code change never reuses stale numbers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from extender.simulate import packing
 from extender.simulate.traces import (
@@ -123,6 +125,137 @@ def _task_star(args: tuple[str, str, str, list[int]]) -> list[RunRecord]:
     return run_task(*args)
 
 
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The replay runs to do beside the packing grid: one task per (cluster slice, policy)."""
+
+    seed: int = 42
+    limit: int = 0
+    strides: tuple[int, ...] = (128, 64, 1)
+    policies: tuple[str, ...] = ()  # empty: replay.POLICIES
+
+
+@dataclass
+class GridOutcome:
+    records: list[RunRecord]
+    replays: list[Any]  # ReplayExperiment per stride, in the plan's order
+    packing_cpu_s: float = 0.0  # seconds of the runs done by this invocation (cached ones cost nothing)
+    replay_cpu_s: float = 0.0
+    packing_runs_done: int = 0
+
+
+def _replay_task(data: str, seed: int, limit: int, stride: int, policy: str) -> tuple[int, str, Any, float]:
+    """One replay policy on one cluster slice (in a worker process)."""
+    from extender.simulate.replay import run_replay_experiment
+
+    start = time.perf_counter()
+    tag = f"replay 1/{stride} {policy}"
+    experiment = run_replay_experiment(
+        Path(data), seed=seed, limit=limit, policies=[policy], node_stride=stride,
+        progress=lambda line: print(f"  {tag}: {line.strip()}", file=sys.stderr, flush=True))
+    return stride, policy, experiment, time.perf_counter() - start
+
+
+_Task = tuple[str, tuple[Any, ...]]
+
+#: Relative cost of one packing run per policy (measured), to start the longest tasks first.
+_COST = {"deepres": 2.5, "deepres-nofrag": 1.2, "fgd": 1.1, "bestfit": 0.6, "random": 0.4}
+
+
+def _any_task(task: _Task) -> tuple[str, Any]:
+    kind, args = task
+    if kind == "pack":
+        return kind, run_task(*args)
+    return kind, _replay_task(*args)
+
+
+def run_all(data: Path, groups: Sequence[tuple[Sequence[str], Sequence[int]]], policies: Sequence[str], jobs: int,
+            cache: Cache, replay: ReplayPlan | None = None, progress: Callable[[str], None] | None = None,
+            dry: bool = False) -> GridOutcome:
+    """The packing grid (every (trace, policy, seed) of `groups` not cached; none with `dry`) and the
+    replay plan, in one pool of `jobs` processes, longest tasks first so both cores stay busy to the end.
+
+    A packing task is one (trace, policy) over all its seeds, so memoised node-state scores carry from
+    one seed to the next; a replay task is one policy on one cluster slice.
+    """
+    from extender.simulate.replay import POLICIES as REPLAY_POLICIES
+    from extender.simulate.replay import ReplayExperiment
+
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    pack: list[_Task] = []
+    cached = 0
+    for traces, seeds in groups:
+        for trace in traces:
+            for policy in policies:
+                todo = [s for s in seeds if cache.get(trace, policy, s) is None]
+                cached += len(seeds) - len(todo)
+                if todo and not dry:
+                    pack.append(("pack", (str(data), trace, policy, todo)))
+    pack.sort(key=lambda t: -_COST.get(t[1][2], 1.0) * len(t[1][3]))  # stable: trace order within a cost
+    rep: list[_Task] = []
+    replay_policies = tuple(replay.policies or REPLAY_POLICIES) if replay else ()
+    if replay is not None:
+        for stride in sorted(replay.strides):  # the full cluster (stride 1) is the longest
+            for policy in replay_policies:
+                rep.append(("replay", (str(data), replay.seed, replay.limit, stride, policy)))
+    tasks = rep + pack
+    total_runs = sum(len(t[1][3]) for t in pack)
+    say(f"packing: {total_runs} runs to do in {len(pack)} tasks, {cached} cached; replay: {len(rep)} tasks; "
+        f"{jobs} process(es)")
+    started = time.monotonic()
+    outcome = GridOutcome([], [])
+    experiments: dict[int, dict[str, Any]] = {}
+    done_runs = done_replays = 0
+
+    def handle(kind: str, value: Any) -> None:
+        nonlocal done_runs, done_replays
+        if kind == "pack":
+            cache.put(value)
+            done_runs += len(value)
+            outcome.packing_cpu_s += sum(r.seconds for r in value)
+            _report(say, value, done_runs, total_runs, started)
+        else:
+            stride, policy, experiment, seconds = value
+            experiments.setdefault(stride, {})[policy] = experiment
+            outcome.replay_cpu_s += seconds
+            done_replays += 1
+            say(f"  [replay {done_replays}/{len(rep)}] 1/{stride} of the nodes, {policy}: {seconds / 60:.1f} min; "
+                f"elapsed {(time.monotonic() - started) / 60:5.1f} min")
+
+    if tasks:
+        if jobs > 1:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                for kind, value in pool.imap_unordered(_any_task, tasks):
+                    handle(kind, value)
+        else:
+            for task in tasks:
+                handle(*_any_task(task))
+    outcome.packing_runs_done = done_runs
+    for traces, seeds in groups:
+        for trace in traces:
+            for policy in policies:
+                for seed in seeds:
+                    record = cache.get(trace, policy, seed)
+                    if record is not None:
+                        outcome.records.append(record)
+    if replay is not None:
+        for stride in replay.strides:
+            parts = experiments.get(stride, {})
+            if not parts:
+                continue
+            first = next(iter(parts.values()))
+            outcomes = {p: parts[p].outcomes[p] for p in replay_policies if p in parts}
+            outcome.replays.append(ReplayExperiment(outcomes, first.notes, first.qos_order, first.stride,
+                                                    first.nodes, first.gpus))
+    return outcome
+
+
+def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], jobs: int,
+             cache: Cache, progress: Callable[[str], None] | None = None, dry: bool = False) -> list[RunRecord]:
+    """Every (trace, policy, seed) not in the cache is run (none with `dry`); returns the records held."""
+    return run_all(data, [(traces, seeds)], policies, jobs, cache, None, progress, dry).records
+
+
 class Cache:
     """JSON-lines cache of RunRecords keyed by source hash; `None` path disables it."""
 
@@ -163,47 +296,6 @@ def default_jobs() -> int:
     except OSError:
         load = 0.0
     return max(1, min(cores, int(cores - load + 0.5)))
-
-
-def run_grid(data: Path, traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], jobs: int,
-             cache: Cache, progress: Callable[[str], None] | None = None, chunk: int = 5,
-             dry: bool = False) -> list[RunRecord]:
-    """Every (trace, policy, seed) not in the cache is run (none with `dry`); returns the records held."""
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    tasks: list[tuple[str, str, str, list[int]]] = []
-    for trace in traces:  # in the order given (the default trace first), small chunks so results land early
-        for policy in policies:
-            todo = [s for s in seeds if cache.get(trace, policy, s) is None]
-            for k in range(0, len(todo), chunk):
-                tasks.append((str(data), trace, policy, todo[k : k + chunk]))
-    if dry:
-        tasks = []
-    total_runs = sum(len(t[3]) for t in tasks)
-    say(f"packing: {total_runs} runs to do ({len(tasks)} tasks, {jobs} process(es)); "
-        f"{len(traces) * len(policies) * len(seeds) - total_runs} cached")
-    started = time.monotonic()
-    done = 0
-    if total_runs:
-        if jobs > 1:
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                for records in pool.imap_unordered(_task_star, tasks):
-                    cache.put(records)
-                    done += len(records)
-                    _report(say, records, done, total_runs, started)
-        else:
-            for task in tasks:
-                records = _task_star(task)
-                cache.put(records)
-                done += len(records)
-                _report(say, records, done, total_runs, started)
-    out = []
-    for trace in traces:
-        for policy in policies:
-            for seed in seeds:
-                record = cache.get(trace, policy, seed)
-                if record is not None:
-                    out.append(record)
-    return out
 
 
 def _report(say: Callable[[str], None], records: Sequence[RunRecord], done: int, total: int, started: float) -> None:

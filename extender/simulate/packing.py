@@ -13,6 +13,7 @@ states it has not seen.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,22 @@ MAX_SPEC_CPU_MILLI = 128_000
 MAX_SPEC_GPU_MILLI = 8_000
 MAX_GPUS_PER_NODE = 8
 _UNKNOWN = -(2**62)  # score-table cell not computed yet
+
+
+class CpuLevels:
+    """Buckets of CPU left that no fragmentation measure can tell apart.
+
+    FGD's F_n and DeepRes's fragmentation read a node's CPU left only through comparisons with the
+    demand mix's CPU requests (`cpu_left >= c_m`). Two values with the same count of thresholds at or
+    below them give every comparison the same outcome, so results keyed by that count are exactly
+    those of the exact value: memo keys use the bucket, not the milli, and hit far more often.
+    """
+
+    def __init__(self, thresholds: Sequence[float]) -> None:
+        self.levels = sorted(set(float(t) for t in thresholds))
+
+    def __call__(self, cpu_milli: float | None) -> int:
+        return -1 if cpu_milli is None else bisect.bisect_right(self.levels, cpu_milli)
 
 
 class NodeView:
@@ -210,16 +227,19 @@ class BestFitPolicy:
 class Fragmentation:
     """F_n, a node's expected unusable GPU milli under the typical pod mix (METHOD.md §5), memoised."""
 
-    def __init__(self, typical: Sequence[TypicalPod], models: Sequence[str]) -> None:
+    def __init__(self, typical: Sequence[TypicalPod], models: Sequence[str], memoise: bool = True) -> None:
         index = {m: i for i, m in enumerate(models)}
+        self.memoise = memoise
         self.items: list[tuple[int, int, int, frozenset[int] | None, float]] = []
         for t in typical:
             allowed = None if not t.spec or t.num_gpu == 0 else frozenset(index[m] for m in t.spec if m in index)
             self.items.append((t.cpu_milli, t.gpu_milli, t.num_gpu, allowed, t.probability))
+        self.cpu_levels = CpuLevels([t.cpu_milli for t in typical])
         self._memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
 
     def amount(self, model: int, cpu_left: int, gpu_left: tuple[int, ...]) -> float:
-        key = (model, cpu_left, tuple(sorted(gpu_left)))  # F_n does not depend on the GPUs' order
+        # F_n does not depend on the GPUs' order, and reads the CPU left only through its level
+        key = (model, self.cpu_levels(cpu_left), tuple(sorted(gpu_left)))
         found = self._memo.get(key)
         if found is not None:
             return found
@@ -237,7 +257,8 @@ class Fragmentation:
                 else:
                     stranded += left
             total += p * (stranded if fitting >= k else idle)
-        self._memo[key] = total
+        if self.memoise:
+            self._memo[key] = total
         return total
 
 
@@ -271,13 +292,18 @@ class FgdPolicy:
 
     def __init__(self, frag: Fragmentation) -> None:
         self.frag = frag
-        self._memo: dict[tuple[StateKey, tuple[int, int, int]], tuple[int, list[int]]] = {}
+        self._memo: dict[tuple[int, int, int, tuple[int, ...], int, int], tuple[int, list[int]]] = {}
 
     def _answer(self, view: NodeView, sid: int, pod: Pod) -> tuple[int, list[int]]:
-        key = (view.state_keys[sid], (pod.cpu_milli, pod.gpu_milli, pod.num_gpu))
+        """Memoised by (model, CPU level before and after, GPUs left, pod's GPU shape): exact, since the
+        score reads the CPU left only through F_n (`CpuLevels`)."""
+        state = view.state_keys[sid]
+        model, cpu_left, gpus = state
+        level = self.frag.cpu_levels
+        key = (model, level(cpu_left), level(cpu_left - pod.cpu_milli), gpus, pod.gpu_milli, pod.num_gpu)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = fgd_node_score(self.frag, view.state_keys[sid], pod)
+            hit = self._memo[key] = fgd_node_score(self.frag, state, pod)
         return hit
 
     def choose(self, view: NodeView, pod: Pod, feasible: IntArray) -> tuple[int, list[int]] | None:
@@ -374,16 +400,17 @@ class DeepResPolicy:
         self._filter = filter_nodes
         self._choose = choose_gpus
         self._score_nodes = score if score is not None else score_nodes
-        self._views: dict[StateKey, GpuNodeView] = {}
-        self._answers: dict[tuple[StateKey, tuple[int, int]], int] = {}  # (state, shape) -> score, -1 filtered
+        # memo keys leave the CPU left out: the live filter and score read the node's GPUs alone
+        self._views: dict[tuple[int, tuple[int, ...]], GpuNodeView] = {}
+        self._answers: dict[tuple[int, tuple[int, ...], int, int], int] = {}  # (model, GPUs, shape) -> score
 
     def _view(self, view: NodeView, sid: int) -> GpuNodeView:
         from extender.simulate.adapters import node_view
 
-        key = view.state_keys[sid]
+        model, _, gpus = view.state_keys[sid]
+        key = (model, gpus)
         found = self._views.get(key)
         if found is None:
-            model, _, gpus = key
             found = node_view(f"s{sid}", view.models[model], gpus)
             if self.memoise:
                 self._views[key] = found
@@ -393,12 +420,14 @@ class DeepResPolicy:
         """The live filter + score for one node state (-1: filtered out), memoised by state."""
         from extender.simulate.adapters import pod_request
 
-        key = (view.state_keys[sid], (pod.gpu_milli, pod.num_gpu))
+        model, _, gpus = view.state_keys[sid]
+        key = (model, gpus, pod.gpu_milli, pod.num_gpu)
         hit = self._answers.get(key)
         if hit is None:
-            request = pod_request(pod, view.models[view.state_keys[sid][0]], reference_model=self.reference_model)
-            name = f"s{sid}"
-            nodes = {name: self._view(view, sid)}
+            request = pod_request(pod, view.models[model], reference_model=self.reference_model)
+            node = self._view(view, sid)
+            name = node.name
+            nodes = {name: node}
             passed = self._filter(request, [name], nodes, 0.0, self.params).passed
             hit = dict(self._score_nodes(request, passed, nodes, self.params)).get(name, -1)
             self._answers[key] = hit
@@ -470,7 +499,8 @@ class FragAwarePolicy:
         self.typical = [t for t in typical if t.num_gpu > 0 or use_cpu]
         self._mixes: dict[str, DemandMix] = {}
         self._views: dict[tuple[int, tuple[int, ...]], GpuNodeView] = {}
-        self._memo: dict[tuple[StateKey, tuple[int, int, int]], tuple[int, list[int]]] = {}
+        self.cpu_levels = CpuLevels([t.cpu_milli for t in self.typical])
+        self._memo: dict[tuple[int, tuple[int, ...], int, int, int, int], tuple[int, list[int]]] = {}
 
     def mix(self, model: str) -> DemandMix:
         from extender.policy import demand_mix
@@ -501,7 +531,14 @@ class FragAwarePolicy:
         return merit_from_delta(found[0], self.sharpness), [g.index for g in found[1]]
 
     def _cached(self, view: NodeView, sid: int, pod: Pod) -> tuple[int, list[int]]:
-        key = (view.state_keys[sid], (pod.gpu_milli, pod.num_gpu, pod.cpu_milli))
+        """Memoised by (model, GPUs left, CPU level before and after, pod's GPU shape): exact, since
+        `fragmentation_delta` reads the CPU only through comparisons with the mix's (`CpuLevels`)."""
+        model, cpu_left, gpus = view.state_keys[sid]
+        if self.use_cpu:
+            before, after = self.cpu_levels(cpu_left), self.cpu_levels(cpu_left - pod.cpu_milli)
+        else:
+            before = after = -1
+        key = (model, gpus, before, after, pod.gpu_milli, pod.num_gpu)
         hit = self._memo.get(key)
         if hit is None:
             hit = self._memo[key] = self._answer(view, sid, pod)
