@@ -116,3 +116,13 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
 def test_an_unknown_engine_is_refused_with_the_choices() -> None:
     with pytest.raises(SettingsError, match=r"server\.engine must be one of granian, gunicorn, got 'uwsgi'"):
         load_settings(None, env={"DEEPRES_ENGINE": "uwsgi"})
+
+
+def test_the_worker_keeps_freed_memory_on_glibc() -> None:
+    import platform
+
+    from extender.server import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's; elsewhere the worker keeps the C library's defaults")
+    assert keep_freed_memory() is True
