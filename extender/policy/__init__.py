@@ -39,13 +39,15 @@ Fragmentation-aware packing score (`extender.policy.fragmentation`), for low-pri
         -> list[(name, score 0..10)]   (10: first top-merit node in name order, 9: other top ones)
     choose_gpus_fragaware(pod, node, mix, cpu_left_milli=None, pod_cpu_milli=0) -> GPUs | None
     fragmentation(free, capacity, mix, cpu_left) / fragmentation_delta(...) / merit_from_delta(delta)
-        / scores_from_merits([(name, merit 0..100)])
+        / scores_from_merits([(name, merit 0..100)]) / merits_from_deltas(array) (vectorised)
 
 Vectorised equivalents (`extender.policy.columnar`, numpy; same answers, property-tested), for
 callers that keep a columnar copy of their NodeViews (the extender's state does):
     NodeMatrix(rows=1024, cols=8).put(view) / .remove(name)
     filter_matrix(pod, names, matrix, nodes, now_s, params) -> FilterResult
     score_matrix(pod, names, matrix, nodes, params) -> list[(name, score)]
+    score_matrix_fragaware(pod, names, matrix, params, mix) -> list[(name, score)]
+        (score_nodes_fragaware without the CPU term: the live extender's packing score)
 
 Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = priority_of(...)` at
 the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
