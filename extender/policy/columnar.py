@@ -145,9 +145,21 @@ def filter_matrix(
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
     fits = ok.tolist()
+    # The most common failure at scale, a job larger than a node's GPUs, depends on the GPU size
+    # alone: worded once per size (the conditions are node_failure's, in its order).
+    count = max(pod.gpus, 1)
+    too_large: dict[float, tuple[str, str, bool] | None] = {}
     for i in np.flatnonzero(~ok).tolist():  # only the failures need words
         name = unique[i]
-        failure = node_failure(pod, nodes.get(name), now_s, params)
+        node = nodes.get(name)
+        if (pod.gpu_job and node is not None and now_s - node.received_s <= params.telemetry_ttl_s
+                and len(node.capacity_desc) >= count and node.capacity_desc[count - 1] < pod.admission_mib):
+            size = node.capacity_desc[count - 1]
+            if size not in too_large:
+                too_large[size] = node_failure(pod, node, now_s, params)
+            failure = too_large[size]
+        else:
+            failure = node_failure(pod, node, now_s, params)
         if failure is None:  # the row was being rewritten: the NodeView has the last word
             fits[i] = True
             continue
