@@ -9,7 +9,7 @@ and the server refuses to start.
 Why granian by default: the single worker's Python thread is the extender's bottleneck, and
 granian parses HTTP and moves bytes in Rust outside the GIL. Measured here, an empty request costs
 the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread worker, which is
-most of the difference between the two in `deepres bench extender` (README, "Performance").
+most of the difference between the two in `deepres bench extender` (README, "Benchmark").
 gunicorn stays available (`--engine gunicorn`) for sites that standardise on it.
 """
 
@@ -97,7 +97,7 @@ def granian_options(settings: Settings) -> dict[str, Any]:
         "log_level": LogLevels(s.log_level),
         "log_access": False,
         "websockets": False,
-        "respawn_failed_workers": True,  # a crashed worker comes back (it rebuilds state from the API)
+        "respawn_failed_workers": True,  # a crashed worker comes back; in a cluster it rebuilds its ledger
         "workers_kill_timeout": 10,
     }
     if s.tls_cert:
