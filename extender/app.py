@@ -37,7 +37,7 @@ from extender.policy import (
     priority_of,
     spreads,
 )
-from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
+from extender.policy.columnar import FragmentationMemo, filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import gib
 from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
 from extender.policy.types import GpuView, NodeView
@@ -128,6 +128,7 @@ class Extender:
         self._lock = threading.Lock()
         self.demand = DemandWindow()  # recent admissions: the demand mix of the packing score (under _lock)
         self.fragmentation_aware = settings.policy.fragmentation_aware_packing
+        self.merits = FragmentationMemo()  # packing merits per node row, reused while rows do not change
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
                         "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")
@@ -278,7 +279,8 @@ class Extender:
         if mix is not None:
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
-            scores = score_matrix_fragaware(req, args.node_names, self.state.matrix, self.params, mix)
+            scores = score_matrix_fragaware(req, args.node_names, self.state.matrix, self.params, mix,
+                                            memo=self.merits)
         else:
             scores = score_matrix(req, args.node_names, self.state.matrix, self.state.views, self.params)
         return host_priority_list(scores)

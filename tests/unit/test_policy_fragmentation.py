@@ -192,35 +192,80 @@ GPU_STATES = st.tuples(st.sampled_from([0.0, 1_000.0, 3_500.0, 8_000.0, 11_111.0
                        st.sampled_from([16_000.0, 40_960.0]), st.booleans())
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.lists(GPU_STATES, min_size=1, max_size=8),
-                       max_size=12),
-       st.lists(st.tuples(st.sampled_from([1_000.0, 4_000.0, 8_000.0, 20_000.0]), st.integers(0, 4),
-                          st.floats(0.05, 1.0)), max_size=5),
-       st.sampled_from([500.0, 3_000.0, 8_000.0, 15_000.0]), st.integers(1, 4), st.randoms(use_true_random=False))
-def test_the_columnar_score_equals_the_scalar_one(
-    gpus_by_node: dict[str, list[tuple[float, float, bool]]], shapes: list[tuple[float, int, float]],
-    mib: float, gpus: int, rnd: object,
-) -> None:
-    """`columnar.score_matrix_fragaware` is the live extender's fast path: the same scores as
-    `score_nodes_fragaware`, for nodes of mixed sizes and GPU orders, with unhealthy GPUs."""
+def _views(gpus_by_node: dict[str, list[tuple[float, float, bool]]], rnd: object) -> dict[str, NodeView]:
     import random
-
-    from extender.policy.columnar import NodeMatrix, score_matrix_fragaware
 
     assert isinstance(rnd, random.Random)
     views: dict[str, NodeView] = {}
-    matrix = NodeMatrix(rows=2, cols=2)  # grows as nodes arrive
     for name, states in gpus_by_node.items():
         order = list(range(len(states)))
         rnd.shuffle(order)  # GPU indices need not follow the report's order
         gpu_views = tuple(GpuView(uuid=f"{name}-{k}", index=order[k], capacity_mib=cap, used_mib=max(cap - free, 0.0),
                                   healthy=ok or k == 0) for k, (free, cap, ok) in enumerate(states))
         views[name] = NodeView(name=name, gpus=gpu_views, received_s=0.0)
-        matrix.put(views[name])
-    names = list(views) + ["missing"]
-    rnd.shuffle(names)
+    return views
+
+
+NODE_NAMES = st.sampled_from(["a", "b", "c", "d", "e", "f", "g"])
+NODES_GPUS = st.dictionaries(NODE_NAMES, st.lists(GPU_STATES, min_size=1, max_size=8), max_size=7)
+
+
+@settings(max_examples=150, deadline=None)
+@given(NODES_GPUS, NODES_GPUS, st.lists(NODE_NAMES, max_size=4),
+       st.lists(st.tuples(st.sampled_from([1_000.0, 4_000.0, 8_000.0, 20_000.0]), st.integers(0, 4),
+                          st.floats(0.05, 1.0)), max_size=5),
+       st.sampled_from([500.0, 3_000.0, 8_000.0, 15_000.0]), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_the_columnar_score_equals_the_scalar_one(
+    first: dict[str, list[tuple[float, float, bool]]], then: dict[str, list[tuple[float, float, bool]]],
+    removed: list[str], shapes: list[tuple[float, int, float]], mib: float, gpus: int, rnd: object,
+) -> None:
+    """`columnar.score_matrix_fragaware` is the live extender's fast path: the same scores as
+    `score_nodes_fragaware`, for nodes of mixed sizes and GPU orders, with unhealthy GPUs, after
+    nodes report again (with fewer or more GPUs) or leave and their rows are reused; with and
+    without the memo of merits, asked twice (the second time from the memo)."""
+    from extender.policy.columnar import FragmentationMemo, NodeMatrix, score_matrix_fragaware
+
+    matrix = NodeMatrix(rows=2, cols=2)  # grows as nodes arrive
+    memo = FragmentationMemo()
+    views = _views(first, rnd)
+    for view in views.values():
+        matrix.put(view)
+    for name in removed:
+        if name in views:
+            matrix.remove(name)
+            del views[name]
+    again = _views(then, rnd)
+    views.update(again)
+    for view in again.values():
+        matrix.put(view)
+    names = [*views, "missing"]
     m = demand_mix([(memory, count, weight, 0.0) for memory, count, weight in shapes])
     request = pod(mib, gpus)
     expected = score_nodes_fragaware(request, names, views, PolicyParams(), m)
     assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m) == expected
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo) == expected
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo) == expected
+
+
+def test_the_memo_recomputes_only_the_nodes_that_changed() -> None:
+    from extender.policy.columnar import FragmentationMemo, NodeMatrix, score_matrix_fragaware
+
+    matrix, memo = NodeMatrix(), FragmentationMemo()
+    views = {f"n{i}": node(f"n{i}", [16_000.0 - 1_000.0 * i, 9_000.0]) for i in range(6)}
+    for view in views.values():
+        matrix.put(view)
+    m = mix(HALF_GPU)
+    score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), m, memo=memo)
+    assert (memo.computed, memo.reused) == (6, 0)
+    score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), m, memo=memo)
+    assert (memo.computed, memo.reused) == (6, 6)
+    views["n2"] = node("n2", [1_500.0, 1_500.0])  # a new report: n2 no longer fits
+    views["n3"] = node("n3", [16_000.0, 16_000.0])
+    for name in ("n2", "n3"):
+        matrix.put(views[name])
+    expected = score_nodes_fragaware(pod(2_000.0), list(views), views, PolicyParams(), m)
+    assert score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), m, memo=memo) == expected
+    assert (memo.computed, memo.reused) == (7, 10)  # n3 anew; n2 fails the fit test before the memo
+    other = mix((4_000.0, 1, 1.0, 0.0))  # another demand mix: nothing of the first one is reused
+    score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), other, memo=memo)
+    assert (memo.computed, memo.reused) == (12, 10)
