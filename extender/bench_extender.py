@@ -7,8 +7,9 @@ then one `/prioritize`.
 - names: 500 candidate node names (nodeCacheCapable: true; what kube-scheduler sends at 5,000 nodes)
 - nodes: 100 full Node objects (nodeCacheCapable: false)
 - under_telemetry: the names mode while agents post 500 reports/s
-Latencies are measured at the client (so they include HTTP and JSON on both sides). RSS is the
-server's (gunicorn master + worker). Writes `reports/bench-extender.json`.
+Latencies are measured at the client (so they include HTTP and JSON on both sides); each client and
+the agents run in processes of their own. RSS is the server's (the engine's main process + worker).
+Writes `reports/bench-extender.json`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import socket
@@ -323,56 +325,65 @@ def _node_bodies(names: list[str], count: int, rng: random.Random) -> list[bytes
 
 
 def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespace) -> dict[str, float]:
-    filter_ms: list[float] = []
-    prioritize_ms: list[float] = []
-    pods = [0]
-    lock = threading.Lock()
-    stop_at = time.perf_counter() + args.duration_s
-    headers = {"Content-Type": "application/json"}
-    errors: list[str] = []
-
-    def client(k: int) -> None:
-        conn = server.connection()
-        mine_f: list[float] = []
-        mine_p: list[float] = []
-        i = k
-        while time.perf_counter() < stop_at:
-            body = bodies[i % len(bodies)]
-            i += args.clients
-            t0 = time.perf_counter()
-            status, text = _post(conn, "/filter", body, headers)
-            t1 = time.perf_counter()
-            status2, _ = _post(conn, "/prioritize", body, headers)
-            t2 = time.perf_counter()
-            if status != 200 or status2 != 200 or b'"Error":""' not in text:
-                errors.append(f"{status} {status2} {text[:200]!r}")
-                break
-            mine_f.append((t1 - t0) * 1000.0)
-            mine_p.append((t2 - t1) * 1000.0)
-        conn.close()
-        with lock:
-            filter_ms.extend(mine_f)
-            prioritize_ms.extend(mine_p)
-            pods[0] += len(mine_f)
-
+    """Each client is a process of its own (as kube-scheduler is not a Python thread): a client
+    waiting for its interpreter lock would be counted as the extender's latency."""
+    context = multiprocessing.get_context("fork")
+    results: Any = context.Queue()
+    deadline = time.monotonic() + args.duration_s  # CLOCK_MONOTONIC: the same clock in every process
     started = time.perf_counter()
     cpu_before = server.cpu_s()
-    pool = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    pool = [context.Process(target=_client, args=(server, bodies, k, args.clients, deadline, results))
+            for k in range(args.clients)]
+    for process in pool:
+        process.start()
+    filter_ms: list[float] = []
+    prioritize_ms: list[float] = []
+    errors: list[str] = []
+    for _ in pool:
+        mine_f, mine_p, error = results.get(timeout=args.duration_s + 120)
+        filter_ms.extend(mine_f)
+        prioritize_ms.extend(mine_p)
+        if error:
+            errors.append(error)
+    for process in pool:
+        process.join()
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"the extender answered with an error: {errors[0]}")
-    cpu_ms = (server.cpu_s() - cpu_before) * 1000.0 / max(pods[0], 1)
-    _progress(f"  {pods[0]} pods in {elapsed:.1f} s; server CPU {cpu_ms:.2f} ms per pod "
+    pods = len(filter_ms)
+    cpu_ms = (server.cpu_s() - cpu_before) * 1000.0 / max(pods, 1)
+    _progress(f"  {pods} pods in {elapsed:.1f} s; server CPU {cpu_ms:.2f} ms per pod "
               f"(~{1000.0 / max(cpu_ms, 1e-9):.0f} pods/s per dedicated core)")
     return {
-        "pods_per_s": round(pods[0] / elapsed, 1),
+        "pods_per_s": round(pods / elapsed, 1),
         "filter_p50_ms": _percentile(filter_ms, 50), "filter_p99_ms": _percentile(filter_ms, 99),
         "prioritize_p50_ms": _percentile(prioritize_ms, 50), "prioritize_p99_ms": _percentile(prioritize_ms, 99),
     }
+
+
+def _client(server: _Server, bodies: list[bytes], k: int, clients: int, deadline: float, results: Any) -> None:
+    """One scheduler client: per pod a filter then a prioritize, until the deadline."""
+    headers = {"Content-Type": "application/json"}
+    conn = server.connection()
+    filter_ms: list[float] = []
+    prioritize_ms: list[float] = []
+    error = ""
+    i = k
+    while time.monotonic() < deadline:
+        body = bodies[i % len(bodies)]
+        i += clients
+        t0 = time.perf_counter()
+        status, text = _post(conn, "/filter", body, headers)
+        t1 = time.perf_counter()
+        status2, _ = _post(conn, "/prioritize", body, headers)
+        t2 = time.perf_counter()
+        if status != 200 or status2 != 200 or b'"Error":""' not in text:
+            error = f"{status} {status2} {text[:200]!r}"
+            break
+        filter_ms.append((t1 - t0) * 1000.0)
+        prioritize_ms.append((t2 - t1) * 1000.0)
+    conn.close()
+    results.put((filter_ms, prioritize_ms, error))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -383,22 +394,29 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class _Reporter:
-    """Agents posting at a fixed total rate over several connections, each report a fresh sequence."""
+    """Agents posting at a fixed total rate over several connections, each report a fresh sequence,
+    from a process of their own (agents run on other machines: they must not take the clients' CPU
+    time slices or interpreter lock)."""
 
     def __init__(self, server: _Server, cluster: _Cluster, names: list[str], rate: float) -> None:
         self.server, self.cluster, self.names, self.rate = server, cluster, names, rate
-        self.stop_event = threading.Event()
-        self.lock = threading.Lock()
-        self.sent = 0
-        self.threads: list[threading.Thread] = []
+        context = multiprocessing.get_context("fork")
+        self.stop_event = context.Event()
+        self.sent: Any = context.Value("l", 0)
+        self.process = context.Process(target=self._run, daemon=True)
         self.started = 0.0
 
     def start(self) -> None:
         self.started = time.perf_counter()
-        for k in range(REPORTER_CONNECTIONS):
-            thread = threading.Thread(target=self._loop, args=(k, REPORTER_CONNECTIONS), daemon=True)
+        self.process.start()
+
+    def _run(self) -> None:
+        threads = [threading.Thread(target=self._loop, args=(k, REPORTER_CONNECTIONS))
+                   for k in range(REPORTER_CONNECTIONS)]
+        for thread in threads:
             thread.start()
-            self.threads.append(thread)
+        for thread in threads:
+            thread.join()
 
     def _loop(self, k: int, of: int) -> None:
         conn = self.server.connection()
@@ -410,8 +428,8 @@ class _Reporter:
             body = self.cluster.report(self.names[i % len(self.names)])
             i += of
             _post(conn, "/v1/telemetry", body, headers)
-            with self.lock:
-                self.sent += 1
+            with self.sent.get_lock():
+                self.sent.value += 1
             next_at += interval
             delay = next_at - time.perf_counter()
             if delay > 0:
@@ -420,6 +438,5 @@ class _Reporter:
 
     def stop(self) -> float:
         self.stop_event.set()
-        for t in self.threads:
-            t.join()
-        return self.sent / max(time.perf_counter() - self.started, 1e-9)
+        self.process.join(timeout=30)
+        return int(self.sent.value) / max(time.perf_counter() - self.started, 1e-9)
