@@ -261,9 +261,8 @@ def score_matrix_fragaware(
     if not pod.gpu_job or not unique:
         neutral = min(max(params.neutral_score, 0), MAX_SCORE)
         return [(n, neutral) for n in unique]
-    order = sorted(unique)  # the stable order of the tie rule
     a = matrix.arrays
-    rows = _rows(matrix, order)
+    rows = _rows(matrix, unique)
     known = rows >= 0
     safe = np.where(known, rows, 0)
     count, need = max(pod.gpus, 1), pod.admission_mib
@@ -282,15 +281,14 @@ def score_matrix_fragaware(
             packed[safe[members[todo]]] = (versions[todo] << MERIT_BITS) | fresh
             memo.computed += int(todo.sum())
         memo.reused += int(len(todo) - todo.sum())
-    scores = np.zeros(len(order), dtype=np.int64)
+    scores = np.zeros(len(unique), dtype=np.int64)
     if len(members):  # `fragmentation.scores_from_merits`, vectorised
-        top = node_merits.max()
+        top = node_merits == node_merits.max()
         ranked = np.minimum(MAX_SCORE - 2, (MAX_SCORE - 1) * np.maximum(node_merits, 0) // MAX_MERIT)
-        ranked[node_merits == top] = MAX_SCORE - 1
-        ranked[np.argmax(node_merits == top)] = MAX_SCORE  # the first top node in the stable order
+        ranked[top] = MAX_SCORE - 1
         scores[members] = ranked
-    by_name = dict(zip(order, scores.tolist(), strict=True))
-    return [(name, by_name[name]) for name in unique]
+        scores[min(members[top].tolist(), key=unique.__getitem__)] = MAX_SCORE  # the tie rule: first by name
+    return list(zip(unique, scores.tolist(), strict=True))
 
 
 def _merits(a: _Arrays, r: I64, pod: PodRequest, mix: DemandMix, sharpness: float) -> I64:
