@@ -117,7 +117,8 @@ class Extender:
         self.state = ClusterState(self.params, settings.policy.peak_store_size)
         self.cluster = cluster
         self.clock = clock
-        self.metrics = ExtenderMetrics(self.state, clock)
+        self.merits = FragmentationMemo()  # packing merits per node row, reused while rows do not change
+        self.metrics = ExtenderMetrics(self.state, clock, self.merits)
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
         self._predictor = predictor
@@ -128,7 +129,6 @@ class Extender:
         self._lock = threading.Lock()
         self.demand = DemandWindow()  # recent admissions: the demand mix of the packing score (under _lock)
         self.fragmentation_aware = settings.policy.fragmentation_aware_packing
-        self.merits = FragmentationMemo()  # packing merits per node row, reused while rows do not change
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
                         "(set --telemetry-token-file or DEEPRES_TELEMETRY_TOKEN)")

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.policy.columnar import FragmentationMemo
 from extender.state import ClusterState
 
 VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict")
@@ -24,7 +25,8 @@ MEMORY_BUCKETS_MIB = (512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 4
 class ExtenderMetrics:
     """Every metric the extender exports (names below, all prefixed `deepres_extender_`)."""
 
-    def __init__(self, state: ClusterState, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, state: ClusterState, clock: Callable[[], float] = time.time,
+                 merits: FragmentationMemo | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("deepres_extender_requests_total", "Requests per verb and outcome (ok, error).",
@@ -50,6 +52,8 @@ class ExtenderMetrics:
         self.preemptions = Counter("deepres_extender_preemption_victims_total",
                                    "Victims returned by preempt.", registry=r)
         r.register(_StateCollector(state, clock))
+        if merits is not None:
+            r.register(_MeritsCollector(merits))
         for verb in VERBS:  # export zeros from the start, so rates work from the first scrape
             self.latency.labels(verb)
 
@@ -80,4 +84,23 @@ class _StateCollector(Collector):
                                 value=len(self.state.views))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class _MeritsCollector(Collector):
+    """How often the packing score reused a memoised merit instead of computing it (a low share means
+    nodes change faster than pods of one shape arrive, or the demand mix keeps changing)."""
+
+    def __init__(self, merits: FragmentationMemo) -> None:
+        self.merits = merits
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("deepres_extender_packing_merits",
+                                     "Node merits of the fragmentation-aware packing score, by source "
+                                     "(computed, reused from the memo).", labels=["source"])
+        family.add_metric(["computed"], self.merits.computed)
+        family.add_metric(["reused"], self.merits.reused)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())

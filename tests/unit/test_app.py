@@ -366,6 +366,10 @@ def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_
         assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
     after = scores()
     assert after["roomy"] > after["tight"], after
+    assert scores() == after  # the same pod again: the merits come from the memo
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'deepres_extender_packing_merits_total{source="computed"} 2.0' in text
+    assert 'deepres_extender_packing_merits_total{source="reused"} 2.0' in text
 
 
 @pytest.mark.parametrize("fragmentation_aware", [True, False])
