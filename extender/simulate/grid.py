@@ -199,6 +199,8 @@ def run_all(data: Path, groups: Sequence[tuple[Sequence[str], Sequence[int]]], p
             for policy in replay_policies:
                 rep.append(("replay", (str(data), replay.seed, replay.limit, stride, policy)))
     tasks = rep + pack
+    total_units = sum(_COST.get(t[1][2], 1.0) * len(t[1][3]) for t in pack)
+    units = [0.0]
     total_runs = sum(len(t[1][3]) for t in pack)
     say(f"packing: {total_runs} runs to do in {len(pack)} tasks, {cached} cached; replay: {len(rep)} tasks; "
         f"{jobs} process(es)")
@@ -213,7 +215,10 @@ def run_all(data: Path, groups: Sequence[tuple[Sequence[str], Sequence[int]]], p
             cache.put(value)
             done_runs += len(value)
             outcome.packing_cpu_s += sum(r.seconds for r in value)
-            _report(say, value, done_runs, total_runs, started)
+            units[0] += _COST.get(value[0].policy, 1.0) * len(value)
+            # the rest at the pace measured so far (per cost unit), spread over the workers
+            eta = outcome.packing_cpu_s / units[0] * (total_units - units[0]) / max(jobs, 1)
+            _report(say, value, done_runs, total_runs, started, eta)
         else:
             stride, policy, experiment, seconds = value
             experiments.setdefault(stride, {})[policy] = experiment
@@ -298,9 +303,9 @@ def default_jobs() -> int:
     return max(1, min(cores, int(cores - load + 0.5)))
 
 
-def _report(say: Callable[[str], None], records: Sequence[RunRecord], done: int, total: int, started: float) -> None:
+def _report(say: Callable[[str], None], records: Sequence[RunRecord], done: int, total: int, started: float,
+            eta: float) -> None:
     elapsed = time.monotonic() - started
-    eta = elapsed / done * (total - done) if done else math.nan
     r = records[0]
     mean130 = [x.columns[130] for x in records if x.columns[130] is not None]
     avg = sum(mean130) / len(mean130) if mean130 else math.nan
