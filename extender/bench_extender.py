@@ -3,7 +3,7 @@
 A simulated 5,000-node cluster reports through `/v1/telemetry`, and 200 pods are filtered and
 bound first, so that the packing score works against a demand mix of recent admissions as it does
 in a running cluster; then, for each mode, 4 clients play kube-scheduler: per pod one `/filter`
-then one `/prioritize`.
+then one `/prioritize`, in `--repeats` rounds of the three modes (each figure: the median of the rounds).
 - names: 500 candidate node names (nodeCacheCapable: true; what kube-scheduler sends at 5,000 nodes)
 - nodes: 100 full Node objects (nodeCacheCapable: false)
 - under_telemetry: the names mode while agents post 500 reports/s
@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, default=500, help="node names per request (default 500)")
     parser.add_argument("--full-nodes", type=int, default=100, help="Node objects per request (default 100)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent scheduler clients (default 4)")
-    parser.add_argument("--duration-s", type=float, default=15.0, help="seconds per mode (default 15)")
+    parser.add_argument("--duration-s", type=float, default=15.0, help="seconds per mode and round (default 15)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of the three modes; each figure is the median over them (default 3)")
     parser.add_argument("--telemetry-rate", type=float, default=500.0, help="reports/s in the last mode")
     parser.add_argument("--predictor-factory", default="",
                         help="module:callable predictor instead of the shipped one (DEEPRES_PREDICTOR_FACTORY)")
@@ -64,8 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nodes < args.candidates or args.nodes < args.full_nodes or args.clients < 1 or args.duration_s <= 0:
-        raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0")
+    if (args.nodes < args.candidates or args.nodes < args.full_nodes or args.clients < 1 or args.duration_s <= 0
+            or args.repeats < 1):
+        raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0, "
+                         "--repeats >= 1")
     rng = random.Random(args.seed)
     _progress(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (client and server share them); "
               f"a reference loop of 1M additions takes {_reference_loop_ms():.0f} ms here")
@@ -76,18 +81,25 @@ def run(args: argparse.Namespace) -> int:
         _post_many(server, [cluster.report(n) for n in names], threads=4)
         _progress(f"binding {WARM_UP_BINDS} pods (the packing score's demand mix comes from admissions)")
         _bind_pods(server, names, args.candidates, rng)
-        results: dict[str, Any] = {}
-        _progress(f"names mode: {args.clients} clients, {args.candidates} names per request, {args.duration_s:g} s")
-        results["names"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
-        _progress(f"nodes mode: {args.full_nodes} full Node objects per request")
-        results["nodes"] = _scheduler_load(server, _node_bodies(names, args.full_nodes, rng), args)
-        _progress(f"names mode under {args.telemetry_rate:g} telemetry reports/s")
-        reporter = _Reporter(server, cluster, names, args.telemetry_rate)
-        reporter.start()
-        results["under_telemetry"] = _scheduler_load(server, _names_bodies(names, args.candidates, rng), args)
-        achieved = reporter.stop()
+        rounds: dict[str, list[dict[str, float]]] = {"names": [], "nodes": [], "under_telemetry": []}
+        achieved = []
+        for k in range(args.repeats):
+            _progress(f"round {k + 1}/{args.repeats}: names mode: {args.clients} clients, {args.candidates} names "
+                      f"per request, {args.duration_s:g} s")
+            rounds["names"].append(_scheduler_load(server, _names_bodies(names, args.candidates, rng), args))
+            _progress(f"round {k + 1}/{args.repeats}: nodes mode: {args.full_nodes} full Node objects per request")
+            rounds["nodes"].append(_scheduler_load(server, _node_bodies(names, args.full_nodes, rng), args))
+            _progress(f"round {k + 1}/{args.repeats}: names mode under {args.telemetry_rate:g} telemetry reports/s")
+            reporter = _Reporter(server, cluster, names, args.telemetry_rate)
+            reporter.start()
+            rounds["under_telemetry"].append(
+                _scheduler_load(server, _names_bodies(names, args.candidates, rng), args))
+            achieved.append(reporter.stop())
+        results: dict[str, Any] = {mode: {key: statistics.median(r[key] for r in runs) for key in KEYS}
+                                   for mode, runs in rounds.items()}
         results["rss_mib"] = round(server.rss_mib(), 1)
-    _progress(f"telemetry achieved {achieved:.0f} reports/s; load average now {os.getloadavg()[0]:.1f}")
+    _progress(f"telemetry achieved {statistics.median(achieved):.0f} reports/s; load average now "
+              f"{os.getloadavg()[0]:.1f}; the reference loop now takes {_reference_loop_ms():.0f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -21,7 +21,7 @@ def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
     bench_extender.add_arguments(parser)
     out = tmp_path / "bench-extender.json"
     argv = ["--out", str(out), "--nodes", "60", "--candidates", "20", "--full-nodes", "5", "--clients", "2",
-            "--duration-s", "0.5", "--telemetry-rate", "50"]
+            "--duration-s", "0.5", "--telemetry-rate", "50", "--repeats", "2"]
     if not real_predictor_available():
         argv += ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
     assert bench_extender.run(parser.parse_args(argv)) == 0
