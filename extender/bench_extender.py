@@ -8,7 +8,9 @@ then one `/prioritize`, in `--repeats` rounds of the three modes (each figure: t
 - nodes: 100 full Node objects (nodeCacheCapable: false)
 - under_telemetry: the names mode while agents post 500 reports/s
 Latencies are measured at the client (so they include HTTP and JSON on both sides); each client and
-the agents run in processes of their own. RSS is the server's (the engine's main process + worker).
+the agents run in processes of their own, and with two CPUs or more the server gets the first CPU to
+itself (`--no-pin` to share), as it would beside a kube-scheduler running elsewhere. RSS is the
+server's (the engine's main process + worker).
 Writes `reports/bench-extender.json`.
 """
 
@@ -64,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor-factory", default="",
                         help="module:callable predictor instead of the shipped one (DEEPRES_PREDICTOR_FACTORY)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let the server and the load share every CPU (default: server on CPU 0, load on the rest)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +76,35 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0, "
                          "--repeats >= 1")
     rng = random.Random(args.seed)
-    _progress(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (client and server share them); "
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    args.server_cpus = set(cpus[:1]) if len(cpus) >= 2 and not args.no_pin else set()
+    placement = "server, clients and agents share the CPUs"
+    if args.server_cpus:
+        placement = f"server on CPU {cpus[0]}, clients and agents on CPU {','.join(map(str, cpus[1:]))}"
+    _progress(f"{len(cpus) or os.cpu_count()} CPUs ({placement}), load average {os.getloadavg()[0]:.1f}; "
               f"a reference loop of 1M additions takes {_reference_loop_ms():.0f} ms here")
+    try:
+        if args.server_cpus:  # kube-scheduler and the agents run elsewhere: the load must not take the server's CPU
+            os.sched_setaffinity(0, set(cpus[1:]))
+        results = _measure(args, rng)
+    finally:
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{'mode':<16}" + "".join(f"{k:>19}" for k in KEYS))
+        for mode in ("names", "nodes", "under_telemetry"):
+            print(f"{mode:<16}" + "".join(f"{results[mode][k]:>19}" for k in KEYS))
+        print(f"server RSS {results['rss_mib']} MiB; written to {out}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """Start the server, load the cluster, run the rounds; the figures (medians over rounds)."""
     with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
         names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
         cluster = _Cluster(names, rng)
@@ -100,17 +131,7 @@ def run(args: argparse.Namespace) -> int:
         results["rss_mib"] = round(server.rss_mib(), 1)
     _progress(f"telemetry achieved {statistics.median(achieved):.0f} reports/s; load average now "
               f"{os.getloadavg()[0]:.1f}; the reference loop now takes {_reference_loop_ms():.0f} ms")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(f"{'mode':<16}" + "".join(f"{k:>19}" for k in KEYS))
-        for mode in ("names", "nodes", "under_telemetry"):
-            print(f"{mode:<16}" + "".join(f"{results[mode][k]:>19}" for k in KEYS))
-        print(f"server RSS {results['rss_mib']} MiB; written to {out}")
-    return 0
+    return results
 
 
 def _reference_loop_ms() -> float:
@@ -133,6 +154,7 @@ class _Server:
         self.tmp = tmp
         self.token = "bench-" + os.urandom(8).hex()
         self.factory = args.predictor_factory
+        self.cpus: set[int] = getattr(args, "server_cpus", set())
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
@@ -149,6 +171,7 @@ class _Server:
             [sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind", f"127.0.0.1:{self.port}",
              "--telemetry-token-file", str(token_file), "--log-level", "warning"],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None,
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
