@@ -343,11 +343,23 @@ def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
             assert len(cluster.evictions) == 1  # it fits now: nothing more to evict
 
 
+#: A low-priority (packing) pod: criticality low, no deadline.
+LOW_ANNOTATIONS = {**{k: v for k, v in CNN_ANNOTATIONS.items() if k != "deepres.io/deadline"},
+                   "deepres.io/criticality": "low"}
+
+
+def admit_low_pods(client: FlaskClient, node_name: str, count: int) -> None:
+    """Filter and bind `count` low-priority pods on one node: admissions that form a demand mix."""
+    for i in range(count):
+        earlier = pod(f"w{i}", LOW_ANNOTATIONS)
+        client.post("/filter", json=extender_args(earlier, names=[node_name]))
+        assert client.post("/bind", json=binding_args(earlier, node_name)).get_json() == {"Error": ""}
+
+
 def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_a_demand_mix() -> None:
     """Best fit prefers the tighter node; with a mix of recent admissions of this size the extender
     prefers the node where placing the pod strands no memory another such pod could use."""
-    low = {k: v for k, v in CNN_ANNOTATIONS.items() if k != "deepres.io/deadline"}
-    low["deepres.io/criticality"] = "low"
+    low = LOW_ANNOTATIONS
     capacity = 4 * NEED
     client, _, clock = make()
     send_report(client, "tight", 1, [(capacity, capacity - 1.5 * NEED)], clock)  # leaves 0.5x: stranded
@@ -360,10 +372,7 @@ def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_
 
     before = scores()
     assert before["tight"] > before["roomy"], "without a demand mix: best fit on memory"
-    for i in range(3):  # admissions of the same shape make the demand mix
-        earlier = pod(f"w{i}", low)
-        client.post("/filter", json=extender_args(earlier, names=["warm"]))
-        assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
+    admit_low_pods(client, "warm", 3)  # admissions of the same shape make the demand mix
     after = scores()
     assert after["roomy"] > after["tight"], after
     assert scores() == after  # the same pod again: the merits come from the memo
@@ -376,17 +385,13 @@ def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_
 def test_bind_takes_the_gpu_the_packing_score_chose(fragmentation_aware: bool) -> None:
     """With a demand mix, bind picks GPUs as the fragmentation-aware score does (the GPU where the pod
     strands nothing another such pod could use), not the tightest fit; with the rule off, best fit."""
-    low = {k: v for k, v in CNN_ANNOTATIONS.items() if k != "deepres.io/deadline"}
-    low["deepres.io/criticality"] = "low"
+    low = LOW_ANNOTATIONS
     capacity = 4 * NEED
     client, cluster, clock = make(fragmentation_aware_packing=fragmentation_aware)
     # gpu 0 leaves 0.5x after the pod (stranded), gpu 1 leaves 1.5x (another such pod still fits)
     send_report(client, "two", 1, [(capacity, capacity - 1.5 * NEED), (capacity, capacity - 2.5 * NEED)], clock)
     send_report(client, "warm", 1, [(40 * NEED, 0.0)], clock)
-    for i in range(3):
-        earlier = pod(f"w{i}", low)
-        client.post("/filter", json=extender_args(earlier, names=["warm"]))
-        assert client.post("/bind", json=binding_args(earlier, "warm")).get_json() == {"Error": ""}
+    admit_low_pods(client, "warm", 3)
     placed = pod("placed", low)
     client.post("/filter", json=extender_args(placed, names=["two"]))
     assert client.post("/bind", json=binding_args(placed, "two")).get_json() == {"Error": ""}
