@@ -270,15 +270,16 @@ def score_matrix_fragaware(
         return [(n, 0) for n in unique]
     ok = known & (a.healthy[safe] >= count) & (a.free_desc[safe, count - 1] >= need)
     members = np.flatnonzero(ok)
-    versions = a.version[safe[members]]  # read before the rows: a row rewritten meanwhile is not reused later
+    member_rows = safe[members]
+    versions = a.version[member_rows]  # read before the rows: a row rewritten meanwhile is not reused later
     if memo is None:
-        node_merits = _merits(a, safe[members], pod, mix, sharpness)
+        node_merits = _merits(a, member_rows, pod, mix, sharpness)
     else:
-        node_merits, todo, packed = memo.lookup(mix, pod, sharpness, a.version, safe[members], versions)
+        node_merits, todo, packed = memo.lookup(mix, pod, sharpness, a.version, member_rows, versions)
         if todo.any():
-            fresh = _merits(a, safe[members[todo]], pod, mix, sharpness)
+            fresh = _merits(a, member_rows[todo], pod, mix, sharpness)
             node_merits[todo] = fresh
-            packed[safe[members[todo]]] = (versions[todo] << MERIT_BITS) | fresh
+            packed[member_rows[todo]] = (versions[todo] << MERIT_BITS) | fresh
             memo.computed += int(todo.sum())
         memo.reused += int(len(todo) - todo.sum())
     scores = np.zeros(len(unique), dtype=np.int64)
