@@ -1,8 +1,9 @@
 """The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
 
 `Extender` holds the process's single cluster state and turns a decoded request into policy calls
-(annotations -> PodRequest -> filter/score/choose/preempt); the routes in `create_app` only move
-bytes and JSON in and out. Bad input never yields a 5xx or a traceback: the verbs answer HTTP 200
+(annotations -> PodRequest -> filter/score/choose/preempt); the HTTP layers only move bytes and
+JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
+Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs answer HTTP 200
 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a message.
 """
 
@@ -19,9 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError, JobRequest
@@ -58,11 +58,11 @@ from extender.protocol import (
 from extender.settings import Settings, describe, load_settings
 from extender.state import ACCEPTED, ClusterState
 from extender.telemetry import ReportError, parse_report
+from extender.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
 from predictor.spec import Demand, DemandPredictor
 
 log = logging.getLogger(__name__)
 
-VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
 WARNED_MAX = 10_000
 #: A relist does not release reservations made this recently: the list may predate their bind (a
 #: pod deleted meanwhile is still released by its watch event).
@@ -81,10 +81,6 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-
-
-class BadRequest(ValueError):
-    """A request body that cannot be used (not JSON, not UTF-8, wrong shape)."""
 
 
 class PredictorUnavailable(RuntimeError):
@@ -650,94 +646,18 @@ def create_app(
     metrics = ext.metrics
 
     def respond(payload: Any, status: int = 200) -> Response:
-        return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status=status,
-                        mimetype="application/json")
-
-    def read_body() -> bytes:
-        """The body in one read when its length is declared (werkzeug's stream wrapper reads a large
-        body in many small pieces); chunked bodies go through werkzeug, which enforces the limit."""
-        length = request.content_length
-        if length is None:
-            return request.get_data(cache=False)
-        limit = request.max_content_length
-        if limit is not None and length > limit:
-            raise RequestEntityTooLarge()
-        data: bytes = request.environ["wsgi.input"].read(length)
-        return data
-
-    def body_json() -> Any:
-        # orjson: 100 full Node objects (~0.4 MB) parse in about a third of json.loads' time
-        data = read_body()
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as err:
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError as bad:
-                raise BadRequest(f"body is not UTF-8 ({bad.reason} at byte {bad.start})") from None
-            raise BadRequest(f"body is not valid JSON: {err}") from None
-
-    def verb(name: str, handler: Callable[[Any], Any], error_shape: Callable[[str], Any]) -> Response:
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            try:
-                payload = handler(body_json())
-            except BadRequest as err:
-                outcome = "error"
-                payload = error_shape(str(err))
-            if isinstance(payload, dict) and payload.get("Error"):
-                outcome = "error"
-            return respond(payload)
-        finally:
-            metrics.latency.labels(name).observe(time.perf_counter() - started)
-            metrics.requests.labels(name, outcome).inc()
-
-    @app.post("/filter")
-    def filter_route() -> Response:
-        return verb("filter", ext.filter, filter_error)
-
-    @app.post("/prioritize")
-    def prioritize_route() -> Response:
-        return verb("prioritize", ext.prioritize, lambda message: [])
-
-    @app.post("/bind")
-    def bind_route() -> Response:
-        return verb("bind", ext.bind, binding_result)
-
-    @app.post("/preempt")
-    def preempt_route() -> Response:
-        return verb("preempt", ext.preempt, lambda message: preemption_result({}, {}))
-
-    @app.post("/v1/telemetry")
-    def telemetry_route() -> Response:
-        started = time.perf_counter()
-        try:
-            ok, bound_node, why = ext.authenticate(request.headers.get("Authorization", ""))
-            if not ok:
-                metrics.telemetry_reports.labels("unauthorized").inc()
-                response = respond({"error": f"unauthorized: {why}"}, 401)
-                response.headers["WWW-Authenticate"] = 'Bearer realm="deepres-extender"'
-                return response
-            request.max_content_length = settings.telemetry.telemetry_max_bytes
-            try:
-                body = body_json()
-            except BadRequest as err:
-                metrics.telemetry_reports.labels("invalid").inc()
-                return respond({"error": str(err)}, 400)
-            status, payload = ext.telemetry(body, bound_node)
-            return respond(payload, status)
-        finally:
-            metrics.latency.labels("telemetry").observe(time.perf_counter() - started)
+        return Response(encode_json(payload), status=status, mimetype="application/json")
 
     @app.post("/v1/predict")
     def predict_route() -> Response:
         started = time.perf_counter()
         try:
             try:
-                body = body_json()
+                body = decode_json(read_body(request.environ, settings.server.max_body_bytes))
             except BadRequest as err:
                 return respond({"error": str(err)}, 400)
+            except BodyTooLarge as err:
+                return respond({"error": str(err)}, 413)
             status, payload = ext.predict(body)
             return respond(payload, status)
         finally:
@@ -767,25 +687,16 @@ def create_app(
     def http_error(err: HTTPException) -> Response:
         code = err.code or 400
         if code == 413:
-            limit = request.max_content_length or settings.server.max_body_bytes
-            return respond({"error": f"request body larger than {limit} bytes"}, 413)
+            return respond({"error": f"request body larger than {settings.server.max_body_bytes} bytes"}, 413)
         return respond({"error": f"{err.name}: {err.description}"}, code)
 
     @app.errorhandler(Exception)
     def unexpected(err: Exception) -> Response:  # a bug: log it, never leak a traceback
         log.exception("unexpected error on %s %s", request.method, request.path)
-        name = VERB_PATHS.get(request.path)
-        message = f"internal error ({type(err).__name__}); see the extender's log"
-        if name == "filter":
-            return respond(filter_error(message))
-        if name == "bind":
-            return respond(binding_result(message))
-        if name == "prioritize":
-            return respond([])
-        if name == "preempt":
-            return respond(preemption_result({}, {}))
-        return respond({"error": message}, 500)
+        return respond({"error": f"internal error ({type(err).__name__}); see the extender's log"}, 500)
 
+    # the verbs and telemetry, all of the extender's traffic, skip Flask's per-request machinery
+    app.wsgi_app = VerbRoutes(ext, app.wsgi_app)  # type: ignore[method-assign]
     return app
 
 
