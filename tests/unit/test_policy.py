@@ -301,3 +301,48 @@ def test_columnar_filter_and_score_equal_the_reference(nodes: dict[str, NodeView
     assert score_matrix(request, names, matrix, nodes, P) == score_nodes(request, names, nodes, P)
     spread = PodRequest(request.uid, "ns", "p", request.gpus, request.admission_mib, 0.0, 40.0)
     assert score_matrix(spread, names, matrix, nodes, P) == score_nodes(spread, names, nodes, P)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cluster_st(), names_st, pod_st,
+       st.lists(st.tuples(st.booleans(), st.sampled_from([f"n{i}" for i in range(8)])), max_size=12))
+def test_remembered_lookups_follow_nodes_joining_and_leaving(nodes: dict[str, NodeView], names: list[str],
+                                                             request: PodRequest,
+                                                             changes: list[tuple[bool, str]]) -> None:
+    matrix = NodeMatrix(rows=2, cols=1)
+    for view in nodes.values():
+        matrix.put(view)
+    for join, name in changes:
+        result = filter_matrix(request, names, matrix, nodes, NOW, P)  # remembers its list and the passed one
+        if join:
+            nodes[name] = node(name, (40, 0, 0))
+            matrix.put(nodes[name])
+        else:
+            matrix.remove(name)
+            nodes.pop(name, None)
+        for listed in (names, list(result.passed)):
+            looked = matrix.lookup(list(listed))  # new list objects, same names
+            assert looked.names == list(dict.fromkeys(listed))
+            assert looked.rows.tolist() == [matrix.index.get(n, -1) for n in looked.names]
+        assert filter_matrix(request, names, matrix, nodes, NOW, P) == filter_nodes(request, names, nodes, NOW, P)
+
+
+def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
+    nodes = {n.name: n for n in (node("a", (40, 0, 0)), node("b", (16, 0, 0)), node("c", (40, 10, 0)))}
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    result = filter_matrix(pod(20), ["c", "b", "a", "c"], matrix, nodes, NOW, P)
+    assert result.passed == ("c", "a")
+    rows = dict(matrix.index)
+    matrix.index = Unreadable(rows)
+    looked = matrix.lookup(["c", "a"])  # what kube-scheduler sends to prioritize next: no name is looked up
+    assert looked.names == ["c", "a"] and looked.rows.tolist() == [rows["c"], rows["a"]]
+    assert not looked.rows.flags.writeable  # shared between verbs
+    with pytest.raises(AssertionError):
+        matrix.lookup(["a", "c"])  # another list is
+
+
+class Unreadable(dict[str, int]):
+    def get(self, *_: object) -> None:  # type: ignore[override]
+        raise AssertionError("a remembered lookup read the index")
