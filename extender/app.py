@@ -42,6 +42,7 @@ from extender.policy.filtering import gib
 from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
 from extender.policy.types import GpuView, NodeView
 from extender.protocol import (
+    ExtenderArgs,
     PodInfo,
     ProtocolError,
     binding_result,
@@ -233,17 +234,18 @@ class Extender:
 
     # ---- verbs ----
     def filter(self, body: Any) -> dict[str, Any]:
+        """`body`: the decoded JSON, or ExtenderArgs already read from the bytes (`decode_extender_args`)."""
         try:
-            args = parse_extender_args(body)
+            args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
         except ProtocolError as err:
             return filter_error(f"bad ExtenderArgs: {err}")
         now = self.clock()
-        self.remember(body["Pod"], args.pod)
+        self.remember(args.raw_pod, args.pod)
         try:
             plan = self.plan(args.pod, now)
         except AnnotationError as err:
             self.metrics.filter_nodes.labels("bad_annotation").inc(len(args.node_names))
-            self.warn_once(body["Pod"], args.pod.uid, "InvalidAnnotation", str(err))
+            self.warn_once(args.raw_pod, args.pod.uid, "InvalidAnnotation", str(err))
             return filter_all_unresolvable(args, str(err))
         except PredictorUnavailable as err:
             return filter_error(f"predictor unavailable: {err}", args)
@@ -251,7 +253,7 @@ class Extender:
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
-            self.self_preempt(plan.request, list(result.failed), body["Pod"], now)
+            self.self_preempt(plan.request, list(result.failed), args.raw_pod, now)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
                       args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
@@ -261,11 +263,11 @@ class Extender:
     def prioritize(self, body: Any) -> list[dict[str, Any]]:
         """Scores; on any problem an empty list (kube-scheduler ignores prioritize errors anyway)."""
         try:
-            args = parse_extender_args(body)
+            args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
         except ProtocolError as err:
             log.info("prioritize: bad ExtenderArgs: %s", err)
             return []
-        self.remember(body["Pod"], args.pod)
+        self.remember(args.raw_pod, args.pod)
         try:
             plan = self.plan(args.pod, self.clock())
         except (AnnotationError, PredictorUnavailable):

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+import orjson
+
 from extender.policy.types import FilterResult
 
 
@@ -53,7 +56,10 @@ class ExtenderArgs:
 
     pod: PodInfo
     node_names: tuple[str, ...]
-    nodes: tuple[dict[str, Any], ...] | None  # the full Node objects when nodeCacheCapable is false
+    #: the full Node objects when nodeCacheCapable is false: decoded dicts, or each Node's own JSON
+    #: text (msgspec.Raw) from `decode_extender_args`, echoed as is in the filter's answer
+    nodes: tuple[dict[str, Any] | msgspec.Raw, ...] | None
+    raw_pod: Any = None  # the Pod object as sent (bind reads its annotations later)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
     nodes_raw = obj.get("Nodes")
     if names_raw is not None:
         names = tuple(_string_list(names_raw, "NodeNames"))
-        return ExtenderArgs(pod, names, None)
+        return ExtenderArgs(pod, names, None, obj.get("Pod"))
     if nodes_raw is not None:
         node_list = _object(nodes_raw, "Nodes")
         items = node_list.get("items") or []
@@ -130,8 +136,55 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
             meta = _object(node.get("metadata"), f"Nodes.items[{i}].metadata")
             names_list.append(_string(meta, "name", f"Nodes.items[{i}].metadata", required=True))
             nodes.append(node)
-        return ExtenderArgs(pod, tuple(names_list), tuple(nodes))
+        return ExtenderArgs(pod, tuple(names_list), tuple(nodes), obj.get("Pod"))
     raise ProtocolError("ExtenderArgs", "needs NodeNames (nodeCacheCapable: true) or Nodes (false)")
+
+
+class _NodeMeta(msgspec.Struct):
+    name: str
+
+
+class _NamedNode(msgspec.Struct):
+    metadata: _NodeMeta
+
+
+class _NodeList(msgspec.Struct):
+    items: list[msgspec.Raw] | None = None
+
+
+class _ExtenderArgsFast(msgspec.Struct):
+    Pod: dict[str, Any] | None = None
+    Nodes: _NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+_ARGS_DECODER = msgspec.json.Decoder(_ExtenderArgsFast)
+_NODE_NAME_DECODER = msgspec.json.Decoder(_NamedNode)
+
+
+def decode_extender_args(data: bytes) -> ExtenderArgs | None:
+    """ExtenderArgs straight from the request bytes, or None when they are not well-formed (then
+    `parse_extender_args` over the decoded JSON names the problem).
+
+    For the full-Node mode (nodeCacheCapable: false; ~0.4 MB for 100 Nodes) decoding every Node
+    into Python objects cost more than all the rest of a pod's work: msgspec reads the body once,
+    keeps each Node as its JSON text and reads only its name, and the filter echoes the passed
+    Nodes' text unchanged. Measured in-process, 1.3 ms to decode the body with orjson against 0.6 ms.
+    """
+    try:
+        fast = _ARGS_DECODER.decode(data)
+        if fast.NodeNames is not None:
+            pod = parse_pod(fast.Pod)
+            return ExtenderArgs(pod, tuple(fast.NodeNames), None, fast.Pod)
+        if fast.Nodes is None:
+            return None
+        items = tuple(fast.Nodes.items or ())
+        names = tuple(_NODE_NAME_DECODER.decode(item).metadata.name for item in items)
+        if not all(names):
+            return None
+        return ExtenderArgs(parse_pod(fast.Pod), names, items, fast.Pod)
+    except (msgspec.DecodeError, ProtocolError, RecursionError):  # ValidationError is a DecodeError
+        return None
 
 
 def parse_binding_args(body: Any) -> BindingArgs:
@@ -187,14 +240,12 @@ def filter_result(result: FilterResult, args: ExtenderArgs) -> dict[str, Any]:
     nodes: dict[str, Any] | None = None
     if args.nodes is not None:
         passed = set(result.passed)
-        items = [n for name, n in zip(args.node_names, args.nodes, strict=True) if name in passed]
         seen: set[str] = set()
-        unique = []
-        for node in items:
-            name = node["metadata"]["name"]
-            if name not in seen:
+        unique: list[Any] = []
+        for name, node in zip(args.node_names, args.nodes, strict=True):
+            if name in passed and name not in seen:
                 seen.add(name)
-                unique.append(node)
+                unique.append(orjson.Fragment(bytes(node)) if isinstance(node, msgspec.Raw) else node)
         nodes = {"metadata": {}, "items": unique}
     return {
         "Nodes": nodes,

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
+
 if TYPE_CHECKING:
     from extender.app import Extender
 
@@ -85,6 +87,13 @@ def decode_json(data: bytes) -> Any:
         raise BadRequest(f"body is not valid JSON: {err}") from None
 
 
+def decode_candidates(data: bytes) -> Any:
+    """A filter or prioritize body: ExtenderArgs read straight from the bytes when well-formed (the
+    fast path, see `protocol.decode_extender_args`), else the decoded JSON, whose problem the
+    verb then names."""
+    return decode_extender_args(data) or decode_json(data)
+
+
 def encode_json(payload: Any) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -104,15 +113,13 @@ class VerbRoutes:
     `ext`; anything else goes to `fallback` (the Flask app)."""
 
     def __init__(self, ext: Extender, fallback: WsgiApp) -> None:
-        from extender.protocol import binding_result, filter_error, preemption_result
-
         self.ext = ext
         self.fallback = fallback
         self.max_body = ext.settings.server.max_body_bytes
         self.telemetry_max = ext.settings.telemetry.telemetry_max_bytes
         self.routes: dict[str, Callable[[dict[str, Any], StartResponse], list[bytes]]] = {
-            "/filter": self._verb("filter", ext.filter, filter_error),
-            "/prioritize": self._verb("prioritize", ext.prioritize, lambda message: []),
+            "/filter": self._verb("filter", ext.filter, filter_error, decode_candidates),
+            "/prioritize": self._verb("prioritize", ext.prioritize, lambda message: [], decode_candidates),
             "/bind": self._verb("bind", ext.bind, binding_result),
             "/preempt": self._verb("preempt", ext.preempt, lambda message: preemption_result({}, {})),
             "/v1/telemetry": self._telemetry,
@@ -131,8 +138,8 @@ class VerbRoutes:
                         (("Allow", "POST"),))
         return route(environ, start_response)
 
-    def _verb(self, name: str, handler: Callable[[Any], Any],
-              error_shape: Callable[[str], Any]) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
+    def _verb(self, name: str, handler: Callable[[Any], Any], error_shape: Callable[[str], Any],
+              decode: Callable[[bytes], Any] = decode_json) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
         """One verb: decoded body -> `handler` -> JSON, with its latency and outcome counted (the
         labelled metric children are looked up once, here, not per request)."""
         latency = self.ext.metrics.latency.labels(name)
@@ -143,7 +150,7 @@ class VerbRoutes:
             outcome = "ok"
             try:
                 try:
-                    payload = handler(decode_json(read_body(environ, self.max_body)))
+                    payload = handler(decode(read_body(environ, self.max_body)))
                 except BadRequest as err:
                     outcome, payload = "error", error_shape(str(err))
                 except BodyTooLarge as err:

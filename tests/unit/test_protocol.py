@@ -6,11 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.policy import FilterResult
 from extender.protocol import (
+    ExtenderArgs,
     ProtocolError,
+    decode_extender_args,
     filter_error,
     filter_result,
     host_priority_list,
@@ -92,6 +97,54 @@ def test_malformed_extender_args_name_the_field(body: Any, path: str) -> None:
     with pytest.raises(ProtocolError) as err:
         parse_extender_args(body)
     assert err.value.path == path
+    assert decode_extender_args(orjson.dumps(body)) is None  # the fast path leaves the wording to the parser
+
+
+def answer(args: ExtenderArgs, passed: tuple[str, ...]) -> Any:
+    """The filter's answer as kube-scheduler decodes it."""
+    return orjson.loads(orjson.dumps(filter_result(FilterResult(passed, {}, {}, {}), args)))
+
+
+def test_fast_decoding_of_the_golden_requests_equals_the_parser() -> None:
+    for name in ("filter_names.json", "filter_nodes.json"):
+        raw = (FIXTURES / name).read_bytes()
+        fast, slow = decode_extender_args(raw), parse_extender_args(json.loads(raw))
+        assert fast is not None
+        assert (fast.pod, fast.node_names, fast.raw_pod) == (slow.pod, slow.node_names, slow.raw_pod)
+        for passed in ((), ("gpu-node-2",), slow.node_names):
+            assert answer(fast, passed) == answer(slow, passed)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=3),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                        max_size=3), max_leaves=8)
+names = st.sampled_from(["n1", "n2", "n3", ""])
+node_objects = st.builds(lambda name, extra: {"metadata": {"name": name, **extra}, "status": extra},
+                         names, st.dictionaries(st.sampled_from(["x", "labels"]), json_values, max_size=2))
+pods = st.one_of(json_values, st.builds(lambda name, ann: {"metadata": {"name": name, "annotations": ann}},
+                                        names, st.dictionaries(st.text(max_size=3), json_values, max_size=2)))
+bodies = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"Pod": pods, "NodeNames": st.one_of(st.lists(names, max_size=4), json_values)}),
+    st.fixed_dictionaries({"Pod": pods, "NodeNames": st.none(),
+                           "Nodes": st.one_of(st.fixed_dictionaries({"metadata": st.just({}),
+                                                                     "items": st.lists(node_objects, max_size=4)}),
+                                              json_values)}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bodies)
+def test_fast_decoding_agrees_with_the_parser_and_defers_its_errors(body: Any) -> None:
+    fast = decode_extender_args(orjson.dumps(body))
+    try:
+        slow = parse_extender_args(body)
+    except ProtocolError:
+        assert fast is None
+        return
+    assert fast is not None
+    assert (fast.pod, fast.node_names, fast.raw_pod) == (slow.pod, slow.node_names, slow.raw_pod)
+    assert answer(fast, fast.node_names[:2]) == answer(slow, slow.node_names[:2])
 
 
 def test_pod_defaults_namespace_and_reads_priority() -> None:
