@@ -58,7 +58,7 @@ from extender.protocol import (
 )
 from extender.settings import Settings, describe, load_settings
 from extender.state import ACCEPTED, ClusterState
-from extender.telemetry import ReportError, parse_report
+from extender.telemetry import NodeReport, ReportError, parse_report
 from extender.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
 from predictor.spec import Demand, DemandPredictor
 
@@ -506,8 +506,9 @@ class Extender:
         return True, identity.node_name, ""
 
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
+        """`body`: the decoded JSON, or a NodeReport already read from the bytes (`decode_report`)."""
         try:
-            report = parse_report(body)
+            report = body if isinstance(body, NodeReport) else parse_report(body)
         except ReportError as err:
             self.metrics.telemetry_reports.labels("invalid").inc()
             return 400, {"error": str(err)}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
+from extender.telemetry import decode_report
 
 if TYPE_CHECKING:
     from extender.app import Extender
@@ -178,7 +179,8 @@ class VerbRoutes:
                 return send(start_response, STATUS[401], encode_json({"error": f"unauthorized: {why}"}),
                             (("WWW-Authenticate", 'Bearer realm="deepres-extender"'),))
             try:
-                body = decode_json(read_body(environ, self.telemetry_max))
+                data = read_body(environ, self.telemetry_max)
+                body = decode_report(data) or decode_json(data)  # the fast path, else the parser names the problem
             except BadRequest as err:
                 self._reports["invalid"].inc()
                 return send(start_response, STATUS[400], encode_json({"error": str(err)}))

@@ -8,10 +8,18 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.telemetry import GpuReport, NodeReport, PodUsage, ProcessReport, ReportError, parse_report
+from extender.telemetry import (
+    GpuReport,
+    NodeReport,
+    PodUsage,
+    ProcessReport,
+    ReportError,
+    decode_report,
+    parse_report,
+)
 
 
 def sample_report() -> NodeReport:
@@ -28,6 +36,7 @@ def sample_report() -> NodeReport:
 def test_round_trip_through_json() -> None:
     report = sample_report()
     assert parse_report(json.loads(json.dumps(report.to_dict()))) == report
+    assert decode_report(json.dumps(report.to_dict()).encode()) == report
 
 
 @pytest.mark.parametrize(
@@ -52,6 +61,56 @@ def test_bad_fields_are_named(mutate: Any, path: str) -> None:
     with pytest.raises(ReportError) as info:
         parse_report(body)
     assert info.value.path == path
+    assert decode_report(json.dumps(body).encode()) is None  # the fast path leaves the wording to the parser
+
+
+def near(valid: st.SearchStrategy[Any], *, field: bool = True) -> st.SearchStrategy[Any]:
+    """Mostly a valid value, sometimes a wrong type, null, a negative, an extreme or (a field) nothing."""
+    bad = st.sampled_from([None, True, -1, 1e308, "x", 1.5, 2**70, *([MISSING] if field else [])])
+    return st.integers(0, 59).flatmap(lambda k: valid if k else bad)
+
+
+MISSING = object()
+numbers = st.floats(min_value=0, max_value=5e4, allow_nan=False) | st.integers(0, 50_000)
+
+
+def present(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not MISSING}
+
+
+processes = st.builds(present, pid=near(st.integers(0, 10**6)), used_memory_mib=near(numbers),
+                      pod_uid=near(st.text(max_size=3)))
+gpus = st.builds(present, uuid=near(st.sampled_from(["GPU-a", "GPU-b", ""])), index=near(st.integers(0, 8)),
+                 model=near(st.just("A100")), memory_total_mib=near(numbers), memory_used_mib=near(numbers),
+                 memory_reserved_mib=near(numbers), utilization_gpu=near(st.floats(0, 1)),
+                 utilization_memory=near(st.floats(0, 1)), temperature_c=near(st.floats(-50, 120)),
+                 power_w=near(numbers), healthy=near(st.booleans()), error=near(st.text(max_size=3)),
+                 processes=near(st.lists(processes, max_size=2)))
+pods = st.builds(present, pod_uid=near(st.sampled_from(["uid-a", ""])), current_memory_mib=near(numbers),
+                 peak_memory_mib=near(numbers),
+                 gpu_uuids=near(st.lists(near(st.just("GPU-a"), field=False), max_size=2)),
+                 first_seen_s=near(numbers))
+reports = st.builds(present, node=near(st.sampled_from(["gpu-1", ""])), sequence=near(st.integers(0, 10)),
+                    timestamp_s=near(numbers), agent_version=near(st.just("0.1")),
+                    source=near(st.sampled_from(["nvml", "simulated", "fake"])),
+                    gpus=near(st.lists(gpus, max_size=3)), pods=near(st.lists(pods, max_size=2)),
+                    interval_s=near(numbers), schema_version=near(st.integers(0, 2)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(reports)
+def test_fast_decoding_equals_the_parser_or_defers_to_it(body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    fast = decode_report(data)
+    try:
+        slow = parse_report(json.loads(data))
+    except ReportError:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == slow
+    else:  # only where the parser is lenient: it takes null for a field with a default
+        assert "null" in data.decode()
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
