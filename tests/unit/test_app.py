@@ -397,3 +397,24 @@ def test_bind_takes_the_gpu_the_packing_score_chose(fragmentation_aware: bool) -
     assert client.post("/bind", json=binding_args(placed, "two")).get_json() == {"Error": ""}
     gpus = cluster.pods[("default", "placed")]["metadata"]["annotations"]["deepres.io/assigned-gpus"]
     assert gpus == ("two-gpu1" if fragmentation_aware else "two-gpu0")
+
+
+def test_prioritize_reuses_its_filters_plan_only_for_the_same_pod_within_a_second() -> None:
+    predictor = FormulaPredictor()
+    settings = Settings()
+    settings.kube.no_kube = True
+    settings.telemetry.telemetry_token = TOKEN
+    clock = Clock()
+    client = create_app(settings, predictor=predictor, clock=clock, cluster=InMemoryCluster()).test_client()
+    send_report(client, "a", 1, [(40960.0, 0.0)], clock)
+    job = pod("job", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(job, ["a"]))
+    client.post("/prioritize", json=extender_args(job, ["a"]))
+    assert predictor.calls == 1  # the prioritize right after its filter
+    clock.now += 1.5
+    client.post("/prioritize", json=extender_args(job, ["a"]))
+    assert predictor.calls == 2  # too late: planned again
+    client.post("/filter", json=extender_args(job, ["a"]))
+    changed = pod("job", {**CNN_ANNOTATIONS, "deepres.io/batch-size": "128"})
+    scores = client.post("/prioritize", json=extender_args(changed, ["a"])).get_json()
+    assert predictor.calls == 4 and scores[0]["Host"] == "a"  # the pod changed: planned again
