@@ -279,7 +279,8 @@ def filter_all_unresolvable(args: ExtenderArgs, reason: str) -> dict[str, Any]:
 
 
 def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
-    return [{"Host": host, "Score": int(score)} for host, score in scores]
+    """HostPriorityList. The scores are Python ints already (an int() per host doubled the cost)."""
+    return [{"Host": host, "Score": score} for host, score in scores]
 
 
 

@@ -418,3 +418,4 @@ def test_prioritize_reuses_its_filters_plan_only_for_the_same_pod_within_a_secon
     changed = pod("job", {**CNN_ANNOTATIONS, "deepres.io/batch-size": "128"})
     scores = client.post("/prioritize", json=extender_args(changed, ["a"])).get_json()
     assert predictor.calls == 4 and scores[0]["Host"] == "a"  # the pod changed: planned again
+    assert type(scores[0]["Score"]) is int and 0 <= scores[0]["Score"] <= 10  # a JSON integer, as Go's int64 wants
