@@ -257,20 +257,21 @@ def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
 
 
 def served_extender_paths() -> tuple[set[str], str]:
-    """(POST paths the extender serves, where that was read from): its Flask app when present."""
+    """(POST paths the extender serves, where that was read from): the contract's POST paths and the
+    verbs that its app answers (not 404 or 405), when the extender is there."""
+    contract = (REPO / "docs" / "CONTRACTS.md").read_text()
+    line = next(ln for ln in contract.splitlines() if "HTTP paths" in ln)
+    promised = set(re.findall(r"(/[a-z0-9/]+)", line.split("POST", 1)[1].split("GET", 1)[0]))
     try:
         from extender.app import create_app
         from extender.settings import KubeSettings, Settings
     except ImportError:
-        pass  # the extender has not landed: the contract says what it will serve
-    else:
-        # local mode and a stand-in predictor: only the routes matter here, not the cluster or the model
-        flask_app = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object())  # type: ignore[arg-type]
-        paths = {r.rule for r in flask_app.url_map.iter_rules() if "POST" in (r.methods or set())}
-        return paths, "extender/app.py"
-    contract = (REPO / "docs" / "CONTRACTS.md").read_text()
-    line = next(ln for ln in contract.splitlines() if "HTTP paths" in ln)
-    return set(re.findall(r"(/[a-z0-9/]+)", line.split("POST", 1)[1].split("GET", 1)[0])), "docs/CONTRACTS.md"
+        return promised, "docs/CONTRACTS.md"  # the extender has not landed: the contract says what it will serve
+    # local mode and a stand-in predictor: only the routes matter here, not the cluster or the model
+    client = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object()).test_client()  # type: ignore[arg-type]
+    answered = {path for path in promised | {f"/{verb}" for verb in VERBS}
+                if client.post(path, data=b"{}", content_type="application/json").status_code not in (404, 405)}
+    return answered, "extender/app.py"
 
 
 def default_extender_port() -> int:
