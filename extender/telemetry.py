@@ -16,8 +16,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import msgspec
-
 SCHEMA_VERSION = 1
 MAX_GPUS_PER_NODE = 64
 MAX_PROCESSES_PER_GPU = 1024
@@ -119,54 +117,6 @@ def parse_report(body: Any) -> NodeReport:
         interval_s=_number(obj, "interval_s", "report", minimum=0.0, default=5.0),
         schema_version=_int(obj, "schema_version", "report", minimum=1, default=SCHEMA_VERSION),
     )
-
-
-_REPORT_DECODER: msgspec.json.Decoder[NodeReport] | None = None
-
-
-def decode_report(data: bytes) -> NodeReport | None:
-    """A report straight from the request bytes when it is well-formed, else None (then
-    `parse_report` over the decoded JSON names the problem). The extender receives hundreds of
-    reports a second at scale: msgspec builds the records in C and `_well_formed` checks what the
-    types cannot, ~5x less CPU than decoding to dicts and checking field by field."""
-    global _REPORT_DECODER
-    if _REPORT_DECODER is None:  # built on first use: the agent imports this module too
-        _REPORT_DECODER = msgspec.json.Decoder(NodeReport)
-    try:
-        report = _REPORT_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
-        return None
-    return report if _well_formed(report) else None
-
-
-def _well_formed(r: NodeReport) -> bool:
-    """`parse_report`'s rules beyond the types (ranges, limits, uniqueness, finite numbers)."""
-    finite = math.isfinite
-    if (not r.node or r.source not in ("nvml", "simulated") or r.sequence < 0 or r.schema_version < 1
-            or not (finite(r.timestamp_s) and r.timestamp_s >= 0 and finite(r.interval_s) and r.interval_s >= 0)
-            or len(r.gpus) > MAX_GPUS_PER_NODE or len(r.pods) > MAX_PODS_PER_NODE):
-        return False
-    for g in r.gpus:
-        total, used = g.memory_total_mib, g.memory_used_mib
-        if (not g.uuid or g.index < 0 or not (finite(total) and finite(used) and finite(g.memory_reserved_mib))
-                or total < 0 or used < 0 or used > total * 1.01 + 1.0 or g.memory_reserved_mib < 0
-                or not (0.0 <= g.utilization_gpu <= 1.0 and 0.0 <= g.utilization_memory <= 1.0)
-                or len(g.processes) > MAX_PROCESSES_PER_GPU):
-            return False
-        for optional in (g.temperature_c, g.power_w):
-            if optional is not None and not (finite(optional) and optional >= -1e9):
-                return False
-        for proc in g.processes:
-            if proc.pid < 0 or not (finite(proc.used_memory_mib) and proc.used_memory_mib >= 0):
-                return False
-    if len({g.uuid for g in r.gpus}) != len(r.gpus):
-        return False
-    for pod in r.pods:
-        if (not pod.pod_uid or len(pod.gpu_uuids) > MAX_GPUS_PER_NODE
-                or not all(finite(v) and v >= 0 for v in (pod.current_memory_mib, pod.peak_memory_mib,
-                                                           pod.first_seen_s))):
-            return False
-    return True
 
 
 def _gpu(raw: Any, path: str) -> GpuReport:

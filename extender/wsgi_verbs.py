@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
-from extender.telemetry import decode_report
+from extender.report_fastpath import decode_report
 
 if TYPE_CHECKING:
     from extender.app import Extender

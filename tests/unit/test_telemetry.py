@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.report_fastpath import decode_report
 from extender.telemetry import (
     GpuReport,
     NodeReport,
     PodUsage,
     ProcessReport,
     ReportError,
-    decode_report,
     parse_report,
 )
 
