@@ -223,7 +223,7 @@ def filter_matrix(
         else:
             failure = node_failure(pod, node, now_s, params)
         if failure is None:  # the row was being rewritten: the NodeView has the last word
-            fits[i] = True
+            fits[i] = ok[i] = True
             continue
         kind, reason, final = failure
         (unresolvable if final else failed)[name] = reason
@@ -231,7 +231,7 @@ def filter_matrix(
     passed = tuple(compress(unique, fits))
     if passed:
         kinds[PASSED] = len(passed)
-        passed_rows = rows[np.array(fits, dtype=bool)]
+        passed_rows = rows[ok]
         passed_rows.flags.writeable = False
         matrix.remember(passed, Lookup(list(passed), passed_rows, looked.layout))
     return FilterResult(passed, failed, unresolvable, kinds)
