@@ -3,8 +3,9 @@
 `Extender` holds the process's single cluster state and turns a decoded request into policy calls
 (annotations -> PodRequest -> filter/score/choose/preempt); the HTTP layers only move bytes and
 JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
-Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs answer HTTP 200
-with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a message.
+Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs
+answer HTTP 200 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a
+message.
 """
 
 from __future__ import annotations
@@ -274,8 +275,9 @@ class Extender:
             log.info("prioritize: bad ExtenderArgs: %s", err)
             return []
         self.remember(args.raw_pod, args.pod)
+        now = self.clock()
         try:
-            plan = self._filter_plan(args.pod, self.clock()) or self.plan(args.pod, self.clock())
+            plan = self._filter_plan(args.pod, now) or self.plan(args.pod, now)
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
         req = plan.request
