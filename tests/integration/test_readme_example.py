@@ -1,0 +1,60 @@
+"""The README's local walk-through gives the answers it shows, with the shipped predictor.
+
+Why: the curl example is the first thing a user runs; a retrained artifact or a changed message
+must not leave the README promising answers the extender no longer gives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from extender.app import create_app
+from extender.kube import InMemoryCluster
+from extender.settings import Settings
+from predictor.runtime import Predictor
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+TOKEN = "local-dev-token"
+
+
+def heredoc_after(marker: str) -> str:
+    """The JSON heredoc of the first curl command that posts to `marker`."""
+    start = README.index(marker)
+    body = README[start:].split("<<'JSON'", 1)[1].split("\nJSON\n", 1)[0]
+    return body.split("\n", 1)[1]
+
+
+def test_the_local_walk_through_answers_as_documented() -> None:
+    section = README[README.index("### Run it locally"):]
+    settings = Settings()
+    settings.kube.no_kube = True
+    settings.telemetry.telemetry_token = TOKEN
+    predictor = Predictor.load()
+    client = create_app(settings, predictor=predictor, clock=lambda: 1_763_700_001.0,
+                        cluster=InMemoryCluster()).test_client()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    gpu_a = json.loads(heredoc_after("127.0.0.1:8888/v1/telemetry"))
+    gpu_b = {**gpu_a, "node": "gpu-b", "gpus": [{"uuid": "GPU-b0", "index": 0, "model": "Tesla T4",
+                                                 "memory_total_mib": 15360, "memory_used_mib": 14000}]}
+    assert "one \"Tesla T4\", memory_total_mib 15360, memory_used_mib 14000" in section  # what gpu_b stands for
+    for report in (gpu_a, gpu_b):
+        answer = client.post("/v1/telemetry", json=report, headers=auth)
+        assert answer.get_json() == {"accepted": True, "outcome": "accepted"}
+
+    request = json.loads(heredoc_after("127.0.0.1:8888/filter"))
+    shown = json.loads(section.split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert client.post("/filter", json=request).get_json() == shown
+
+    scores = json.loads(re.search(r"`/prioritize` with the same body answers `(\[.*?\])`", section,
+                                  re.S).group(1).replace("\n", ""))  # type: ignore[union-attr]
+    assert client.post("/prioritize", json=request).get_json() == scores
+
+    decided = client.post("/v1/predict", json={"annotations": request["Pod"]["metadata"]["annotations"]}).get_json()
+    demand = decided["demand"]
+    assert f"shipped predictor `{decided['predictor_version']}`" in section
+    assert f"`memory_mib` {demand['memory_mib']}, `memory_mib_upper` {demand['memory_mib_upper']}" in section
+    assert f"{demand['gflops_per_iteration']} GFLOP/iteration, {demand['gpu_seconds']:.0f} GPU-seconds" in section
+    assert f"priority {decided['priority']:.1f}" in section
