@@ -1,0 +1,86 @@
+"""Two extender builds side by side under the same load, in alternating rounds.
+
+The build VM's speed changes by ~2x from hour to hour, so two `deepres bench extender` runs taken
+apart compare the VM as much as the code. This starts both servers at once (each from its own
+source tree, e.g. a `git worktree` of an older revision), loads both with the same cluster and
+alternates short rounds between them, so each figure's ratio is free of the VM's drift.
+
+    git worktree add /tmp/deepres-old <rev>
+    .venv/bin/python scripts/bench-extender-ab.py /tmp/deepres-old . --rounds 3
+
+Prints the medians per build and mode and writes them to reports/bench-extender-ab.json. Each
+server imports the tree given (PYTHONPATH, run from a neutral directory), so both use this venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from extender import bench_extender as bench
+
+MODES = ("names", "nodes", "under_telemetry")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs=2, type=Path, help="two source trees (A, then B)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--out", default="reports/bench-extender-ab.json")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    trees = [tree.resolve() for tree in args.trees]  # before leaving the working directory
+    cpus = sorted(os.sched_getaffinity(0))
+    load = argparse.Namespace(predictor_factory="", server_cpus=set(cpus[:1]), clients=4, duration_s=args.duration_s)
+    if len(cpus) >= 2:
+        os.sched_setaffinity(0, set(cpus[1:]))
+    os.chdir(tempfile.gettempdir())  # `python -m` puts the working directory first on sys.path
+    rng = random.Random(0)
+    names = [f"gpu-node-{i:05d}" for i in range(5000)]
+    cluster = bench._Cluster(names, rng)
+    with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
+        servers = []
+        for tree, tmp in zip(trees, (tmp_a, tmp_b), strict=True):
+            os.environ["PYTHONPATH"] = str(tree)
+            servers.append(bench._Server(Path(tmp), load).__enter__())
+        os.environ.pop("PYTHONPATH")
+        try:
+            for server in servers:
+                bench._post_many(server, [cluster.report(n) for n in names], threads=4)
+                bench._bind_pods(server, names, 500, random.Random(1))
+            bodies = {"names": bench._names_bodies(names, 500, rng), "nodes": bench._node_bodies(names, 100, rng)}
+            runs: list[dict[str, list[dict[str, float]]]] = [{m: [] for m in MODES} for _ in servers]
+            for _ in range(args.rounds):
+                for server, run in zip(servers, runs, strict=True):
+                    run["names"].append(bench._scheduler_load(server, bodies["names"], load))
+                    run["nodes"].append(bench._scheduler_load(server, bodies["nodes"], load))
+                    reporter = bench._Reporter(server, cluster, names, 500.0)
+                    reporter.start()
+                    run["under_telemetry"].append(bench._scheduler_load(server, bodies["names"], load))
+                    reporter.stop()
+        finally:
+            for server in servers:
+                server.__exit__()
+    results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s}
+    for label, tree, run in zip("AB", trees, runs, strict=True):
+        results[label] = {"tree": str(tree), **{m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS}
+                                                for m in MODES}}
+    for mode in MODES:
+        a, b = results["A"][mode], results["B"][mode]
+        print(f"{mode:<16} A {a['pods_per_s']:7.1f} pods/s p99 {a['filter_p99_ms']:5.1f}/{a['prioritize_p99_ms']:5.1f}"
+              f"   B {b['pods_per_s']:7.1f} pods/s p99 {b['filter_p99_ms']:5.1f}/{b['prioritize_p99_ms']:5.1f}"
+              f"   B/A {b['pods_per_s'] / a['pods_per_s']:.2f}x")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
