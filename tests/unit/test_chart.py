@@ -347,6 +347,12 @@ def test_scheduler_configuration_has_only_upstream_fields(tmp_path: Path) -> Non
     assert config["percentageOfNodesToScore"] == 30
 
 
+def test_scheduler_sends_every_feasible_node_to_the_extender_by_default(tmp_path: Path) -> None:
+    """Upstream's adaptive sampling would send the extender a share of the nodes, CPU-only nodes
+    included, so GPU pods failed their first attempts on large clusters (issue 14)."""
+    assert scheduler_config(render(tmp_path, {}))["percentageOfNodesToScore"] == 100
+
+
 def test_probe_paths_are_served(tmp_path: Path) -> None:
     """Every httpGet probe of the extender container hits a GET route of the extender's Flask app."""
     from extender.app import create_app
