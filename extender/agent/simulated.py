@@ -2,10 +2,13 @@
 
 GPUs come from a spec such as `2xA100-40GB,1xT4-16GB`; their UUIDs are derived from the node name
 and position, so they are stable across agent restarts and the extender's `deepres.io/assigned-gpus`
-keep pointing at them. Usage is what the extender predicted for the pods placed here: each pod bound
-to this node with `deepres.io/assigned-gpus` and `deepres.io/predicted-memory-mib` holds that much on
-each of its GPUs, times (1 + noise) drawn from a seeded generator, as one process already attributed
-to the pod (no /proc behind it).
+keep pointing at them. Each pod bound to this node with `deepres.io/assigned-gpus` holds, on each of
+its GPUs, its true usage times (1 + noise) drawn from a seeded generator, as one process already
+attributed to the pod (no /proc behind it). The true usage is the test-only annotation
+`deepres.io/simulated-usage-mib` (what the job really uses, set by whoever creates the pod), so a
+misprediction shows up as it would on a real GPU; a pod without it uses what the extender predicted
+(`deepres.io/predicted-memory-mib`), which is all a demo without a usage model can offer. Usage above
+a GPU's memory is capped at the memory (the job would fail with out-of-memory there).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from extender.agent.sources import Sample
 from extender.telemetry import MAX_GPUS_PER_NODE, GpuReport, ProcessReport
 
 log = logging.getLogger(__name__)
+
+#: test-only: the MiB a simulated job really uses on each of its GPUs (the usage model's truth)
+SIMULATED_USAGE_ANNOTATION = "deepres.io/simulated-usage-mib"
 
 # [COUNTx]MODEL-SIZEGB: the model may contain dashes (RTX-A6000-48GB); GB means GiB, as on GPU boxes
 _ITEM = re.compile(
@@ -95,7 +101,9 @@ class SimulatedSource:
             if pod.phase in FINISHED_PHASES:
                 continue
             assigned = [u.strip() for u in pod.annotations.get(ASSIGNED_GPUS_ANNOTATION, "").split(",") if u.strip()]
-            predicted = self._predicted_mib(pod.uid, pod.annotations.get(PREDICTED_MEMORY_ANNOTATION))
+            true_usage = pod.annotations.get(SIMULATED_USAGE_ANNOTATION)
+            predicted = self._predicted_mib(pod.uid, true_usage if true_usage is not None
+                                            else pod.annotations.get(PREDICTED_MEMORY_ANNOTATION))
             if predicted is None:
                 continue
             for gpu_uuid in assigned:
@@ -134,6 +142,6 @@ class SimulatedSource:
         if not 0.0 <= value < float("inf"):
             if pod_uid not in self._warned:
                 self._warned.add(pod_uid)
-                log.warning("pod %s: %s=%r is not a number of MiB; ignored", pod_uid, PREDICTED_MEMORY_ANNOTATION, raw)
+                log.warning("pod %s: memory annotation %r is not a number of MiB; ignored", pod_uid, raw)
             return None
         return value
