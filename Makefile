@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv tools test lint typecheck unit run predict e2e clean
+.PHONY: venv tools test lint typecheck unit run predict e2e cluster cluster-bins cluster-down clean
 
 venv: $(STAMP)
 
@@ -29,7 +29,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) $(TOOLS_STAMP)
+unit: $(STAMP) $(TOOLS_STAMP) cluster-bins
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q
 
 test: lint typecheck unit
@@ -52,6 +52,21 @@ predict: $(STAMP)
 
 e2e: $(STAMP) $(TOOLS_STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -m e2e tests/e2e
+
+# A real control plane on loopback (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok), built from the Go module in cluster/ (Go 1.26) and cached under ~/.cache/deepres-cluster by
+# its pins: minutes the first time, seconds after. `make cluster` leaves it running (KUBECONFIG is
+# .cluster/admin.kubeconfig); `make cluster-down` stops it by pid. tests/cluster starts its own.
+CLUSTER_DIR := .cluster
+
+cluster-bins: $(STAMP)
+	$(BIN)/python -m extender.localcluster build
+
+cluster: $(STAMP) cluster-bins
+	$(BIN)/python -m extender.localcluster up --dir $(CLUSTER_DIR)
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m extender.localcluster down --dir $(CLUSTER_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,21 +14,26 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
+    JOBS_NAMESPACE,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    WORKLOAD_IMAGE,
+    clean,
+    priority_classes,
+)
+
 CLUSTER = "deepres-e2e"
 CONTEXT = f"kind-{CLUSTER}"
-RELEASE = NAMESPACE = "deepres"
-JOBS_NAMESPACE = "deepres-e2e-jobs"
 VALUES = Path(__file__).with_name("values-kind.yaml")
-WORKLOAD_IMAGE = "busybox:1.36"
 IMAGES = {"extender": "deepres/extender:e2e", "agent": "deepres/agent:e2e"}
 
 
@@ -66,18 +71,6 @@ def run(*cmd: str, timeout: float = 600, check: bool = True) -> subprocess.Compl
 
 def kubectl(*args: str, check: bool = True, timeout: float = 120) -> str:
     return run("kubectl", "--context", CONTEXT, *args, check=check, timeout=timeout).stdout
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float, interval_s: float = 1.0) -> Any:
-    """Poll until `predicate()` is truthy; returns its value, or fails saying what never happened."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @dataclass

@@ -1,0 +1,585 @@
+"""A real Kubernetes control plane as local processes on loopback (`make cluster`, the cluster suite).
+
+Why: deepres is a kube-scheduler extender, so it must be checked against the real kube-apiserver
+and kube-scheduler, not against fakes of them. Containers are not available everywhere (CI has no
+container engine), so the control plane runs as plain processes: etcd, kube-apiserver (RBAC,
+ServiceAccount tokens, TokenReview), kube-controller-manager, the default kube-scheduler, and kwok
+for the nodes and the pods' lifecycle. The binaries are built once from the Go module in cluster/
+(pinned Kubernetes release) and cached by the pin; certificates are made fresh per run.
+
+kube-controller-manager runs with only the controllers a workload here needs: serviceaccount (the
+`default` ServiceAccounts pods are admitted against), daemonset and deployment/replicaset (the
+chart's agent and scheduler pods exist as real API objects, so their bound tokens carry the node
+the extender checks), namespace and garbagecollector (namespaces and `helm uninstall` finish).
+
+`python -m extender.localcluster up|down|build [--dir DIR]`; the processes are stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GO_MODULE = REPO / "cluster"
+KUBERNETES_VERSION = "v1.36.3"  # also in cluster/go.mod: change both together
+KWOK_VERSION = "v0.8.0"
+ETCD_PACKAGE = "go.etcd.io/etcd/server/v3"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: bumped when the build recipe below changes, so cached binaries are rebuilt
+RECIPE = "1"
+SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+CONTROLLERS = "serviceaccount,namespace,garbagecollector,daemonset,deployment,replicaset"
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be built or started; the message says which part and why."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DEEPRES_CLUSTER_CACHE", Path.home() / ".cache" / "deepres-cluster"))
+
+
+# ----------------------------------------------------------------------------------------------
+# binaries
+
+
+def _go_env(cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOCACHE=str(cache / "gocache"), GOMODCACHE=str(cache / "gomodcache"), GOTOOLCHAIN="local",
+               GOFLAGS="-mod=mod", CGO_ENABLED="0")
+    return env
+
+
+def go_version() -> str:
+    """`go1.26.8`; ClusterError when Go is missing or not 1.26 (1.27's default jsonv2 experiment makes
+    kube-apiserver's /openapi/v2 malformed, which breaks kubectl and helm)."""
+    go = shutil.which("go")
+    if go is None:
+        raise ClusterError("Go is not on PATH: the control plane is built from Go modules (install Go 1.26)")
+    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "GOTOOLCHAIN": "local"}).stdout.strip()
+    if not version.startswith("go1.26"):
+        raise ClusterError(f"Go {version} found; the control plane needs Go 1.26 (1.27's jsonv2 breaks /openapi/v2)")
+    return version
+
+
+def binaries_key(version: str) -> str:
+    """What the binaries depend on: the module pins, kwok's version, the Go version, the recipe."""
+    digest = hashlib.sha256()
+    for part in ((GO_MODULE / "go.mod").read_bytes(), (GO_MODULE / "go.sum").read_bytes(),
+                 KWOK_VERSION.encode(), version.encode(), RECIPE.encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return f"{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}"
+
+
+def ensure_binaries(log: Any = None) -> Path:
+    """The folder holding BINARIES, built now unless a build for the same pins is cached."""
+    cache = cache_dir()
+    version = go_version()
+    target = cache / "bin" / binaries_key(version)
+    if all((target / name).is_file() for name in BINARIES):
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a second caller reuses the first's
+        if all((target / name).is_file() for name in BINARIES):
+            return target
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
+        env = _go_env(cache)
+        kube_ld = " ".join([
+            "-s -w",
+            f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}",
+            "-X k8s.io/component-base/version.gitMajor=1",
+            f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
+            "-X k8s.io/component-base/version.gitTreeState=clean",
+        ])
+        steps = [
+            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
+             "k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler"],
+            ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{work}/etcd", ETCD_PACKAGE],
+            ["go", "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
+             "k8s.io/kubernetes/cmd/kube-controller-manager"],
+        ]
+        started = time.monotonic()
+        for step in steps:
+            if log:
+                log(f"building: {' '.join(step[-2:])}")
+            result = subprocess.run(step, cwd=GO_MODULE, env={**env, "GOBIN": str(work)}, capture_output=True,
+                                    text=True)
+            if result.returncode != 0:
+                raise ClusterError(f"{' '.join(step)} failed:\n{result.stderr[-4000:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        work.rename(target)
+        if log:
+            log(f"built {', '.join(BINARIES)} in {time.monotonic() - started:.0f}s into {target}")
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
+# certificates
+
+
+def _write_certs(pki: Path) -> None:
+    """A CA, the API server's serving certificate, client certificates, the ServiceAccount key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    pki.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    until = now + dt.timedelta(days=30)
+
+    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    def name(cn: str, org: str = "") -> x509.Name:
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        if org:
+            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+        return x509.Name(attrs)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("deepres-local-ca")).issuer_name(name("deepres-local-ca"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now).not_valid_after(until)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    def issue(stem: str, cn: str, org: str = "", server: bool = False) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(name(cn, org)).issuer_name(ca.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now).not_valid_after(until)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        if server:
+            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in (
+                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local")]
+            sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "10.96.0.1")]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False).add_extension(
+                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        else:
+            builder = builder.add_extension(
+                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        (pki / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        (pki / f"{stem}.key").write_bytes(key_pem(key))
+
+    issue("apiserver", "kube-apiserver", server=True)
+    issue("admin", "deepres-admin", "system:masters")
+    issue("kube-scheduler", "system:kube-scheduler")
+    issue("kube-controller-manager", "system:kube-controller-manager")
+    issue("kwok", "kwok-controller", "system:masters")
+    sa_key = ec.generate_private_key(ec.SECP256R1())
+    (pki / "sa.key").write_bytes(key_pem(sa_key))
+    (pki / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, *, cert: Path | None = None, key: Path | None = None,
+                     token: str = "", user: str = "user") -> Path:
+    """A kubeconfig for one identity: a client certificate, or a bearer token."""
+    credentials: dict[str, str] = {"token": token} if token else {
+        "client-certificate": str(cert), "client-key": str(key)}
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+    }
+    path.write_text(json.dumps(config, indent=1))
+    path.chmod(0o600)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_process(name: str, argv: list[str], logs: Path, env: Mapping[str, str] | None = None,
+                  cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own process group (so stopping it stops its children), output to logs/NAME.log."""
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+
+
+def stop_pid(pid: int, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    """Signal `pid`'s process group, then SIGKILL whatever is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        try:
+            os.killpg(pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _kwok_stages() -> str:
+    """Nodes turn Ready once; pods run, complete after `deepres-test.io/complete-after-ms` if they carry it
+    (a training job ending), and go when deleted (after their grace period)."""
+    return """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: node-ready}
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $now | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+      addresses:
+      - {address: 127.0.0.1, type: InternalIP}
+      - {address: {{ .metadata.name | Quote }}, type: Hostname}
+      allocatable:
+      {{ with .status.allocatable }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
+      capacity:
+      {{ with .status.capacity }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
+      nodeInfo: {architecture: amd64, kubeletVersion: kwok, operatingSystem: linux, kernelVersion: kwok,
+                 containerRuntimeVersion: kwok, kubeProxyVersion: kwok, osImage: kwok, bootID: "", machineID: "",
+                 systemUUID: ""}
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-running}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
+    - {key: .status.phase, operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Ready}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: ContainersReady}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        started: true
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+      hostIP: 127.0.0.1
+      podIP: 127.0.0.1
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-complete-after}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
+    - {key: .status.phase, operator: In, values: [Running]}
+    - {key: '.metadata.annotations["deepres-test.io/complete-after-ms"]', operator: Exists}
+  delay:
+    durationMilliseconds: 1000
+    durationFrom: {expressionFrom: '.metadata.annotations["deepres-test.io/complete-after-ms"]'}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ $now | Quote }},
+                             finishedAt: {{ $now | Quote }}}}
+      {{ end }}
+      phase: Succeeded
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-delete}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: .metadata.deletionTimestamp, operator: Exists}
+  next:
+    finalizers: {empty: true}
+    delete: true
+"""
+
+
+@dataclass
+class ControlPlane:
+    """The running processes of one local control plane, kept in DIR/state.json so another process
+    (`make cluster-down`) can stop them by pid."""
+
+    root: Path
+    bin_dir: Path = field(default_factory=Path)
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    extra_scheduler_args: list[str] = field(default_factory=list)
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.kubeconfig"
+
+    def save(self) -> None:
+        state = {"bin_dir": str(self.bin_dir), "ports": self.ports, "pids": self.pids}
+        (self.root / "state.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, root: Path) -> ControlPlane:
+        state = json.loads((root / "state.json").read_text())
+        return cls(root, Path(state["bin_dir"]), dict(state["ports"]), dict(state["pids"]))
+
+    # ---- start ----
+    def start(self, *, timeout_s: float = 180.0, log: Any = None) -> ControlPlane:
+        """Build or reuse the binaries, make certificates, start every process, wait until usable."""
+        self.bin_dir = ensure_binaries(log)
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_certs(self.pki)
+        for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"):
+            self.ports[name] = free_port()
+        pki = self.pki
+        write_kubeconfig(self.admin_kubeconfig, self.server, pki / "ca.crt", cert=pki / "admin.crt",
+                         key=pki / "admin.key", user="admin")
+        for who in ("kube-scheduler", "kube-controller-manager", "kwok"):
+            write_kubeconfig(self.root / f"{who}.kubeconfig", self.server, pki / "ca.crt", cert=pki / f"{who}.crt",
+                             key=pki / f"{who}.key", user=who)
+        (self.root / "kwok-stages.yaml").write_text(_kwok_stages())
+        try:
+            self._start_all(timeout_s, log)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        proc = start_process(name, argv, self.logs)
+        self.pids[name] = proc.pid
+        self.save()
+
+    def _start_all(self, timeout_s: float, log: Any) -> None:
+        b, pki, p = self.bin_dir, self.pki, self.ports
+        deadline = time.monotonic() + timeout_s
+        self._spawn("etcd", [
+            str(b / "etcd"), "--name=deepres-local", f"--data-dir={self.root / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{p['etcd']}", f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-cluster=deepres-local=http://127.0.0.1:{p['etcd-peer']}",
+            "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
+        ])
+        self.start_apiserver()
+        self.wait_ready(deadline)
+        if log:
+            log(f"kube-apiserver ready at {self.server}")
+        self._spawn("kube-controller-manager", [
+            str(b / "kube-controller-manager"), f"--kubeconfig={self.root / 'kube-controller-manager.kubeconfig'}",
+            f"--controllers={CONTROLLERS}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={p['kcm']}", "--use-service-account-credentials=false", f"--root-ca-file={pki / 'ca.crt'}",
+            "--concurrent-gc-syncs=5", "--v=1",
+        ])
+        self._spawn("kube-scheduler", [
+            str(b / "kube-scheduler"), f"--kubeconfig={self.root / 'kube-scheduler.kubeconfig'}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}", "--v=1",
+            *self.extra_scheduler_args,
+        ])
+        self._spawn("kwok", [
+            str(b / "kwok"), f"--kubeconfig={self.root / 'kwok.kubeconfig'}", "--manage-all-nodes",
+            f"--config={self.root / 'kwok-stages.yaml'}", f"--server-address=127.0.0.1:{p['kwok']}",
+            "--node-lease-duration-seconds=0", "--node-ip=127.0.0.1",
+        ])
+        self.wait_default_service_account(deadline)
+
+    def start_apiserver(self, extra: list[str] | None = None) -> None:
+        b, pki, p = self.bin_dir, self.pki, self.ports
+        self._spawn("kube-apiserver", [
+            str(b / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=RBAC",
+            f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--endpoint-reconciler-type=none", "--profiling=false", "--allow-privileged=true", "--v=1",
+            *(extra or []),
+        ])
+
+    # ---- readiness ----
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return context
+
+    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+        """GET `path` on the API server as the admin (status, body); status 0 when unreachable."""
+        try:
+            with urllib.request.urlopen(self.server + path, context=self.ssl_context(), timeout=timeout_s) as resp:
+                return int(resp.status), bytes(resp.read())
+        except urllib.error.HTTPError as err:
+            return int(err.code), err.read()
+        except (OSError, ssl.SSLError):
+            return 0, b""
+
+    def _check_alive(self) -> None:
+        for name, pid in self.pids.items():
+            try:
+                finished, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if finished:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise ClusterError(f"{name} exited ({status}); the end of its log:\n{tail}")
+
+    def wait_ready(self, deadline: float) -> None:
+        while True:
+            status, _ = self.get("/readyz")
+            if status == 200:
+                return
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"kube-apiserver not ready (last /readyz: {status}); see {self.logs}")
+            time.sleep(0.5)
+
+    def wait_default_service_account(self, deadline: float) -> None:
+        while self.get("/api/v1/namespaces/default/serviceaccounts/default")[0] != 200:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError("no `default` ServiceAccount: kube-controller-manager is not working; see logs")
+            time.sleep(0.5)
+
+    # ---- stop ----
+    def stop_one(self, name: str, sig: int = signal.SIGTERM) -> None:
+        pid = self.pids.pop(name, None)
+        if pid is not None:
+            stop_pid(pid, sig=sig)
+            self.save()
+
+    def stop(self) -> None:
+        """Stop every process, the newest first (etcd last)."""
+        for name in reversed(list(self.pids)):
+            self.stop_one(name)
+
+
+def env_for(kubeconfig: Path) -> dict[str, str]:
+    """The environment of a process that talks to this control plane: its kubeconfig, no in-cluster hints."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env["KUBECONFIG"] = str(kubeconfig)
+    return env
+
+
+@contextlib.contextmanager
+def running(root: Path, log: Any = None) -> Iterator[ControlPlane]:
+    plane = ControlPlane(root).start(log=log)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m extender.localcluster", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("build", "up", "down"))
+    parser.add_argument("--dir", default=str(REPO / ".cluster"), help="state, certificates, logs (default .cluster)")
+    args = parser.parse_args(argv)
+    root = Path(args.dir)
+
+    def say(message: str) -> None:
+        print(f"cluster: {message}", file=sys.stderr, flush=True)
+
+    try:
+        if args.action == "build":
+            print(ensure_binaries(say))
+        elif args.action == "up":
+            if (root / "state.json").exists():
+                ControlPlane.load(root).stop()
+            shutil.rmtree(root, ignore_errors=True)
+            plane = ControlPlane(root).start(log=say)
+            say(f"up: KUBECONFIG={plane.admin_kubeconfig} (logs in {plane.logs}; `make cluster-down` stops it)")
+        else:
+            if (root / "state.json").exists():
+                ControlPlane.load(root).stop()
+                say("stopped")
+    except ClusterError as err:
+        say(str(err))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The local control plane the cluster suite runs against, with the chart installed for real.
+
+Why: the real kube-scheduler must call deepres and the extender must speak to a real API server.
+Once per test run: extender.localcluster starts etcd, kube-apiserver, kube-controller-manager, the
+default kube-scheduler and kwok on loopback; kwok nodes named like the kind suite's workers get the
+simulated GPUs of tests/e2e/values-kind.yaml; `helm install` puts the chart in (every object admitted
+by the API server); then the chart's own pods (the deepres-scheduler pod: kube-scheduler + the
+extender sidecar; one agent pod per GPU node) are run as local processes from their pod objects
+(extender.localpods: their args, env, ConfigMaps and tokens bound to them), so the chart's
+KubeSchedulerConfiguration, settings and RBAC are what is tested.
+
+DEEPRES_CLUSTER_KEEP=DIR keeps the control plane's folder (logs, certificates) in DIR afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extender.localcluster import ControlPlane, free_port, start_process, stop_pid
+from extender.localpods import prepare
+from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
+    JOBS_NAMESPACE,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    clean,
+    priority_classes,
+    wait_for,
+)
+
+VALUES = [REPO / "tests" / "e2e" / "values-kind.yaml", Path(__file__).with_name("values-cluster.yaml")]
+CPU_NODE = "deepres-e2e-control-plane"
+GPU_LABEL = {"deepres.io/simulated-gpus": "true"}
+SCHEDULER_SELECTOR = "app.kubernetes.io/component=scheduler"
+AGENT_SELECTOR = "app.kubernetes.io/component=agent"
+
+
+def helm() -> str:
+    found = shutil.which("helm") or str(REPO / ".venv" / "bin" / "helm")
+    if not Path(found).exists():
+        pytest.fail("helm not found: `make tools` installs it into .venv/bin")
+    return found
+
+
+def node_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A kwok node: no taints, room for any number of sleeping pods."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                       "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"}}}
+
+
+@dataclass
+class LocalPod:
+    """The local processes running one pod's containers."""
+
+    name: str
+    pids: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LocalCluster:
+    """The control plane, the API clients, and the chart's pods running locally."""
+
+    plane: ControlPlane
+    core: Any
+    scheduling: Any
+    simulated_gpus: dict[str, str]
+    extender_port: int
+    scheduler: LocalPod | None = None
+    agents: dict[str, LocalPod] = field(default_factory=dict)
+
+    # ---- the scenario interface ----
+    def pod(self, name: str, namespace: str = JOBS_NAMESPACE) -> Any:
+        return self.core.read_namespaced_pod(name, namespace)
+
+    def events(self, name: str, namespace: str = JOBS_NAMESPACE) -> list[Any]:
+        items: list[Any] = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}").items
+        return items
+
+    def http(self, url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return int(err.code), err.read().decode(errors="replace")
+        except OSError:
+            return 0, ""
+
+    def extender_metrics(self) -> str:
+        status, text = self.http(f"http://127.0.0.1:{self.extender_port}/metrics")
+        assert status == 200, f"extender /metrics answered {status}"
+        return text
+
+    def agent_metrics(self, node: str) -> str:
+        status, text = self.http(f"http://127.0.0.1:{self.agents[node].ports['metrics']}/metrics")
+        assert status == 200, f"agent of {node}: /metrics answered {status}"
+        return text
+
+    def extender_ready(self) -> bool:
+        return self.http(f"http://127.0.0.1:{self.extender_port}/readyz", 2.0)[0] == 200
+
+    # ---- the chart's pods as processes ----
+    def _running_pod(self, selector: str, node: str | None = None, timeout_s: float = 120) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            for pod in self.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items:
+                if pod.metadata.deletion_timestamp is None and pod.status.phase == "Running" and (
+                        node is None or pod.spec.node_name == node):
+                    result: dict[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
+                    return result
+            return None
+
+        found: dict[str, Any] = wait_for(f"a running pod {selector} {node or ''}", find, timeout_s, 0.5)
+        return found
+
+    def start_scheduler_pod(self) -> LocalPod:
+        """kube-scheduler and its extender sidecar from the chart's scheduler pod; returns when ready."""
+        pod = self._running_pod(SCHEDULER_SELECTOR)
+        local = LocalPod(pod["metadata"]["name"])
+        local.ports["scheduler"] = free_port()
+        root, plane = self.plane.root / "pods", self.plane
+        extender = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "extender", root, plane.bin_dir,
+                           rewrite={"--bind=0.0.0.0:": "--bind=127.0.0.1:"})
+        local.pids["extender"] = start_process(f"{local.name}-extender", extender.argv, plane.logs, extender.env,
+                                               cwd=REPO).pid
+        scheduler = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "kube-scheduler", root,
+                            plane.bin_dir)
+        argv = [*scheduler.argv, f"--kubeconfig={scheduler.env['KUBECONFIG']}",
+                f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
+        local.pids["kube-scheduler"] = start_process(f"{local.name}-kube-scheduler", argv, plane.logs,
+                                                     scheduler.env).pid
+        self.scheduler = local
+        wait_for("the extender to be ready", self.extender_ready, 120, 0.5)
+        wait_for("kube-scheduler to lead", lambda: self.scheduler_leads(local), 60, 0.5)
+        return local
+
+    def scheduler_leads(self, local: LocalPod) -> bool:
+        log = (self.plane.logs / f"{local.name}-kube-scheduler.log").read_text(errors="replace")
+        return "successfully acquired lease" in log
+
+    def stop_scheduler_pod(self, *, hard: bool = False, delete_pod: bool = True) -> None:
+        """Stop the pod's processes (SIGKILL to the whole process tree when `hard`, else SIGTERM) and
+        delete the pod, as a node loss or `kubectl delete pod` would; the Deployment makes a new one."""
+        local, self.scheduler = self.scheduler, None
+        if local is None:
+            return
+        for pid in local.pids.values():
+            stop_pid(pid, sig=9 if hard else 15)
+        if delete_pod:
+            self.core.delete_namespaced_pod(local.name, NAMESPACE, grace_period_seconds=0)
+
+    def start_agent(self, node: str) -> LocalPod:
+        pod = self._running_pod(AGENT_SELECTOR, node)
+        local = LocalPod(pod["metadata"]["name"])
+        local.ports["metrics"] = free_port()
+        plane = self.plane
+        listen = {"--listen=0.0.0.0:9400": f"--listen=127.0.0.1:{local.ports['metrics']}"}
+        agent = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "agent", plane.root / "pods",
+                        plane.bin_dir, rewrite=listen)
+        local.pids["agent"] = start_process(f"{local.name}-agent", agent.argv, plane.logs, agent.env).pid
+        self.agents[node] = local
+        wait_for(f"agent of {node} serving", lambda: self.http(
+            f"http://127.0.0.1:{local.ports['metrics']}/healthz", 2.0)[0] == 200, 60, 0.5)
+        return local
+
+    def stop_agent(self, node: str, *, delete_pod: bool = True) -> None:
+        local = self.agents.pop(node, None)
+        if local is None:
+            return
+        for pid in local.pids.values():
+            stop_pid(pid)
+        if delete_pod:
+            self.core.delete_namespaced_pod(local.name, NAMESPACE, grace_period_seconds=0)
+
+    def restart_scheduler_pod(self, while_down: Callable[[], None] = lambda: None, *, hard: bool = False) -> float:
+        """Down, `while_down()`, back up from the new pod the Deployment made; returns when the extender
+        turned ready (time.monotonic())."""
+        self.stop_scheduler_pod(hard=hard)
+        while_down()
+        self.start_scheduler_pod()
+        return time.monotonic()
+
+    def stop_all(self) -> None:
+        self.stop_scheduler_pod(delete_pod=False)
+        for node in list(self.agents):
+            self.stop_agent(node, delete_pod=False)
+
+
+def _say(message: str) -> None:
+    print(f"cluster: {message}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    keep = os.environ.get("DEEPRES_CLUSTER_KEEP")
+    root = Path(keep) if keep else tmp_path_factory.mktemp("cluster")
+    if keep:
+        shutil.rmtree(root, ignore_errors=True)
+    plane = ControlPlane(root)
+    started = time.monotonic()
+    plane.start(log=_say)
+    local: LocalCluster | None = None
+    try:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(str(plane.admin_kubeconfig))  # type: ignore[no-untyped-call]
+        core = client.CoreV1Api(api)
+        simulated = yaml.safe_load(VALUES[0].read_text())["agent"]["simulated"]["nodes"]
+        core.create_node(node_body(CPU_NODE))
+        for node in simulated:
+            core.create_node(node_body(node, GPU_LABEL))
+        core.create_namespace({"metadata": {"name": JOBS_NAMESPACE}})
+        wait_for(f"the default ServiceAccount in {JOBS_NAMESPACE}", lambda: core.list_namespaced_service_account(
+            JOBS_NAMESPACE, field_selector="metadata.name=default").items, 60, 0.5)
+        port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(plane.admin_kubeconfig)}
+        values = [arg for path in VALUES for arg in ("-f", str(path))]
+        result = subprocess.run(
+            [helm(), "install", RELEASE, str(REPO / "helm" / "deepres"), "--namespace", NAMESPACE,
+             "--create-namespace", *values, "--set", f"extender.port={port}",
+             "--set", f"agent.extenderUrl=http://127.0.0.1:{port}", "--wait", "--timeout", "3m"],
+            capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
+        local = LocalCluster(plane, core, client.SchedulingV1Api(api), dict(simulated), port)
+        local.start_scheduler_pod()
+        for node in simulated:
+            local.start_agent(node)
+        _say(f"control plane + chart up in {time.monotonic() - started:.0f}s ({root})")
+        yield local
+    finally:
+        if local is not None:
+            local.stop_all()
+        plane.stop()
