@@ -10,7 +10,8 @@ for the nodes and the pods' lifecycle. The binaries are built once from the Go m
 kube-controller-manager runs with only the controllers a workload here needs: serviceaccount (the
 `default` ServiceAccounts pods are admitted against), daemonset and deployment/replicaset (the
 chart's agent and scheduler pods exist as real API objects, so their bound tokens carry the node
-the extender checks), namespace and garbagecollector (namespaces and `helm uninstall` finish).
+the extender checks), root-ca-cert-publisher (the kube-root-ca.crt every pod's API volume holds),
+namespace and garbagecollector (namespaces and `helm uninstall` finish).
 
 `python -m extender.localcluster up|down|build [--dir DIR]`; the processes are stopped by pid.
 """
@@ -49,7 +50,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 RECIPE = "1"
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
-CONTROLLERS = "serviceaccount,namespace,garbagecollector,daemonset,deployment,replicaset"
+CONTROLLERS = "serviceaccount,root-ca-cert-publisher,namespace,garbagecollector,daemonset,deployment,replicaset"
 
 
 class ClusterError(RuntimeError):
@@ -261,7 +262,7 @@ def stop_pid(pid: int, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> None
 
 
 def _kwok_stages() -> str:
-    """Nodes turn Ready once; pods run, complete after `deepres-test.io/complete-after-ms` if they carry it
+    """Nodes turn Ready once; pods run, complete after `deepres-test.io/complete-after` (a Go duration) if they carry it
     (a training job ending), and go when deleted (after their grace period)."""
     return """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -336,10 +337,10 @@ spec:
     matchExpressions:
     - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
     - {key: .status.phase, operator: In, values: [Running]}
-    - {key: '.metadata.annotations["deepres-test.io/complete-after-ms"]', operator: Exists}
+    - {key: '.metadata.annotations["deepres-test.io/complete-after"]', operator: Exists}
   delay:
     durationMilliseconds: 1000
-    durationFrom: {expressionFrom: '.metadata.annotations["deepres-test.io/complete-after-ms"]'}
+    durationFrom: {expressionFrom: '.metadata.annotations["deepres-test.io/complete-after"]'}
   next:
     statusTemplate: |
       {{ $now := Now }}
@@ -452,7 +453,7 @@ class ControlPlane:
         self._spawn("kube-controller-manager", [
             str(b / "kube-controller-manager"), f"--kubeconfig={self.root / 'kube-controller-manager.kubeconfig'}",
             f"--controllers={CONTROLLERS}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={p['kcm']}", "--use-service-account-credentials=false", f"--root-ca-file={pki / 'ca.crt'}",
+            f"--secure-port={p['kcm']}", "--use-service-account-credentials=true", f"--root-ca-file={pki / 'ca.crt'}",
             "--concurrent-gc-syncs=5", "--v=1",
         ])
         self._spawn("kube-scheduler", [
@@ -477,6 +478,9 @@ class ControlPlane:
             f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}", f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--endpoint-reconciler-type=none", "--profiling=false", "--allow-privileged=true", "--v=1",
+            # nodes are born tainted not-ready and the node lifecycle controller (not run: it would need
+            # kwok to heartbeat every node) would lift it; kwok nodes are Ready from the start
+            "--disable-admission-plugins=TaintNodesByCondition",
             *(extra or []),
         ])
 

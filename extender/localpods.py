@@ -112,6 +112,9 @@ def _write_volume(core: Any, pod: Mapping[str, Any], volume: Mapping[str, Any], 
             elif "configMap" in source:
                 cm = core.read_namespaced_config_map(source["configMap"]["name"], namespace)
                 write_items(cm.data or {}, source["configMap"].get("items"), decode=False)
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"].get("items") or []:
+                    (target / item["path"]).write_text(_field(pod, item["fieldRef"]["fieldPath"]))
             else:
                 raise ValueError(f"projected source {sorted(source)} is not supported by the local runner")
     else:
@@ -141,9 +144,13 @@ def prepare(
         _write_volume(core, pod, volumes[mount["name"]], local)
         mounts[mount["mountPath"].rstrip("/")] = str(local)
 
+    # one pass over all mount paths (longest first), so a local folder is never rewritten again
+    pattern = re.compile(r"(?<![\w/.-])(" + "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True))
+                         + r")(?=/|$|[\"'\s])") if mounts else None
+
     def localize(text: str) -> str:
-        for mount_path in sorted(mounts, key=len, reverse=True):
-            text = re.sub(r"(?<![\w/.-])" + re.escape(mount_path) + r"(?=/|$|[\"'\s])", mounts[mount_path], text)
+        if pattern is not None:
+            text = pattern.sub(lambda m: mounts[m.group(1)], text)
         for old, new in (rewrite or {}).items():
             text = text.replace(old, new)
         return text

@@ -5,7 +5,7 @@ and position, so they are stable across agent restarts and the extender's `deepr
 keep pointing at them. Each pod bound to this node with `deepres.io/assigned-gpus` holds, on each of
 its GPUs, its true usage times (1 + noise) drawn from a seeded generator, as one process already
 attributed to the pod (no /proc behind it). The true usage is the test-only annotation
-`deepres.io/simulated-usage-mib` (what the job really uses, set by whoever creates the pod), so a
+`simulated.deepres.io/usage-mib` (what the job really uses, set by whoever creates the pod), so a
 misprediction shows up as it would on a real GPU; a pod without it uses what the extender predicted
 (`deepres.io/predicted-memory-mib`), which is all a demo without a usage model can offer. Usage above
 a GPU's memory is capped at the memory (the job would fail with out-of-memory there).
@@ -32,7 +32,7 @@ from extender.telemetry import MAX_GPUS_PER_NODE, GpuReport, ProcessReport
 log = logging.getLogger(__name__)
 
 #: test-only: the MiB a simulated job really uses on each of its GPUs (the usage model's truth)
-SIMULATED_USAGE_ANNOTATION = "deepres.io/simulated-usage-mib"
+SIMULATED_USAGE_ANNOTATION = "simulated.deepres.io/usage-mib"
 
 # [COUNTx]MODEL-SIZEGB: the model may contain dashes (RTX-A6000-48GB); GB means GiB, as on GPU boxes
 _ITEM = re.compile(

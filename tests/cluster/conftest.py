@@ -62,6 +62,22 @@ def node_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
                        "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"}}}
 
 
+def with_kubeconfig(argv: list[str], kubeconfig: str) -> list[str]:
+    """kube-scheduler ignores --kubeconfig when it has --config: the chart's configuration gets
+    `clientConnection.kubeconfig` (in the pod it uses the in-cluster config), in a copy next to it."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            original = Path(arg.split("=", 1)[1])
+            config = yaml.safe_load(original.read_text())
+            config.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
+            local = original.parent.parent / "scheduler-config-local.yaml"
+            local.write_text(yaml.safe_dump(config))
+            arg = f"--config={local}"
+        out.append(arg)
+    return out
+
+
 @dataclass
 class LocalPod:
     """The local processes running one pod's containers."""
@@ -139,7 +155,7 @@ class LocalCluster:
                                                cwd=REPO).pid
         scheduler = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "kube-scheduler", root,
                             plane.bin_dir)
-        argv = [*scheduler.argv, f"--kubeconfig={scheduler.env['KUBECONFIG']}",
+        argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"]),
                 f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
         local.pids["kube-scheduler"] = start_process(f"{local.name}-kube-scheduler", argv, plane.logs,
                                                      scheduler.env).pid
@@ -150,7 +166,7 @@ class LocalCluster:
 
     def scheduler_leads(self, local: LocalPod) -> bool:
         log = (self.plane.logs / f"{local.name}-kube-scheduler.log").read_text(errors="replace")
-        return "successfully acquired lease" in log
+        return "Successfully acquired lease" in log
 
     def stop_scheduler_pod(self, *, hard: bool = False, delete_pod: bool = True) -> None:
         """Stop the pod's processes (SIGKILL to the whole process tree when `hard`, else SIGTERM) and

@@ -4,8 +4,8 @@ plane (tests/cluster, real kube-apiserver + kube-scheduler as processes, kwok no
 Either cluster offers `ScenarioCluster`: the Kubernetes API, the simulated GPUs per node
 (tests/e2e/values-kind.yaml), and the extender's and agents' /metrics. Workload pods are busybox
 sleeps carrying deepres annotations, plus two test-only annotations: the job's true GPU memory use
-(`deepres.io/simulated-usage-mib`, what the simulated agents report, so usage never comes from the
-extender's own prediction) and, for jobs that end, `deepres-test.io/complete-after-ms` (kwok
+(`simulated.deepres.io/usage-mib`, what the simulated agents report, so usage never comes from the
+extender's own prediction) and, for jobs that end, `deepres-test.io/complete-after` (kwok
 completes the pod then; on kind the sleep ends).
 """
 
@@ -23,8 +23,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
 PREFIX = "deepres.io/"
-USAGE_ANNOTATION = "deepres.io/simulated-usage-mib"
-COMPLETE_AFTER_ANNOTATION = "deepres-test.io/complete-after-ms"
+USAGE_ANNOTATION = "simulated.deepres.io/usage-mib"
+COMPLETE_AFTER_ANNOTATION = "deepres-test.io/complete-after"
 RELEASE = NAMESPACE = "deepres"
 JOBS_NAMESPACE = "deepres-e2e-jobs"
 WORKLOAD_IMAGE = "busybox:1.36"
@@ -76,7 +76,7 @@ def workload(
     if usage_mib is not None:
         annotations[USAGE_ANNOTATION] = f"{usage_mib:.0f}"
     if sleep_s < 3600:
-        annotations[COMPLETE_AFTER_ANNOTATION] = str(sleep_s * 1000)
+        annotations[COMPLETE_AFTER_ANNOTATION] = f"{sleep_s}s"
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",

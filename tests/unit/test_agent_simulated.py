@@ -95,14 +95,14 @@ def test_pods_file_is_reread_when_it_changes(tmp_path: Path) -> None:
 
 
 def test_usage_is_the_true_usage_when_the_pod_carries_it_not_the_prediction() -> None:
-    """The usage model's truth (deepres.io/simulated-usage-mib) wins over the extender's prediction,
+    """The usage model's truth (simulated.deepres.io/usage-mib) wins over the extender's prediction,
     so a misprediction shows on the simulated GPU as on a real one; above the GPU it is capped."""
     gpus = parse_gpu_spec("2xA100-40GB")
     u0, u1 = simulated_uuid("n1", 0), simulated_uuid("n1", 1)
     under = pod("under", [u0], "4000")
-    under.annotations["deepres.io/simulated-usage-mib"] = "12000"  # the job uses 3x what was predicted
+    under.annotations["simulated.deepres.io/usage-mib"] = "12000"  # the job uses 3x what was predicted
     over = pod("over", [u1], "30000")
-    over.annotations["deepres.io/simulated-usage-mib"] = "90000"  # larger than the GPU: out of memory there
+    over.annotations["simulated.deepres.io/usage-mib"] = "90000"  # larger than the GPU: out of memory there
     sample = SimulatedSource("n1", gpus, Pods([under, over]), noise=0.0).sample()
     by_uuid = {g.uuid: g for g in sample.gpus}
     assert by_uuid[u0].memory_used_mib == 12000
