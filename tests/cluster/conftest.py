@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -80,11 +82,36 @@ def with_kubeconfig(argv: list[str], kubeconfig: str) -> list[str]:
 
 @dataclass
 class LocalPod:
-    """The local processes running one pod's containers."""
+    """The local processes running one pod's containers. Like the kubelet (restartPolicy Always), the
+    cluster restarts a container whose process exited unless the pod was stopped or `supervised` is off
+    (kube-scheduler exits when it loses its lease, e.g. while the API server is down)."""
 
     name: str
+    logs: Path
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    supervised: bool = True
+
+    def run(self, container: str, argv: list[str], env: dict[str, str]) -> None:
+        self.commands[container] = (argv, env)
+        self.pids[container] = start_process(f"{self.name}-{container}", argv, self.logs, env, cwd=REPO).pid
+
+    def restart_exited(self) -> None:
+        for container, pid in list(self.pids.items()):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done and self.supervised:
+                self.restarts[container] = self.restarts.get(container, 0) + 1
+                self.run(container, *self.commands[container])
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.supervised = False
+        for pid in self.pids.values():
+            stop_pid(pid, sig=sig)
 
 
 @dataclass
@@ -98,6 +125,16 @@ class LocalCluster:
     extender_port: int
     scheduler: LocalPod | None = None
     agents: dict[str, LocalPod] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def supervise(self) -> None:
+        """The kubelet's restart loop for every local pod, until stop_all()."""
+        while not self.stopped.wait(1.0):
+            with self.lock:
+                for local in [self.scheduler, *self.agents.values()]:
+                    if local is not None:
+                        local.restart_exited()
 
     # ---- the scenario interface ----
     def pod(self, name: str, namespace: str = JOBS_NAMESPACE) -> Any:
@@ -146,20 +183,19 @@ class LocalCluster:
     def start_scheduler_pod(self) -> LocalPod:
         """kube-scheduler and its extender sidecar from the chart's scheduler pod; returns when ready."""
         pod = self._running_pod(SCHEDULER_SELECTOR)
-        local = LocalPod(pod["metadata"]["name"])
+        local = LocalPod(pod["metadata"]["name"], self.plane.logs)
         local.ports["scheduler"] = free_port()
         root, plane = self.plane.root / "pods", self.plane
         extender = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "extender", root, plane.bin_dir,
                            rewrite={"--bind=0.0.0.0:": "--bind=127.0.0.1:"})
-        local.pids["extender"] = start_process(f"{local.name}-extender", extender.argv, plane.logs, extender.env,
-                                               cwd=REPO).pid
+        local.run("extender", extender.argv, extender.env)
         scheduler = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "kube-scheduler", root,
                             plane.bin_dir)
         argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"]),
                 f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
-        local.pids["kube-scheduler"] = start_process(f"{local.name}-kube-scheduler", argv, plane.logs,
-                                                     scheduler.env).pid
-        self.scheduler = local
+        local.run("kube-scheduler", argv, scheduler.env)
+        with self.lock:
+            self.scheduler = local
         wait_for("the extender to be ready", self.extender_ready, 120, 0.5)
         wait_for("kube-scheduler to lead", lambda: self.scheduler_leads(local), 60, 0.5)
         return local
@@ -171,34 +207,35 @@ class LocalCluster:
     def stop_scheduler_pod(self, *, hard: bool = False, delete_pod: bool = True) -> None:
         """Stop the pod's processes (SIGKILL to the whole process tree when `hard`, else SIGTERM) and
         delete the pod, as a node loss or `kubectl delete pod` would; the Deployment makes a new one."""
-        local, self.scheduler = self.scheduler, None
+        with self.lock:
+            local, self.scheduler = self.scheduler, None
         if local is None:
             return
-        for pid in local.pids.values():
-            stop_pid(pid, sig=9 if hard else 15)
+        local.stop(signal.SIGKILL if hard else signal.SIGTERM)
         if delete_pod:
             self.core.delete_namespaced_pod(local.name, NAMESPACE, grace_period_seconds=0)
 
     def start_agent(self, node: str) -> LocalPod:
         pod = self._running_pod(AGENT_SELECTOR, node)
-        local = LocalPod(pod["metadata"]["name"])
+        local = LocalPod(pod["metadata"]["name"], self.plane.logs)
         local.ports["metrics"] = free_port()
         plane = self.plane
         listen = {"--listen=0.0.0.0:9400": f"--listen=127.0.0.1:{local.ports['metrics']}"}
         agent = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "agent", plane.root / "pods",
                         plane.bin_dir, rewrite=listen)
-        local.pids["agent"] = start_process(f"{local.name}-agent", agent.argv, plane.logs, agent.env).pid
-        self.agents[node] = local
+        local.run("agent", agent.argv, agent.env)
+        with self.lock:
+            self.agents[node] = local
         wait_for(f"agent of {node} serving", lambda: self.http(
             f"http://127.0.0.1:{local.ports['metrics']}/healthz", 2.0)[0] == 200, 60, 0.5)
         return local
 
     def stop_agent(self, node: str, *, delete_pod: bool = True) -> None:
-        local = self.agents.pop(node, None)
+        with self.lock:
+            local = self.agents.pop(node, None)
         if local is None:
             return
-        for pid in local.pids.values():
-            stop_pid(pid)
+        local.stop()
         if delete_pod:
             self.core.delete_namespaced_pod(local.name, NAMESPACE, grace_period_seconds=0)
 
@@ -211,6 +248,7 @@ class LocalCluster:
         return time.monotonic()
 
     def stop_all(self) -> None:
+        self.stopped.set()
         self.stop_scheduler_pod(delete_pod=False)
         for node in list(self.agents):
             self.stop_agent(node, delete_pod=False)
@@ -255,6 +293,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.start_scheduler_pod()
         for node in simulated:
             local.start_agent(node)
+        threading.Thread(target=local.supervise, name="local-kubelet", daemon=True).start()
         _say(f"control plane + chart up in {time.monotonic() - started:.0f}s ({root})")
         yield local
     finally:

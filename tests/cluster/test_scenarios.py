@@ -180,6 +180,7 @@ def test_12_kill_9_of_the_extender_leaves_nothing_listening(clean: LocalCluster)
 
     cluster = clean
     assert cluster.scheduler is not None
+    cluster.scheduler.supervised = False  # no restart: the port must fall silent
     os.kill(cluster.scheduler.pids["extender"], 9)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -231,7 +232,9 @@ def test_14_watches_the_api_server_closes_are_resumed(clean: LocalCluster) -> No
         gone = err.status
     assert gone == 410, "the old resourceVersion should be expired (the scenario needs a real 410)"
     create(cluster, sized("after-apiserver-restart", 6))
-    scheduled(cluster, "after-apiserver-restart", timeout_s=60)
+    scheduled(cluster, "after-apiserver-restart", timeout_s=90)
+    assert cluster.scheduler is not None
+    print(f"container restarts of the scheduler pod: {cluster.scheduler.restarts}")
     for i in range(30):
         cluster.core.delete_namespaced_config_map(f"churn-{i}", JOBS_NAMESPACE)
     assert node_of(cluster, "before-apiserver-restart")
