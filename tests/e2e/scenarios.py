@@ -180,13 +180,16 @@ def assert_no_gpu_overcommitted(cluster: ScenarioCluster) -> None:
     assert not over, f"GPUs booked beyond their memory (booked MiB, capacity MiB): {over}"
 
 
-def fill(cluster: ScenarioCluster, prefix: str, gib: int, classes: list[str], limit: int = 10) -> list[str]:
-    """Create `gib`-sized pods (cycling through PriorityClasses) until one stays Pending; returns the placed ones."""
+def fill(
+    cluster: ScenarioCluster, prefix: str, gib: int, classes: list[str], limit: int = 10, pending_s: float = 30
+) -> list[str]:
+    """Create `gib`-sized pods (cycling through PriorityClasses) until one stays Pending `pending_s`;
+    returns the placed ones."""
     placed: list[str] = []
     for i in range(limit):
         name = f"{prefix}-{i}"
         create(cluster, sized(name, gib, priority_class=classes[i % len(classes)]))
-        if stays_pending(cluster, name, 30):
+        if stays_pending(cluster, name, pending_s):
             cluster.core.delete_namespaced_pod(name, JOBS_NAMESPACE, grace_period_seconds=0)
             return placed
         placed.append(name)
@@ -300,10 +303,12 @@ def critical_pod_goes_first_and_preemption_evicts_only_lower_priority(cluster: S
 
 
 def a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends(cluster: ScenarioCluster) -> float:
-    """Returns the delay (s) between the job's end and the waiting pod's placement."""
-    create(cluster, sized("short-job", 36, sleep_s=45))
+    """Returns the delay (s) between the job's end and the waiting pod's placement. The job runs long
+    enough that filling the cluster (20 s for the last pod to prove it waits) and checking that the
+    waiter waits (10 s) are over well before it ends."""
+    create(cluster, sized("short-job", 36, sleep_s=75))
     scheduled(cluster, "short-job")
-    fill(cluster, "long", 36, [""])
+    fill(cluster, "long", 36, [""], pending_s=20)
     create(cluster, sized("waiter", 36))
     assert stays_pending(cluster, "waiter", 10), "the cluster should be full"
     wait_for("short-job to finish", lambda: cluster.pod("short-job").status.phase == "Succeeded", 120, 0.5)
