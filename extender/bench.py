@@ -15,6 +15,7 @@ TARGETS: dict[str, str] = {
     "predictor": "predictor.bench",
     "extender": "extender.bench_extender",
     "agent": "extender.agent.bench",
+    "cluster": "extender.bench_cluster",
 }
 
 
