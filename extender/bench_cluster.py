@@ -104,7 +104,10 @@ class _Run:
         client: Any = importlib.import_module("kubernetes.client")
         config: Any = importlib.import_module("kubernetes.config")
         self.plane = ControlPlane(root).start(log=_progress)
-        self.api: Any = config.new_client_from_config(str(self.plane.admin_kubeconfig))
+        configuration = client.Configuration()
+        config.load_kube_config(str(self.plane.admin_kubeconfig), client_configuration=configuration)
+        configuration.connection_pool_maxsize = 32  # the 16 threads creating pods keep their connections
+        self.api: Any = client.ApiClient(configuration)
         self.core: Any = client.CoreV1Api(self.api)
         self.client: Any = client
         self.names = [f"gpu-{i:05d}" for i in range(nodes)]
