@@ -9,7 +9,8 @@ extender sidecar; one agent pod per GPU node) are run as local processes from th
 (extender.localpods: their args, env, ConfigMaps and tokens bound to them), so the chart's
 KubeSchedulerConfiguration, settings and RBAC are what is tested.
 
-DEEPRES_CLUSTER_KEEP=DIR keeps the control plane's folder (logs, certificates) in DIR afterwards.
+DEEPRES_CLUSTER_KEEP=DIR keeps the control plane's folder (logs, certificates) in DIR afterwards;
+DEEPRES_CLUSTER_HELM_SET="key=value ..." adds chart values (e.g. to see a scenario fail with an old default).
 """
 
 from __future__ import annotations
@@ -285,10 +286,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         port = free_port()
         env = {**os.environ, "KUBECONFIG": str(plane.admin_kubeconfig)}
         values = [arg for path in VALUES for arg in ("-f", str(path))]
+        extra_values = [arg for item in os.environ.get("DEEPRES_CLUSTER_HELM_SET", "").split()
+                        for arg in ("--set", item)]
         result = subprocess.run(
             [helm(), "install", RELEASE, str(REPO / "helm" / "deepres"), "--namespace", NAMESPACE,
              "--create-namespace", *values, "--set", f"extender.port={port}",
-             "--set", f"agent.extenderUrl=http://127.0.0.1:{port}", "--wait", "--timeout", "3m"],
+             "--set", f"agent.extenderUrl=http://127.0.0.1:{port}", *extra_values, "--wait", "--timeout", "3m"],
             capture_output=True, text=True, env=env, timeout=300)
         assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"
         local = LocalCluster(plane, core, client.SchedulingV1Api(api), dict(simulated), port)
