@@ -1,0 +1,24 @@
+"""reports/bench-cluster.json holds the keys issue 14 names (tools read them), from a real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPORT = Path(__file__).resolve().parents[2] / "reports" / "bench-cluster.json"
+
+
+def test_the_report_has_the_issue_keys_and_every_gpu_pod_placed() -> None:
+    report = json.loads(REPORT.read_text())
+    for path in ("nodes_1000.default_limits.ratio", "nodes_1000.high_qps.gpu_pods_per_s",
+                 "nodes_5000.high_qps.gpu_pods_per_s", "nodes_1000.extender_cpu_ms_per_pod"):
+        value = report
+        for key in path.split("."):
+            assert key in value, f"{path}: {key} missing"
+            value = value[key]
+        assert isinstance(value, float | int) and value > 0, f"{path} = {value!r}"
+    for section in ("nodes_1000", "nodes_5000"):
+        for limits in ("default_limits", "high_qps"):
+            run = report[section][limits]
+            assert run["gpu_pods_unplaced"] == 0 and run["gpus_overcommitted"] == 0, (section, limits, run)
+            assert run["ratio"] == round(run["gpu_pods_per_s"] / run["plain_pods_per_s"], 2)
