@@ -19,6 +19,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -236,17 +237,28 @@ class _Run:
         return result
 
     def _watch_binds(self, names: set[str], bound: dict[str, float], done: threading.Event) -> None:
+        """Record when each pod is first seen bound; a watch that ends or fails is resumed from a relist."""
         watch: Any = importlib.import_module("kubernetes.watch")
-        version = self.core.list_namespaced_pod(BENCH_NS).metadata.resource_version
-        stream = watch.Watch().stream(self.core.list_namespaced_pod, BENCH_NS, resource_version=version,
-                                      timeout_seconds=900)
-        for event in stream:
-            pod = event["object"]
+
+        def seen(pod: Any) -> None:
             if pod.metadata.name in names and pod.spec.node_name and pod.metadata.name not in bound:
                 bound[pod.metadata.name] = time.monotonic()
                 if len(bound) == len(names):
                     done.set()
-                    return
+
+        while not done.is_set():
+            try:
+                listed = self.core.list_namespaced_pod(BENCH_NS)
+                for pod in listed.items:
+                    seen(pod)
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, BENCH_NS, timeout_seconds=60,
+                                                  resource_version=listed.metadata.resource_version):
+                    seen(event["object"])
+                    if done.is_set():
+                        return
+            except Exception as err:  # the measurement goes on from a relist
+                _progress(f"bind watch ended ({err}); relisting")
+                time.sleep(0.5)
 
     def gpu_check(self) -> dict[str, int]:
         """GPU pods not placed, and GPUs booked beyond their memory (from the pods' own annotations)."""
@@ -317,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
             section["load_average_1m"] = round(os.getloadavg()[0], 2)
         finally:
             bench.close()
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
         report[f"nodes_{nodes}"] = section
         print(json.dumps({f"nodes_{nodes}": section}, indent=1))
         out.parent.mkdir(parents=True, exist_ok=True)
