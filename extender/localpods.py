@@ -166,15 +166,19 @@ def prepare(
     programs = image_programs(bin_dir)
     repository = _repository(c["image"])
     entry = next((argv for repo, argv in programs.items() if repository.endswith(repo)), None)
+    # Only what the pod spec says is localized: never the local program (the interpreter or a binary,
+    # which may well live under a path the pod mounts, e.g. a checkout under /tmp).
+    spec_args = [localize(_expand(a, env)) for a in c.get("args") or []]
     if c.get("command"):
         command = list(c["command"])
         local_program = next((argv for repo, argv in programs.items() if repo.endswith("/" + command[0])), None)
-        argv = [*(local_program or command[:1]), *command[1:], *(c.get("args") or [])]
+        program = local_program or [localize(_expand(command[0], env))]
+        argv = [*program, *(localize(_expand(a, env)) for a in command[1:]), *spec_args]
     elif entry is not None:
-        argv = [*entry, *(c.get("args") or [])]
+        argv = [*entry, *spec_args]
     else:
         raise ValueError(f"image {c['image']}: no local program for it and no command")
-    argv = [localize(_expand(a, env)) for a in argv] + list(extra_args or [])
+    argv += list(extra_args or [])
     api_kubeconfig = here / "kubeconfig"
     if spec.get("automountServiceAccountToken", True):
         write_kubeconfig(api_kubeconfig, server, ca_file, token=_token(core, pod, None, API_TOKEN_SECONDS),

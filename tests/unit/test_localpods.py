@@ -96,3 +96,20 @@ def test_unsupported_volume_kinds_are_refused_by_name(tmp_path: Path) -> None:
     spec["spec"]["volumes"][0] = {"name": "sim", "hostPath": {"path": "/dev"}}
     with pytest.raises(ValueError, match=r"sim.*hostPath"):
         prepare(Core(), "https://127.0.0.1:1", tmp_path / "ca.crt", spec, "agent", tmp_path, tmp_path)
+
+
+def test_the_local_program_is_never_rewritten_even_under_a_mounted_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkout (and its interpreter) under /tmp, a pod mounting an emptyDir at /tmp: only the
+    container's own args are mapped (a CI clone under /tmp once broke this)."""
+    monkeypatch.setattr("extender.localpods.sys.executable", "/tmp/trial/.venv/bin/python")
+    spec = pod()
+    extender = spec["spec"]["containers"][1]
+    extender["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    extender["args"].append("--cache=/tmp/cache")
+    local = prepare(Core(), "https://127.0.0.1:1", tmp_path / "ca.crt", spec, "extender", tmp_path, tmp_path)
+    assert local.argv[0] == "/tmp/trial/.venv/bin/python"
+    assert local.argv[-1] == f"--cache={tmp_path}/p-1-extender/volumes/tmp/cache"
+    shim = (tmp_path / "p-1-extender" / "bin" / "deepres").read_text()
+    assert "exec /tmp/trial/.venv/bin/python -m extender.cli" in shim
