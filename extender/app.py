@@ -11,7 +11,6 @@ message.
 from __future__ import annotations
 
 import gc
-import hmac
 import importlib
 import logging
 import threading
@@ -26,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError, JobRequest
+from extender.auth import TelemetryAuth
 from extender.kube import Cluster, ClusterError, ClusterHandlers, InMemoryCluster, KubeCluster, pod_meta
 from extender.metrics import ExtenderMetrics
 from extender.openapi import openapi_document
@@ -123,6 +123,10 @@ class Extender:
         self.metrics = ExtenderMetrics(self.state, clock, self.merits)
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
+        k = settings.kube
+        self.auth = TelemetryAuth(local=self.local, shared_token=self.token, reviewer=cluster,
+                                  audience=k.token_audience, allowed_accounts=k.agent_service_accounts,
+                                  cache_s=k.token_cache_s)
         self._predictor = predictor
         self._predictor_error = ""
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -511,26 +515,6 @@ class Extender:
         return evicted
 
     # ---- telemetry ----
-    def authenticate(self, header: str) -> tuple[bool, str, str]:
-        """(ok, node the token is bound to or "", why not)."""
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return False, "", "missing bearer token"
-        if self.local:
-            if self.token and hmac.compare_digest(token.encode("utf-8"), self.token.encode("utf-8")):
-                return True, "", ""
-            return False, "", "invalid token"
-        identity = self.cluster.review_token(token, self.settings.kube.token_audience)
-        if identity is None:
-            return False, "", "token not authenticated for audience " + self.settings.kube.token_audience
-        allowed = self.settings.kube.agent_service_accounts
-        if allowed and identity.username not in allowed:
-            return False, "", f"{identity.username} may not post telemetry"
-        if not identity.node_name:
-            return False, "", "token is not bound to a node (use a projected ServiceAccount token)"
-        return True, identity.node_name, ""
-
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
         """`body`: the decoded JSON, or a NodeReport already read from the bytes (`decode_report`)."""
         try:

@@ -10,11 +10,9 @@ so the extender parses a watched pod and a pod sent by kube-scheduler with one p
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
 import logging
 import threading
-import time
 import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +23,6 @@ log = logging.getLogger(__name__)
 
 #: TokenReview's extra key carrying the node a projected ServiceAccount token is bound to.
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-TOKEN_CACHE_MAX = 10_000
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -223,7 +220,6 @@ class KubeCluster:
         self.resync_s = resync_s
         self.token_cache_s = token_cache_s
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._tokens: dict[str, tuple[float, TokenIdentity | None]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -348,12 +344,7 @@ class KubeCluster:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
-        key = hashlib.sha256(token.encode("utf-8")).hexdigest()
-        now = time.monotonic()
-        with self._lock:
-            cached = self._tokens.get(key)
-            if cached is not None and cached[0] > now:
-                return cached[1]
+        """One TokenReview (extender/auth.py caches them and bounds how many run at once)."""
         c: Any = self._client
         review = c.V1TokenReview(spec=c.V1TokenReviewSpec(token=token, audiences=[audience]))
         try:
@@ -361,17 +352,11 @@ class KubeCluster:
         except Exception as err:
             log.warning("TokenReview failed: %s", _api_reason(err))
             return None
-        identity: TokenIdentity | None = None
-        if status is not None and status.authenticated and audience in (status.audiences or [audience]):
-            extra = (status.user.extra or {}) if status.user else {}
-            node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
-            identity = TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
-        with self._lock:
-            if len(self._tokens) >= TOKEN_CACHE_MAX:
-                self._tokens.clear()
-            # failures are cached briefly too, so a bad agent cannot make us hammer the API server
-            self._tokens[key] = (now + (self.token_cache_s if identity else min(self.token_cache_s, 5.0)), identity)
-        return identity
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        extra = status.user.extra or {}
+        node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
+        return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
 
 
 def _api_reason(err: Exception) -> str:

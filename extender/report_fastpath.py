@@ -24,7 +24,7 @@ def decode_report(data: bytes) -> NodeReport | None:
     ~150 us)."""
     try:
         report = _REPORT_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # ValidationError is a DecodeError
         return None
     return report if _well_formed(report) else None
 

@@ -21,6 +21,9 @@ import yaml
 
 from extender.policy.types import CRITICALITIES, PolicyParams
 
+#: Who may call the verbs (server.verbs_access); extender/auth.py enforces each.
+VERBS_ACCESS = ("loopback", "mtls", "any")
+
 ENV_PREFIX = "DEEPRES_"
 #: The production WSGI servers `deepres serve` can run under (extender/server.py says why granian leads).
 ENGINES = ("granian", "gunicorn")
@@ -47,10 +50,19 @@ class ServerSettings:
     httpTimeout is 5 s by default."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
+    body_timeout_s: float = 10.0
+    """Time a client has to send a request's body once its headers are in (408 after): a client that
+    stalls mid-body must not hold the server. kube-scheduler sends its body at once."""
     tls_cert: str = ""
     """PEM certificate for HTTPS (with tls_key); empty: plain HTTP."""
     tls_key: str = ""
     """PEM private key for HTTPS."""
+    tls_client_ca: str = ""
+    """PEM CA bundle that signs the scheduler's client certificate (verbs_access mtls)."""
+    verbs_access: str = "loopback"
+    """Who may call /filter, /prioritize, /preempt and /bind (extender/auth.py): `loopback` (sidecar
+    mode: callers on 127.0.0.1/::1 only), `mtls` (a client certificate signed by tls_client_ca; needs
+    tls_cert and engine gunicorn) or `any` (no check: only behind a guard of your own)."""
     log_level: str = "info"
     """debug, info, warning or error."""
 
@@ -155,10 +167,21 @@ class Settings:
         if s.engine not in ENGINES:
             p.append(f"server.engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
         _positive(p, "server.timeout_s", s.timeout_s)
+        _positive(p, "server.body_timeout_s", s.body_timeout_s)
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
+        if s.verbs_access not in VERBS_ACCESS:
+            p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")
+        if s.verbs_access == "mtls":
+            if not (s.tls_cert and s.tls_client_ca):
+                p.append("server.verbs_access=mtls needs server.tls_cert, server.tls_key and server.tls_client_ca")
+            if s.engine != "gunicorn":
+                p.append("server.verbs_access=mtls needs server.engine=gunicorn (granian verifies client "
+                         "certificates for the whole port and cannot tell the verbs which caller presented one)")
+        if s.tls_client_ca and not s.tls_cert:
+            p.append("server.tls_client_ca needs server.tls_cert and server.tls_key (client certificates need TLS)")
         if bool(s.tls_cert) != bool(s.tls_key):
             p.append("server.tls_cert and server.tls_key must be given together")
-        for name in ("tls_cert", "tls_key"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
             value = getattr(s, name)
             if value and not Path(value).is_file():
                 p.append(f"server.{name} must be a readable file, got {value!r}")

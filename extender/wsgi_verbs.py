@@ -8,8 +8,10 @@ a few dozen lines that read the body, decode it, call the `Extender` and encode 
 other route (probes, /metrics, /v1/predict, /openapi.json) and every other method stay with Flask.
 
 The rules are the app's: a verb answers HTTP 200 with its `Error` shape on bad input or a bug
-(never a 5xx, never a traceback), a body over the limit is refused with 413 before it is read,
-telemetry needs a bearer token (401 with `WWW-Authenticate` otherwise).
+(never a 5xx, never a traceback), a body over the limit is refused with 413 before it is read, a
+body not sent within `server.body_timeout_s` gets 408, a verb caller that `server.verbs_access`
+does not admit gets 403, telemetry needs a bearer token (401 with `WWW-Authenticate` otherwise;
+503 while too many token reviews are in flight). extender/auth.py decides who may call what.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from extender.auth import verb_caller_refused
 from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
 from extender.report_fastpath import decode_report
 
@@ -39,6 +42,10 @@ class BadRequest(ValueError):
     """A request body that cannot be used (not JSON, not UTF-8, wrong shape)."""
 
 
+class BodyTimeout(ValueError):
+    """A body not received within the body timeout: 408."""
+
+
 class BodyTooLarge(ValueError):
     """A body over the route's limit (declared or read): 413."""
 
@@ -47,13 +54,20 @@ class BodyTooLarge(ValueError):
         super().__init__(f"request body larger than {limit} bytes")
 
 
+#: environ key: seconds a client has to send the body (set by VerbRoutes from server.body_timeout_s).
+BODY_TIMEOUT_KEY = "deepres.body_timeout_s"
+
+
 def read_body(environ: dict[str, Any], limit: int) -> bytes:
-    """The request body, at most `limit` bytes. A declared length is checked before anything is read
-    and read in one call (werkzeug's stream wrapper reads a large body in many small pieces); a
-    chunked body is read while it lasts, if the server marks its end (`wsgi.input_terminated`, as
-    granian and gunicorn do), else it is empty (as werkzeug has it)."""
+    """The request body, at most `limit` bytes. A declared length is checked before anything is read;
+    a chunked body is read while it lasts, if the server marks its end (`wsgi.input_terminated`, as
+    granian and gunicorn do), else it is empty (as werkzeug has it). Under gunicorn the body is read
+    from the client's socket in pieces against a deadline (BodyTimeout); under granian the RSGI
+    bridge (extender/rsgi.py) has read it, with its own deadline, before the app runs."""
     declared = environ.get("CONTENT_LENGTH") or ""
     stream = environ["wsgi.input"]
+    sock = environ.get("gunicorn.socket")
+    deadline = time.monotonic() + float(environ.get(BODY_TIMEOUT_KEY) or 0) if sock is not None else 0.0
     if declared:
         try:
             length = int(declared)
@@ -61,13 +75,20 @@ def read_body(environ: dict[str, Any], limit: int) -> bytes:
             raise BadRequest(f"Content-Length {declared[:40]!r} is not a number") from None
         if length > limit:
             raise BodyTooLarge(limit)
-        data: bytes = stream.read(length) if length > 0 else b""
-        return data
-    if not environ.get("wsgi.input_terminated"):
+        if length <= 0:
+            return b""
+        if not deadline:
+            data: bytes = stream.read(length)
+            return data
+    elif not environ.get("wsgi.input_terminated"):
         return b""
     parts: list[bytes] = []
     size = 0
-    while chunk := stream.read(READ_CHUNK):
+    want = int(declared) if declared else -1
+    while want < 0 or size < want:
+        chunk = _read_before(stream, sock, deadline, READ_CHUNK if want < 0 else min(READ_CHUNK, want - size))
+        if not chunk:
+            break
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(limit)
@@ -75,12 +96,29 @@ def read_body(environ: dict[str, Any], limit: int) -> bytes:
     return b"".join(parts)
 
 
+def _read_before(stream: Any, sock: Any, deadline: float, size: int) -> bytes:
+    """One read, failing with BodyTimeout once `deadline` (monotonic; 0: none) has passed."""
+    if deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BodyTimeout("request body not received in time")
+        sock.settimeout(remaining)
+    try:
+        data: bytes = stream.read(size)
+    except TimeoutError:
+        raise BodyTimeout("request body not received in time") from None
+    finally:
+        if deadline:
+            sock.settimeout(None)
+    return data
+
+
 def decode_json(data: bytes) -> Any:
     """orjson (100 full Node objects, ~0.4 MB, parse in about a third of json.loads' time); the
     error says whether the bytes are not UTF-8 or not JSON."""
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError as err:
+    except orjson.JSONDecodeError as err:  # a ValueError: invalid UTF-8 and lone surrogates land here too
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as bad:
@@ -92,7 +130,11 @@ def decode_candidates(data: bytes) -> Any:
     """A filter or prioritize body: ExtenderArgs read straight from the bytes when well-formed (the
     fast path, see `protocol.decode_extender_args`), else the decoded JSON, whose problem the
     verb then names."""
-    return decode_extender_args(data) or decode_json(data)
+    try:
+        fast = decode_extender_args(data)
+    except ValueError:  # e.g. UnicodeDecodeError: the parser names the problem
+        fast = None
+    return fast or decode_json(data)
 
 
 def encode_json(payload: Any) -> bytes:
@@ -105,8 +147,10 @@ def send(start_response: StartResponse, status: str, body: bytes,
     return [body]
 
 
-STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 405: "405 METHOD NOT ALLOWED",
-          413: "413 REQUEST ENTITY TOO LARGE", 500: "500 INTERNAL SERVER ERROR"}
+STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "403 FORBIDDEN",
+          405: "405 METHOD NOT ALLOWED", 408: "408 REQUEST TIMEOUT", 413: "413 REQUEST ENTITY TOO LARGE",
+          500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
+VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
 
 
 class VerbRoutes:
@@ -118,6 +162,8 @@ class VerbRoutes:
         self.fallback = fallback
         self.max_body = ext.settings.server.max_body_bytes
         self.telemetry_max = ext.settings.telemetry.telemetry_max_bytes
+        self.body_timeout_s = ext.settings.server.body_timeout_s
+        self.verbs_access = ext.settings.server.verbs_access
         self.routes: dict[str, Callable[[dict[str, Any], StartResponse], list[bytes]]] = {
             "/filter": self._verb("filter", ext.filter, filter_error, decode_candidates),
             "/prioritize": self._verb("prioritize", ext.prioritize, lambda message: [], decode_candidates),
@@ -130,13 +176,20 @@ class VerbRoutes:
         self._reports = {outcome: metrics.telemetry_reports.labels(outcome) for outcome in ("unauthorized", "invalid")}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        route = self.routes.get(environ.get("PATH_INFO", ""))
+        environ[BODY_TIMEOUT_KEY] = self.body_timeout_s
+        path = environ.get("PATH_INFO", "")
+        route = self.routes.get(path)
         if route is None:
             return self.fallback(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST":
             method = str(environ.get("REQUEST_METHOD"))[:16]
             return send(start_response, STATUS[405], encode_json({"error": f"{method} not allowed; use POST"}),
                         (("Allow", "POST"),))
+        if path in VERBS:
+            refused = verb_caller_refused(environ, self.verbs_access)
+            if refused:
+                log.warning("refused POST %s: %s", path, refused)
+                return send(start_response, STATUS[403], encode_json({"error": refused}))
         return route(environ, start_response)
 
     def _verb(self, name: str, handler: Callable[[Any], Any], error_shape: Callable[[str], Any],
@@ -157,6 +210,10 @@ class VerbRoutes:
                 except BodyTooLarge as err:
                     outcome = "error"
                     return send(start_response, STATUS[413], encode_json({"error": str(err)}))
+                except BodyTimeout as err:
+                    outcome = "error"
+                    return send(start_response, STATUS[408], encode_json({"error": str(err)}),
+                                (("Connection", "close"),))
                 except Exception as err:  # a bug: log it, never leak a traceback
                     log.exception("unexpected error on POST /%s", name)
                     outcome = "error"
@@ -173,11 +230,14 @@ class VerbRoutes:
     def _telemetry(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         started = time.perf_counter()
         try:
-            ok, bound_node, why = self.ext.authenticate(environ.get("HTTP_AUTHORIZATION", ""))
-            if not ok:
+            verdict = self.ext.auth.authenticate(environ.get("HTTP_AUTHORIZATION", ""))
+            if verdict.status == 503:
+                return send(start_response, STATUS[503], encode_json({"error": verdict.why}), (("Retry-After", "1"),))
+            if verdict.status != 200:
                 self._reports["unauthorized"].inc()
-                return send(start_response, STATUS[401], encode_json({"error": f"unauthorized: {why}"}),
+                return send(start_response, STATUS[401], encode_json({"error": f"unauthorized: {verdict.why}"}),
                             (("WWW-Authenticate", 'Bearer realm="deepres-extender"'),))
+            bound_node = verdict.node
             try:
                 data = read_body(environ, self.telemetry_max)
                 body = decode_report(data) or decode_json(data)  # the fast path, else the parser names the problem
@@ -187,6 +247,9 @@ class VerbRoutes:
             except BodyTooLarge as err:
                 self._reports["invalid"].inc()
                 return send(start_response, STATUS[413], encode_json({"error": str(err)}))
+            except BodyTimeout as err:
+                self._reports["invalid"].inc()
+                return send(start_response, STATUS[408], encode_json({"error": str(err)}), (("Connection", "close"),))
             try:
                 status, payload = self.ext.telemetry(body, bound_node)
             except Exception as err:  # a bug (not bad input): the agent retries; never a traceback

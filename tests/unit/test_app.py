@@ -223,7 +223,7 @@ def test_cluster_tokens_are_bound_to_their_node() -> None:
         "tok-unbound": TokenIdentity("system:serviceaccount:deepres:agent", "", ("deepres-extender",)),
         "tok-aud": TokenIdentity("system:serviceaccount:deepres:agent", "a", ("other",)),
     })
-    client, _, clock = make(cluster, local=False)
+    client, _, clock = make(cluster, local=False, agent_service_accounts=["system:serviceaccount:deepres:agent"])
     assert send_report(client, "a", 1, [(1000.0, 0.0)], clock, token="tok-a").status_code == 200
     wrong = send_report(client, "b", 1, [(1000.0, 0.0)], clock, token="tok-a")
     assert wrong.status_code == 401 and "bound to node a" in wrong.get_json()["error"]

@@ -1,0 +1,139 @@
+"""granian's RSGI in front of the WSGI app: request bodies are read on the event loop, with a deadline.
+
+Under granian's WSGI interface the app's `wsgi.input.read()` blocks one of the worker's request
+threads until the client has sent the whole body, and granian has no body timeout (only a header
+timeout): 8 clients that send headers and then stall held all 8 threads, and every verb and
+/healthz stopped answering. Here the body is awaited on the worker's event loop (a stalled client
+costs a pending coroutine, not a thread) with `body_timeout_s` and a size limit; only a complete
+request is handed to a request thread, which runs the unchanged WSGI app (Flask + `VerbRoutes`)
+on an in-memory body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+Answer = tuple[int, list[tuple[str, str]], bytes]
+JSON_HEADERS = [("content-type", "application/json"), ("connection", "close")]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _error(status: int, message: str) -> Answer:
+    body = b'{"error": "' + message.encode("ascii", "replace").replace(b'"', b"'") + b'"}'
+    return status, [*JSON_HEADERS, ("content-length", str(len(body)))], body
+
+
+def _host_port(address: str, default_port: str) -> tuple[str, str]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return address.strip("[]"), default_port
+    return host.strip("[]"), port
+
+
+class RsgiBridge:
+    """An RSGI application serving `app` (WSGI) from a pool of `threads` request threads."""
+
+    def __init__(self, app: WsgiApp, *, threads: int, body_timeout_s: float, max_body_bytes: int) -> None:
+        self.app = app
+        self.body_timeout_s = body_timeout_s
+        self.max_body_bytes = max_body_bytes
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deepres-request")
+        self.base_environ: dict[str, Any] = {
+            "SCRIPT_NAME": "", "SERVER_SOFTWARE": "granian (RSGI bridge)", "wsgi.errors": sys.stderr,
+            "wsgi.input_terminated": True, "wsgi.multiprocess": False, "wsgi.multithread": True,
+            "wsgi.run_once": False, "wsgi.version": (1, 0),
+        }
+
+    def __rsgi_init__(self, loop: Any) -> None:
+        """Nothing to prepare: the pool starts its threads on demand."""
+
+    def __rsgi_del__(self, loop: Any) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+        if scope.proto != "http":  # websockets are off; nothing else is served
+            return
+        status, headers, body = await self._answer(scope, protocol)
+        protocol.response_bytes(status, headers, body)
+
+    async def _answer(self, scope: Any, protocol: Any) -> Answer:
+        declared = scope.headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                return _error(400, f"Content-Length {declared[:40]!r} is not a number")
+            if int(declared) > self.max_body_bytes:
+                return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+        try:
+            body = await asyncio.wait_for(self._read(protocol, declared is not None), self.body_timeout_s)
+        except TimeoutError:
+            return _error(408, f"request body not received within {self.body_timeout_s:g} s")
+        except _TooLarge:
+            return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+        except Exception as err:  # the client went away mid-body, or sent a broken chunked body
+            log.debug("request body unreadable: %s", err)
+            return _error(400, "request body could not be read")
+        environ = self._environ(scope, body)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._call, environ)
+
+    async def _read(self, protocol: Any, declared: bool) -> bytes:
+        if declared:  # hyper stops at the declared length, already checked against the limit
+            data: bytes = await protocol()
+            return data
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in protocol:
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _TooLarge
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _environ(self, scope: Any, body: bytes) -> dict[str, Any]:
+        server_host, server_port = _host_port(scope.server, "80")
+        client_host, client_port = _host_port(scope.client, "0")
+        environ = dict(self.base_environ)
+        environ.update({
+            "REQUEST_METHOD": scope.method, "PATH_INFO": scope.path, "QUERY_STRING": scope.query_string,
+            "SERVER_NAME": server_host, "SERVER_PORT": server_port, "REMOTE_ADDR": client_host,
+            "REMOTE_PORT": client_port, "SERVER_PROTOCOL": f"HTTP/{scope.http_version}",
+            "wsgi.url_scheme": scope.scheme, "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
+        })
+        for name, value in scope.headers.items():
+            key = name.upper().replace("-", "_")
+            if key == "CONTENT_LENGTH":
+                continue
+            if key != "CONTENT_TYPE":
+                key = "HTTP_" + key
+            environ[key] = f"{environ[key]},{value}" if key in environ else value
+        return environ
+
+    def _call(self, environ: dict[str, Any]) -> Answer:
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+            started[:] = [status, headers]
+
+        try:
+            result = self.app(environ, start_response)
+            try:
+                body = b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except Exception:  # the app answers its own errors; this is a bug in it: never a traceback out
+            log.exception("unexpected error on %s %s", environ["REQUEST_METHOD"], environ["PATH_INFO"])
+            return _error(500, "internal error; see the extender's log")
+        return int(started[0][:3]), list(started[1]), body
