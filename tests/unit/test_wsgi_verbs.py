@@ -34,7 +34,8 @@ class Chunks(io.RawIOBase):
 def call(app: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
          *, chunked: bool = False) -> tuple[str, dict[str, str], bytes]:
     environ: dict[str, Any] = {
-        "REQUEST_METHOD": method, "PATH_INFO": path, "REMOTE_ADDR": "127.0.0.1", "SERVER_NAME": "test", "SERVER_PORT": "80",
+        "REQUEST_METHOD": method, "PATH_INFO": path, "REMOTE_ADDR": "127.0.0.1", "SERVER_NAME": "test",
+        "SERVER_PORT": "80",
         "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO(),
         "wsgi.input": Chunks(body) if chunked else io.BytesIO(body), "CONTENT_TYPE": "application/json",
     }
