@@ -701,7 +701,11 @@ def create_app(
         code = err.code or 400
         if code == 413:
             return respond({"error": f"request body larger than {settings.server.max_body_bytes} bytes"}, 413)
-        return respond({"error": f"{err.name}: {err.description}"}, code)
+        answer = respond({"error": f"{err.name}: {err.description}"}, code)
+        allowed = getattr(err, "valid_methods", None)  # a 405 names what the route takes (RFC 9110 15.5.6)
+        if allowed:
+            answer.headers["Allow"] = ", ".join(allowed)
+        return answer
 
     @app.errorhandler(Exception)
     def unexpected(err: Exception) -> Response:  # a bug: log it, never leak a traceback
