@@ -47,10 +47,13 @@ def verb_caller_refused(environ: dict[str, Any], access: str) -> str:
     if access == "loopback":
         address = str(environ.get("REMOTE_ADDR") or "")
         try:
-            if ipaddress.ip_address(address.strip("[]")).is_loopback:
-                return ""
+            ip = ipaddress.ip_address(address.strip("[]"))
         except ValueError:
-            pass
+            ip = None
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # a dual-stack listener shows 127.0.0.1 as ::ffff:127.0.0.1
+        if ip is not None and ip.is_loopback:
+            return ""
         return (f"the verbs answer only the scheduler on loopback (server.verbs_access=loopback); "
                 f"caller {address[:64] or 'unknown'}")
     sock = environ.get("gunicorn.socket")
