@@ -45,6 +45,20 @@ _DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:d|h|m|s))+$")
 _UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
+#: Characters of a rejected key or value that an error message repeats. The message is the reason
+#: given for every candidate node of the pod (and an Event): with whole values, one 250 KB value and
+#: 5,000 candidates made a 1.25 GB answer.
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS, *, quoted: bool = True) -> str:
+    """`repr(value)` (`str` unless `quoted`), cut to `limit` characters with the full length said."""
+    text = repr(value) if quoted else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value) if isinstance(value, str) else len(text)} characters)"
+
+
 class AnnotationError(ValueError):
     """A pod annotation that cannot be accepted: the key (with prefix), its value, what is accepted."""
 
@@ -52,7 +66,7 @@ class AnnotationError(ValueError):
         self.key = key
         self.value = value
         self.accepted = accepted
-        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
+        super().__init__(f"{shown(key, quoted=False)}={shown(value)} is not valid: expected {accepted}")
 
 
 @dataclass(frozen=True)
