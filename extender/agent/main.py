@@ -76,6 +76,7 @@ class AgentSettings:
     request_timeout_s: float = 5.0
     ca_file: str = ""
     seed: int = 0
+    report_failure_grace_s: float = 60.0  # /healthz turns 503 when reports have failed this long
 
     def problems(self) -> list[str]:
         """Every invalid setting, each with the flag, the value and what is accepted."""
@@ -103,7 +104,8 @@ class AgentSettings:
                             ("--free-threshold-mib", self.free_threshold_mib),
                             ("--annotate-min-interval-s", self.annotate_min_interval_s),
                             ("--forget-pods-after-s", self.forget_pods_after_s),
-                            ("--request-timeout-s", self.request_timeout_s)):
+                            ("--request-timeout-s", self.request_timeout_s),
+                            ("--report-failure-grace-s", self.report_failure_grace_s)):
             if not value >= 0:
                 found.append(f"{flag} must be >= 0, got {value:g}")
         return found
@@ -229,6 +231,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=5.0, help="timeout of one report POST")
     parser.add_argument("--extender-ca-file", default="", help="CA bundle for an https:// extender")
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the simulated source")
+    parser.add_argument("--report-failure-grace-s", type=float, default=60.0,
+                        help="/healthz answers 503 once reports have kept failing this long (/livez does not)")
 
 
 def settings_from_args(args: argparse.Namespace) -> AgentSettings:
@@ -261,6 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         request_timeout_s=args.request_timeout_s,
         ca_file=args.extender_ca_file,
         seed=args.seed,
+        report_failure_grace_s=args.report_failure_grace_s,
     )
     problems.extend(settings.problems())
     if problems:
@@ -301,12 +306,19 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no token in %s: reports go without one (the extender will refuse them if it wants one)",
                     settings.token_file)
     metrics = AgentMetrics()
+    health = Health(max_age_s=max(3 * settings.interval_s, 15.0), delivery_grace_s=settings.report_failure_grace_s)
+
+    def on_result(result: str) -> None:
+        metrics.count_report(result)
+        delivery = reporter.last_delivery  # set before the callback (not for "superseded", which is ignored)
+        health.record_delivery(result, delivery.detail if delivery is not None else "", time.monotonic())
+
     reporter = Reporter(
         HttpPoster(settings.extender_url, settings.request_timeout_s, settings.ca_file or None),
         token,
-        on_result=metrics.count_report,
+        on_result=on_result,
     ).start()
-    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics)
+    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics, health=health)
     host, port = parse_listen(settings.listen)
     try:
         server, _ = serve(make_app(metrics, agent.health), host, port)

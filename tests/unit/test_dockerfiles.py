@@ -146,11 +146,12 @@ def test_agent_image_installs_what_the_agent_imports_and_no_torch() -> None:
     assert "torch" not in modules, "the agent imports torch: its image would need the predictor's stack"
     for module in sorted(modules):
         providers = {normalize(d) for d in dists.get(module, [])}
-        # pynvml's module ships in nvidia-ml-py, which the `pynvml` distribution depends on
-        assert providers & installed or (module == "pynvml" and "pynvml" in installed), (
+        # the `pynvml` module ships in nvidia-ml-py (NVIDIA's binding), not in the deprecated `pynvml` wrapper
+        assert providers & installed, (
             f"the agent imports {module} (from {sorted(providers)}) but deploy/Dockerfile.agent installs {wanted}"
         )
     assert "--no-deps ." in build, "deepres itself without the extender's dependencies"
     runs = [r for stage in stages(DOCKERFILES["agent"].read_text()) for r in instructions(stage, "RUN")]
     assert not [r for r in runs if "torch" in r], "no torch in the agent image"
+    assert "pynvml" not in installed, "the deprecated pynvml wrapper: install nvidia-ml-py"
     assert {"kubernetes", "pynvml", "prometheus_client", "yaml"} <= modules, "the import scan missed a known import"
