@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ class LocalServer:
     def __init__(self, workdir: Path, *, token: str, env: Mapping[str, str] | None = None,
                  bind_host: str = "127.0.0.1", args: Sequence[str] = (), probe: str = "/readyz",
                  ready_timeout_s: float = 90.0, log_level: str = "warning",
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.workdir = workdir
         self.token = token
         self.env = dict(env or {})
@@ -47,9 +48,10 @@ class LocalServer:
         self.ready_timeout_s = ready_timeout_s
         self.log_level = log_level
         self.preexec_fn = preexec_fn
-        self.port = free_port("127.0.0.1" if bind_host in ("127.0.0.1", "0.0.0.0") else bind_host)
-        self.url = f"http://127.0.0.1:{self.port}" if bind_host in ("127.0.0.1", "0.0.0.0") else \
-            f"http://{bind_host}:{self.port}"
+        self.tls = tls  # the client context that trusts the server's certificate (`--tls-cert` in args)
+        host = "127.0.0.1" if bind_host in ("127.0.0.1", "0.0.0.0") else bind_host
+        self.port = free_port(host)
+        self.url = f"{'https' if tls is not None else 'http'}://{host}:{self.port}"
         self.log_path = workdir / f"server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -68,7 +70,7 @@ class LocalServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.url + self.probe, timeout=2) as response:
+                with urllib.request.urlopen(self.url + self.probe, timeout=2, context=self.tls) as response:
                     if response.status == 200:
                         return self
             except (urllib.error.URLError, OSError):

@@ -156,9 +156,10 @@ def refuse(environ: dict[str, Any], start_response: StartResponse, status: str, 
     lingers up to 2 s in its main thread draining what a stalled client never sends, and 64 such
     clients stalled every other connection."""
     sock = environ.get("gunicorn.socket")
-    if sock is not None:
+    if isinstance(sock, socket.socket):
         with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RD)
+            # the plain socket's shutdown: an SSLSocket's own would unwrap TLS before the answer is sent
+            socket.socket.shutdown(sock, socket.SHUT_RD)
     return send(start_response, status, body, (*extra, *CLOSE))
 
 
