@@ -127,6 +127,20 @@ class TelemetryAuth:
             log.warning("kube.agent_service_accounts is empty: /v1/telemetry refuses every report "
                         "(name the agents' ServiceAccount, system:serviceaccount:NS:NAME)")
 
+    def needs_review(self, header: str) -> bool:
+        """Whether `authenticate(header)` would ask the API server (a bearer token not in the cache)."""
+        if self.local or not self.allowed:
+            return False
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return False
+        return not self.cache.get(self._key(token), self.clock())[0]
+
+    @staticmethod
+    def _key(token: str) -> str:
+        return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+
     def authenticate(self, header: str) -> AuthResult:
         scheme, _, token = header.partition(" ")
         token = token.strip()
@@ -138,7 +152,7 @@ class TelemetryAuth:
             return AuthResult(401, why="invalid token")
         if not self.allowed:
             return AuthResult(401, why="no ServiceAccount may post telemetry (kube.agent_service_accounts is empty)")
-        key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+        key = self._key(token)
         now = self.clock()
         hit, identity = self.cache.get(key, now)
         if not hit:

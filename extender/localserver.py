@@ -38,7 +38,8 @@ class LocalServer:
     def __init__(self, workdir: Path, *, token: str, env: Mapping[str, str] | None = None,
                  bind_host: str = "127.0.0.1", args: Sequence[str] = (), probe: str = "/readyz",
                  ready_timeout_s: float = 90.0, log_level: str = "warning",
-                 preexec_fn: Callable[[], None] | None = None, tls: ssl.SSLContext | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None, tls: ssl.SSLContext | None = None,
+                 cwd: Path | None = REPO) -> None:
         self.workdir = workdir
         self.token = token
         self.env = dict(env or {})
@@ -53,6 +54,7 @@ class LocalServer:
         self.port = free_port(host)
         self.url = f"{'https' if tls is not None else 'http'}://{host}:{self.port}"
         self.log_path = workdir / f"server-{self.port}.log"
+        self.cwd = cwd  # None: the caller's (the server then imports the tree on PYTHONPATH first)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LocalServer:
@@ -63,7 +65,7 @@ class LocalServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind", f"{self.bind_host}:{self.port}",
                  "--telemetry-token-file", str(token_file), "--log-level", self.log_level, *self.args],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn,
+                cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn,
             )
         deadline = time.monotonic() + self.ready_timeout_s
         while True:

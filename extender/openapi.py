@@ -91,6 +91,10 @@ def _verb(summary: str, args: str, result: str) -> dict[str, Any]:
         "responses": {
             "200": {"description": "The answer; problems are reported in it (kube-scheduler treats non-200 as "
                                    "an error).", "content": _json(result)},
+            "403": {"description": "A caller that server.verbs_access does not admit (the verbs answer only the "
+                                   "scheduler: on loopback, or with its client certificate).",
+                    "content": _json("Error")},
+            "408": {"description": "Body not received within server.body_timeout_s.", "content": _json("Error")},
             "413": {"description": "Body too large.", "content": _json("Error")},
         },
     }}
@@ -120,7 +124,11 @@ def openapi_document() -> dict[str, Any]:
                     "400": {"description": "Not a valid report.", "content": _json("Error")},
                     "401": {"description": "Missing or invalid token, or a token bound to another node.",
                             "content": _json("Error")},
+                    "408": {"description": "Body not received within server.body_timeout_s.",
+                            "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
+                    "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
+                            "content": _json("Error")},
                 }}},
             "/v1/predict": {"post": {
                 "summary": "The demand of an annotated pod or JobSpec.",

@@ -6,9 +6,16 @@ timeout): 8 clients that send headers and then stall held all 8 threads, and eve
 /healthz stopped answering. Here the body is awaited on the worker's event loop (a stalled client
 costs a pending coroutine, not a thread) with `body_timeout_s` and a size limit; only a complete
 request is handed to a request thread, which runs the unchanged WSGI app (Flask + `VerbRoutes`)
-on an in-memory body. Routes that never wait on I/O (`INLINE_PATHS`: prioritize is pure computation,
-the probes read memory) run on the event loop's own thread instead, which spares them two thread
-hand-offs (about a third of a small request's cost here).
+on an in-memory body.
+
+Where that thread is: a request that may wait on the network (`may_block`, the app's say: a bind
+calls the API server, a new agent token needs a TokenReview...) runs in a pool of `threads`
+request threads, so the others go on meanwhile; every other request runs on the event loop's own
+thread. Computation is serialised by the GIL either way, and the hand-off to a thread and back
+cost more than a small verb itself; worse, the loop then waited for the GIL behind busy request
+threads. Measured with `scripts/bench-extender-ab.py` against granian's WSGI interface (3 rounds,
+a shared 2-core VM, noisy): all requests in threads gave 0.51-0.83x the pods/s with 500 names;
+all but the blocking ones on the loop gave 0.79x, 1.22x with full Node objects, and a lower p99.
 """
 
 from __future__ import annotations
@@ -26,8 +33,6 @@ log = logging.getLogger(__name__)
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Answer = tuple[int, list[tuple[str, str]], bytes]
 JSON_HEADERS = [("content-type", "application/json"), ("connection", "close")]
-#: Answered on the event loop's thread: nothing in them waits on the network or the API server.
-INLINE_PATHS = frozenset({"/prioritize", "/healthz", "/readyz"})
 
 
 class _TooLarge(Exception):
@@ -47,10 +52,13 @@ def _host_port(address: str, default_port: str) -> tuple[str, str]:
 
 
 class RsgiBridge:
-    """An RSGI application serving `app` (WSGI) from a pool of `threads` request threads."""
+    """An RSGI application serving `app` (WSGI): on the event loop's thread, or in a pool of `threads`
+    request threads for requests for which `may_block(environ)` is true (by default all)."""
 
-    def __init__(self, app: WsgiApp, *, threads: int, body_timeout_s: float, max_body_bytes: int) -> None:
+    def __init__(self, app: WsgiApp, *, threads: int, body_timeout_s: float, max_body_bytes: int,
+                 may_block: Callable[[dict[str, Any]], bool] = lambda environ: True) -> None:
         self.app = app
+        self.may_block = may_block
         self.body_timeout_s = body_timeout_s
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deepres-request")
@@ -90,7 +98,7 @@ class RsgiBridge:
             log.debug("request body unreadable: %s", err)
             return _error(400, "request body could not be read")
         environ = self._environ(scope, body)
-        if scope.path in INLINE_PATHS:
+        if not self.may_block(environ):
             return self._call(environ)
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._call, environ)
 

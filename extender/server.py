@@ -131,10 +131,13 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
     if settings.server.engine != "granian":
         return app
     from extender.rsgi import RsgiBridge
+    from extender.wsgi_verbs import VerbRoutes
 
+    routes = app.wsgi_app
     s = settings.server
     return RsgiBridge(app, threads=s.threads, body_timeout_s=s.body_timeout_s,
-                      max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes))
+                      max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes),
+                      may_block=routes.may_block if isinstance(routes, VerbRoutes) else lambda environ: True)
 
 
 #: How often a worker checks that the process that started it is still there (die_with_parent).

@@ -167,6 +167,10 @@ STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "
           405: "405 METHOD NOT ALLOWED", 408: "408 REQUEST TIMEOUT", 413: "413 REQUEST ENTITY TOO LARGE",
           500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
 VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
+#: Routes whose handler waits on the API server or computes at length (extender/rsgi.py says why it
+#: matters): /bind (pod, annotations, Binding), /preempt, /v1/predict. The filter's rare API calls (an
+#: Event for a bad annotation, its own evictions) are short and bounded by the client's timeouts.
+BLOCKING_PATHS = frozenset({"/bind", "/preempt", "/v1/predict"})
 #: On a refusal before the body is read: close rather than drain what the client may still send.
 CLOSE = (("Connection", "close"),)
 
@@ -192,6 +196,14 @@ class VerbRoutes:
         metrics = ext.metrics
         self._telemetry_latency = metrics.latency.labels("telemetry")
         self._reports = {outcome: metrics.telemetry_reports.labels(outcome) for outcome in ("unauthorized", "invalid")}
+
+    def may_block(self, environ: dict[str, Any]) -> bool:
+        """Whether answering this request may wait on the network (see BLOCKING_PATHS); telemetry
+        does when its token is not in the review cache."""
+        path = environ.get("PATH_INFO", "")
+        if path == "/v1/telemetry":
+            return self.ext.auth.needs_review(environ.get("HTTP_AUTHORIZATION", ""))
+        return path in BLOCKING_PATHS
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         environ[BODY_TIMEOUT_KEY] = self.body_timeout_s

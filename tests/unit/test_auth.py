@@ -135,3 +135,17 @@ def test_mtls_admits_a_verified_client_certificate_only() -> None:
     assert verb_caller_refused({"gunicorn.socket": Sock({"subject": ((("commonName", "deepres-scheduler"),),)})},
                                "mtls") == ""
     assert "client certificate" in verb_caller_refused({"gunicorn.socket": Sock({})}, "mtls")
+
+
+def test_only_a_token_not_yet_reviewed_sends_the_request_to_a_thread() -> None:
+    """extender/rsgi.py answers on the event loop unless the request may wait on the API server."""
+    reviewer = SlowReviewer({"good": TokenIdentity(AGENT, "gpu-1", (AUDIENCE,))})
+    auth = cluster_auth(reviewer)
+    assert auth.needs_review("Bearer good") and auth.needs_review("Bearer bogus")
+    auth.authenticate("Bearer good")
+    auth.authenticate("Bearer bogus")
+    assert not auth.needs_review("Bearer good") and not auth.needs_review("Bearer bogus")  # both cached now
+    assert not auth.needs_review("") and not auth.needs_review("Basic x")
+    local = TelemetryAuth(local=True, shared_token="s", reviewer=reviewer, audience=AUDIENCE, allowed_accounts=[],
+                          cache_s=60.0)
+    assert not local.needs_review("Bearer anything")
