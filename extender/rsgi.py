@@ -5,8 +5,7 @@ threads until the client has sent the whole body, and granian has no body timeou
 timeout): 8 clients that send headers and then stall held all 8 threads, and every verb and
 /healthz stopped answering. Here the body is awaited on the worker's event loop (a stalled client
 costs a pending coroutine, not a thread) with `body_timeout_s` and a size limit; only a complete
-request is handed to a request thread, which runs the unchanged WSGI app (Flask + `VerbRoutes`)
-on an in-memory body.
+request reaches the unchanged WSGI app (Flask + `VerbRoutes`), with its body in memory.
 
 Where that thread is: a request that may wait on the network (`may_block`, the app's say: a bind
 calls the API server, a new agent token needs a TokenReview...) runs in a pool of `threads`
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -40,7 +40,7 @@ class _TooLarge(Exception):
 
 
 def _error(status: int, message: str) -> Answer:
-    body = b'{"error": "' + message.encode("ascii", "replace").replace(b'"', b"'") + b'"}'
+    body = json.dumps({"error": message}).encode()
     return status, [*JSON_HEADERS, ("content-length", str(len(body)))], body
 
 
