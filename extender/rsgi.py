@@ -12,9 +12,10 @@ calls the API server, a new agent token needs a TokenReview...) runs in a pool o
 request threads, so the others go on meanwhile; every other request runs on the event loop's own
 thread. Computation is serialised by the GIL either way, and the hand-off to a thread and back
 cost more than a small verb itself; worse, the loop then waited for the GIL behind busy request
-threads. Measured with `scripts/bench-extender-ab.py` against granian's WSGI interface (3 rounds,
-a shared 2-core VM, noisy): all requests in threads gave 0.51-0.83x the pods/s with 500 names;
-all but the blocking ones on the loop gave 0.79x, 1.22x with full Node objects, and a lower p99.
+threads. Measured with `scripts/bench-extender-ab.py` against granian's WSGI interface (3 rounds of
+4 s, a shared 2-core VM, noisy): every request in a thread gave 0.51-0.83x the pods/s with 500
+names and 0.59-0.66x under telemetry; as here, 0.79-0.88x with names, 1.07-1.22x with full Node
+objects and 0.69-0.79x under telemetry. The protection against stalled bodies costs that much.
 """
 
 from __future__ import annotations

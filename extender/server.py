@@ -9,8 +9,11 @@ and the server refuses to start.
 Why granian by default: the single worker's Python thread is the extender's bottleneck, and
 granian parses HTTP and moves bytes in Rust outside the GIL. Measured here, an empty request costs
 the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread worker, which is
-most of the difference between the two in `deepres bench extender` (README, "Benchmark").
-gunicorn stays available (`--engine gunicorn`) for sites that standardise on it.
+most of the difference between the two in `deepres bench extender` (README, "Benchmark"). granian
+runs the app through its RSGI interface and `extender/rsgi.py`, which reads bodies on the event
+loop with a deadline (granian's WSGI interface reads them in request threads without one).
+gunicorn stays available (`--engine gunicorn`) for sites that standardise on it, and is the engine
+for `verbs_access: mtls` (the verbs see the client certificate through its socket).
 """
 
 from __future__ import annotations
