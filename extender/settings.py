@@ -120,9 +120,11 @@ class KubeSettings:
     token_audience: str = "deepres-extender"
     """Audience the agents' projected ServiceAccount tokens must carry (TokenReview)."""
     token_cache_s: float = 60.0
-    """How long a successful TokenReview is trusted before asking the API server again."""
+    """How long a successful TokenReview is trusted before asking the API server again (a refused
+    token: at most 5 s). Reviews are cached in a bounded LRU (extender/auth.py)."""
     agent_service_accounts: list[str] = field(default_factory=list)
-    """If set, only these ServiceAccounts (system:serviceaccount:NS:NAME) may post telemetry."""
+    """The ServiceAccounts (system:serviceaccount:NS:NAME) that may post telemetry in a cluster; empty:
+    none may (the chart names its agent's)."""
     self_preemption: bool = True
     """When no node fits a GPU pod, evict (Eviction API) the fewest strictly-lower-priority pods on
     the best node: kube-scheduler's own preemption dry run cannot see GPU memory, so it never asks
