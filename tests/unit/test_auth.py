@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
+from extender.app import create_app
 from extender.auth import MAX_CONCURRENT_REVIEWS, TelemetryAuth, TokenCache, verb_caller_refused
-from extender.kube import TokenIdentity
+from extender.kube import InMemoryCluster, TokenIdentity
+from extender.settings import Settings
+from tests.fixtures.kube.doubles import FormulaPredictor
+from tests.fixtures.kube.payloads import extender_args, pod, report
 
 AGENT = "system:serviceaccount:deepres:deepres-agent"
 AUDIENCE = "deepres-extender"
@@ -149,3 +153,54 @@ def test_only_a_token_not_yet_reviewed_sends_the_request_to_a_thread() -> None:
     local = TelemetryAuth(local=True, shared_token="s", reviewer=reviewer, audience=AUDIENCE, allowed_accounts=[],
                           cache_s=60.0)
     assert not local.needs_review("Bearer anything")
+
+
+class SlowApiCluster(InMemoryCluster):
+    """The in-memory cluster with a TokenReview that takes 50 ms, like a busy API server."""
+
+    def __init__(self, tokens: dict[str, TokenIdentity]) -> None:
+        super().__init__(tokens=tokens)
+        self.reviewer = SlowReviewer(tokens, delay_s=0.05)
+
+    def review_token(self, token: str, audience: str) -> TokenIdentity | None:
+        return self.reviewer.review_token(token, audience)
+
+
+def test_a_bogus_token_flood_leaves_the_agents_and_the_filter_served() -> None:
+    """Issue 13 item 7 through the app: 400 reports with invented tokens from 40 threads, while the
+    real agent reports and the scheduler filters; at most 4 reviews run at once."""
+    cluster = SlowApiCluster({"agent-a": TokenIdentity(AGENT, "a", (AUDIENCE,))})
+    settings = Settings()
+    settings.kube.no_kube = False
+    settings.kube.agent_service_accounts = [AGENT]
+    app = create_app(settings, predictor=FormulaPredictor(), cluster=cluster)
+    client = app.test_client()
+    body = report("a", 1, time.time(), [(16000.0, 0.0)])
+    assert client.post("/v1/telemetry", json=body, headers={"Authorization": "Bearer agent-a"}).status_code == 200
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def flood(k: int) -> None:
+        attacker = app.test_client()
+        for i in range(10):
+            status = attacker.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer bogus-{k}-{i}"})
+            with lock:
+                statuses.append(status.status_code)
+
+    threads = [threading.Thread(target=flood, args=(k,)) for k in range(40)]
+    for t in threads:
+        t.start()
+    latencies = []
+    for seq in range(2, 12):
+        started = time.monotonic()
+        out = client.post("/filter", json=extender_args(pod(f"p{seq}", {"deepres.io/gpu-memory": "4Gi"}), names=["a"]))
+        latencies.append(time.monotonic() - started)
+        assert out.get_json()["NodeNames"] == ["a"]
+        agent = client.post("/v1/telemetry", json=report("a", seq, time.time(), [(16000.0, 0.0)]),
+                            headers={"Authorization": "Bearer agent-a"})
+        assert agent.status_code == 200  # its review is cached: never queued behind the flood
+    for t in threads:
+        t.join()
+    assert cluster.reviewer.most_in_flight <= MAX_CONCURRENT_REVIEWS
+    assert set(statuses) <= {401, 503} and len(statuses) == 400
+    assert max(latencies) < 1.0  # generous: the filter never waits for a review
