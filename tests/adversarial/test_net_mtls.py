@@ -92,3 +92,17 @@ def test_the_verbs_answer_only_the_schedulers_certificate(pki: Path, tmp_path: P
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
             call(server, context(pki, "rogue"), "POST", "/bind", {"PodName": "p", "PodNamespace": "default",
                                                                    "PodUID": "u", "Node": "n1"})
+
+
+def test_granian_serves_https_through_the_rsgi_bridge(pki: Path, tmp_path: Path) -> None:
+    """The sidecar with `extender.tls.enabled`: HTTPS under granian, the verbs on loopback only."""
+    args = ["--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key")]
+    with LocalServer(tmp_path, token=TOKEN, env={**DOUBLE, "DEEPRES_ENGINE": "granian"}, args=args,
+                     tls=context(pki, None)) as server:
+        anonymous = context(pki, None)
+        status, _ = call(server, anonymous, "POST", "/v1/telemetry", report("n1", 1, time.time(), [(40960.0, 0.0)]),
+                         token=TOKEN)
+        assert status == 200
+        status, out = call(server, anonymous, "POST", "/filter", extender_args(pod("p", CNN_ANNOTATIONS), names=["n1"]))
+        assert status == 200 and out["NodeNames"] == ["n1"]  # type: ignore[index]
+        assert call(server, anonymous, "GET", "/readyz")[0] == 200
