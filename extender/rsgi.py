@@ -40,9 +40,23 @@ class _TooLarge(Exception):
     pass
 
 
-def _error(status: int, message: str) -> Answer:
+class _Busy(Exception):
+    pass
+
+
+class _Received:
+    """A body's pieces so far and their size (what it holds of the budget)."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+
+def _error(status: int, message: str, extra: tuple[tuple[str, str], ...] = ()) -> Answer:
     body = json.dumps({"error": message}).encode()
-    return status, [*JSON_HEADERS, ("content-length", str(len(body)))], body
+    return status, [*JSON_HEADERS, *extra, ("content-length", str(len(body)))], body
 
 
 def _host_port(address: str, default_port: str) -> tuple[str, str]:
@@ -57,11 +71,18 @@ class RsgiBridge:
     request threads for requests for which `may_block(environ)` is true (by default all)."""
 
     def __init__(self, app: WsgiApp, *, threads: int, body_timeout_s: float, max_body_bytes: int,
-                 may_block: Callable[[dict[str, Any]], bool] = lambda environ: True) -> None:
+                 buffer_budget_bytes: int | None = None,
+                 may_block: Callable[[dict[str, Any]], bool] = lambda environ: True,
+                 body_limit: Callable[[str], int] | None = None,
+                 refusal: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda environ: None) -> None:
         self.app = app
         self.may_block = may_block
+        self.refusal = refusal
         self.body_timeout_s = body_timeout_s
         self.max_body_bytes = max_body_bytes
+        self.body_limit = body_limit or (lambda path: max_body_bytes)
+        self.buffer_budget_bytes = buffer_budget_bytes or 16 * max_body_bytes
+        self.buffered = 0  # bytes of bodies received and not yet answered (touched on the loop only)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deepres-request")
         self.base_environ: dict[str, Any] = {
             "SCRIPT_NAME": "", "SERVER_SOFTWARE": "granian (RSGI bridge)", "wsgi.errors": sys.stderr,
@@ -82,41 +103,53 @@ class RsgiBridge:
         protocol.response_bytes(status, headers, body)
 
     async def _answer(self, scope: Any, protocol: Any) -> Answer:
+        environ = self._environ(scope)
+        refused = self.refusal(environ)  # e.g. a verb caller the access rule does not admit: before any body
+        if refused is not None:
+            return _error(*refused)
+        limit = self.body_limit(scope.path)
         declared = scope.headers.get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():
                 return _error(400, f"Content-Length {declared[:40]!r} is not a number")
-            if int(declared) > self.max_body_bytes:
-                return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+            if int(declared) > limit:
+                return _error(413, f"request body larger than {limit} bytes")
+        received = _Received()
         try:
             async with asyncio.timeout(self.body_timeout_s):  # a timer, not a task per request as wait_for makes
-                body = await self._read(protocol, declared is not None)
+                await self._read(protocol, received, limit)
+            body = b"".join(received.parts)
+            received.parts.clear()
+            environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+            if not self.may_block(environ):
+                return self._call(environ)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self._call, environ)
         except TimeoutError:
             return _error(408, f"request body not received within {self.body_timeout_s:g} s")
         except _TooLarge:
-            return _error(413, f"request body larger than {self.max_body_bytes} bytes")
+            return _error(413, f"request body larger than {limit} bytes")
+        except _Busy:
+            return _error(503, "too many request bodies being received; retry", (("retry-after", "1"),))
         except Exception as err:  # the client went away mid-body, or sent a broken chunked body
             log.debug("request body unreadable: %s", err)
             return _error(400, "request body could not be read")
-        environ = self._environ(scope, body)
-        if not self.may_block(environ):
-            return self._call(environ)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._call, environ)
+        finally:
+            self.buffered -= received.size
 
-    async def _read(self, protocol: Any, declared: bool) -> bytes:
-        if declared:  # hyper stops at the declared length, already checked against the limit
-            data: bytes = await protocol()
-            return data
-        parts: list[bytes] = []
-        size = 0
+    async def _read(self, protocol: Any, received: _Received, limit: int) -> None:
+        """The body into `parts` as it arrives, each piece counted against the budget of bytes held
+        for all requests at once (received, not merely declared: a client that only promises a large
+        body takes nothing from the others)."""
         async for chunk in protocol:
-            size += len(chunk)
-            if size > self.max_body_bytes:
+            if received.size + len(chunk) > limit:
                 raise _TooLarge
-            parts.append(chunk)
-        return b"".join(parts)
+            if self.buffered + len(chunk) > self.buffer_budget_bytes:
+                raise _Busy
+            self.buffered += len(chunk)
+            received.size += len(chunk)
+            received.parts.append(chunk)
 
-    def _environ(self, scope: Any, body: bytes) -> dict[str, Any]:
+    def _environ(self, scope: Any) -> dict[str, Any]:
         server_host, server_port = _host_port(scope.server, "80")
         client_host, client_port = _host_port(scope.client, "0")
         environ = dict(self.base_environ)
@@ -124,7 +157,7 @@ class RsgiBridge:
             "REQUEST_METHOD": scope.method, "PATH_INFO": scope.path, "QUERY_STRING": scope.query_string,
             "SERVER_NAME": server_host, "SERVER_PORT": server_port, "REMOTE_ADDR": client_host,
             "REMOTE_PORT": client_port, "SERVER_PROTOCOL": f"HTTP/{scope.http_version}",
-            "wsgi.url_scheme": scope.scheme, "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
+            "wsgi.url_scheme": scope.scheme,
         })
         for name, value in scope.headers.items():
             key = name.upper().replace("-", "_")

@@ -138,9 +138,12 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
 
     routes = app.wsgi_app
     s = settings.server
+    if not isinstance(routes, VerbRoutes):  # pragma: no cover - create_app always installs them
+        raise TypeError("create_app did not install the verb routes")
     return RsgiBridge(app, threads=s.threads, body_timeout_s=s.body_timeout_s,
                       max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes),
-                      may_block=routes.may_block if isinstance(routes, VerbRoutes) else lambda environ: True)
+                      buffer_budget_bytes=s.body_buffer_bytes, may_block=routes.may_block,
+                      body_limit=routes.body_limit, refusal=routes.refusal)
 
 
 #: How often a worker checks that the process that started it is still there (die_with_parent).

@@ -50,6 +50,9 @@ class ServerSettings:
     httpTimeout is 5 s by default."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
+    body_buffer_bytes: int = 256 * 1024 * 1024
+    """Bytes of request bodies held at once, received and not yet answered (granian; 503 above): with
+    `max_body_bytes` per request this bounds the memory that many concurrent senders can take."""
     body_timeout_s: float = 10.0
     """Time a client has to send a request's body once its headers are in (408 after): a client that
     stalls mid-body must not hold the server. kube-scheduler sends its body at once."""
@@ -170,6 +173,9 @@ class Settings:
             p.append(f"server.engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
         _positive(p, "server.timeout_s", s.timeout_s)
         _positive(p, "server.body_timeout_s", s.body_timeout_s)
+        if s.body_buffer_bytes < s.max_body_bytes:
+            p.append(f"server.body_buffer_bytes must be >= server.max_body_bytes ({s.max_body_bytes}), "
+                     f"got {s.body_buffer_bytes}")
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
         if s.verbs_access not in VERBS_ACCESS:
             p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")

@@ -197,6 +197,20 @@ class VerbRoutes:
         self._telemetry_latency = metrics.latency.labels("telemetry")
         self._reports = {outcome: metrics.telemetry_reports.labels(outcome) for outcome in ("unauthorized", "invalid")}
 
+    def refusal(self, environ: dict[str, Any]) -> tuple[int, str] | None:
+        """(status, why) when this request is refused whatever its body (the RSGI bridge asks before
+        reading it): a verb from a caller that `server.verbs_access` does not admit."""
+        if environ.get("PATH_INFO", "") in VERBS and environ.get("REQUEST_METHOD") == "POST":
+            refused = verb_caller_refused(environ, self.verbs_access)
+            if refused:
+                log.warning("refused POST %s: %s", environ.get("PATH_INFO"), refused)
+                return 403, refused
+        return None
+
+    def body_limit(self, path: str) -> int:
+        """Largest body this path takes (413 above)."""
+        return self.telemetry_max if path == "/v1/telemetry" else self.max_body
+
     def may_block(self, environ: dict[str, Any]) -> bool:
         """Whether answering this request may wait on the network (see BLOCKING_PATHS); telemetry
         does when its token is not in the review cache."""

@@ -162,3 +162,31 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_granian_bounds_the_bytes_of_bodies_it_holds(tmp_path: Path) -> None:
+    """Many senders of large bodies take at most `body_buffer_bytes` between them (503 beyond), a
+    caller the verbs refuse is answered before it sends anything, and small requests go on."""
+    env = {**DOUBLE, "DEEPRES_ENGINE": "granian", "DEEPRES_BODY_TIMEOUT_S": "4",
+           "DEEPRES_MAX_BODY_BYTES": str(1 << 20), "DEEPRES_BODY_BUFFER_BYTES": str(2 << 20)}
+    with LocalServer(tmp_path, token=TOKEN, env=env, bind_host="0.0.0.0") as server:
+        assert post(server.url + "/v1/telemetry", report("n1", 1, time.time(), [(40960.0, 0.0)]), token=TOKEN)[0] == 200
+        senders = []
+        for sent in (1_000_000, 1_000_000, 200_000):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1048000\r\n\r\n" + b" " * sent)
+            senders.append(sock)
+            time.sleep(0.3)
+        try:
+            assert first_line(senders[2], 5.0).startswith(b"HTTP/1.1 503")
+            assert filter_n1(server.url)[0] == 200  # a few hundred bytes still fit
+            refused = stalled_body(network_address(), server.port, "/filter")
+            started = time.monotonic()
+            assert first_line(refused, 5.0).startswith(b"HTTP/1.1 403")
+            assert time.monotonic() - started < 2.0  # not after the body timeout: nothing was read
+            refused.close()
+            assert first_line(senders[0], 10.0).startswith(b"HTTP/1.1 408")
+        finally:
+            for sock in senders:
+                sock.close()
