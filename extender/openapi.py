@@ -96,6 +96,8 @@ def _verb(summary: str, args: str, result: str) -> dict[str, Any]:
                     "content": _json("Error")},
             "408": {"description": "Body not received within server.body_timeout_s.", "content": _json("Error")},
             "413": {"description": "Body too large.", "content": _json("Error")},
+            "503": {"description": "Too many request bodies held at once (server.body_buffer_bytes): retry.",
+                    "content": _json("Error")},
         },
     }}
 
