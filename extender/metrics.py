@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.ledger import Ledger as ClusterState
 from extender.policy.columnar import FragmentationMemo
-from extender.state import ClusterState
 
 VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict")
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

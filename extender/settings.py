@@ -77,6 +77,10 @@ class PolicySettings:
     """Job size (GPU-seconds) that earns no size points in the priority."""
     peak_store_size: int = 10_000
     """Job signatures whose observed peaks are remembered (least recently used forgotten first)."""
+    correction_min_pods: int = 3
+    """Observed peaks of a job signature correct its admission once this many pods ran..."""
+    correction_min_nodes: int = 2
+    """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
     default_criticality_ceiling: str = "high"
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
@@ -91,6 +95,8 @@ class PolicySettings:
             usage_margin=self.usage_margin,
             min_reservation_mib=self.min_reservation_mib,
             size_scale_gpu_s=self.size_scale_gpu_s,
+            correction_min_pods=self.correction_min_pods,
+            correction_min_nodes=self.correction_min_nodes,
         )
 
     def ceiling(self, namespace: str) -> int:
@@ -117,6 +123,17 @@ class KubeSettings:
     the preempt verb unless the pods also conflict on resources it models."""
     preemption_grace_s: float = 120.0
     """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
+    api_timeout_s: float = 10.0
+    """Client timeout of every Kubernetes API call (a watch: this long beyond its own resync)."""
+    telemetry_quorum: float = 0.5
+    """After a restart the verbs wait until this share of the nodes holding reservations reported..."""
+    telemetry_grace_s: float = 30.0
+    """...or this long after the first pod list, whichever comes first."""
+    state_file: str = ""
+    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them)."""
+    local_expiry_s: float = 3600.0
+    """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
+    mentioned this long is released (there are no pod deletions to say so)."""
 
 
 @dataclass
@@ -188,6 +205,14 @@ class Settings:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)
         _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
+        _positive(p, "kube.api_timeout_s", k.api_timeout_s)
+        _positive(p, "kube.local_expiry_s", k.local_expiry_s)
+        if not 0.0 <= k.telemetry_quorum <= 1.0:
+            p.append(f"kube.telemetry_quorum must be in [0, 1], got {k.telemetry_quorum}")
+        if k.telemetry_grace_s < 0:
+            p.append(f"kube.telemetry_grace_s must be >= 0, got {k.telemetry_grace_s}")
+        _positive(p, "policy.correction_min_pods", pol.correction_min_pods)
+        _positive(p, "policy.correction_min_nodes", pol.correction_min_nodes)
         if k.token_cache_s < 0:
             p.append(f"kube.token_cache_s must be >= 0, got {k.token_cache_s}")
         if t.telemetry_token_file and not Path(t.telemetry_token_file).is_file():

@@ -168,7 +168,7 @@ def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> No
 
 
 def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
-    client, _, clock = make(usage_warmup_s=60.0)
+    client, _, clock = make(usage_warmup_s=60.0, correction_min_pods=1, correction_min_nodes=1)
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     p1 = pod("p1", CNN_ANNOTATIONS)
     client.post("/filter", json=extender_args(p1, names=["a"]))
@@ -178,7 +178,7 @@ def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
     clock.now += 120
     send_report(client, "a", 2, [(NEED * 1.5, 400.0)], clock, pods=usage)
     state = extender_of(client.application).state
-    assert state.reserved_mib("a-gpu0") == pytest.approx(440.0)
+    assert state.reserved_mib("a", "a-gpu0") == pytest.approx(440.0)
     p2 = pod("p2", CNN_ANNOTATIONS)  # same signature: admitted with the observed peak, not the prediction
     out = client.post("/filter", json=extender_args(p2, names=["a"])).get_json()
     assert out["NodeNames"] == ["a"]
@@ -311,11 +311,12 @@ def test_extender_evicts_strictly_lower_priority_itself() -> None:
         assert client.post("/bind", json=binding_args(p, n)).get_json() == {"Error": ""}
     equal = pod("equal", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
     client.post("/filter", json=extender_args(equal, names=["b"]))
-    assert cluster.evictions == []  # the same priority is never a victim
+    worker = extender_of(client.application).worker
+    assert worker.drain() and cluster.evictions == []  # the same priority is never a victim
     high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
     out = client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()
     assert out["NodeNames"] == [] and set(out["FailedNodes"]) == {"a", "b"}
-    assert cluster.evictions == ["default/low"]  # the lower of the two, not the peer
+    assert worker.drain() and cluster.evictions == ["default/low"]  # the lower of the two, not the peer
     assert [e[2] for e in cluster.events if e[1] == "Preempting"] == [
         f"evicting default/low (lower priority) on a to make room for {NEED / 1024:.1f} GiB per GPU"]
     assert [e[0] for e in cluster.events if e[1] == "Preempted"] == ["default/low"]
@@ -336,11 +337,12 @@ def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
                           "deepres.io/gpu-memory": f"{int(NEED * 1.5)}Mi"})
         client.post("/filter", json=extender_args(big, names=["a"]))
         client.post("/filter", json=extender_args(big, names=["a"]))  # within the grace: no second round
-        assert len(cluster.evictions) == (1 if enabled else 0)
+        worker = extender_of(client.application).worker
+        assert worker.drain() and len(cluster.evictions) == (1 if enabled else 0)
         if enabled:
             clock.now += 121
             client.post("/filter", json=extender_args(big, names=["a"]))
-            assert len(cluster.evictions) == 1  # it fits now: nothing more to evict
+            assert worker.drain() and len(cluster.evictions) == 1  # it fits now: nothing more to evict
 
 
 #: A low-priority (packing) pod: criticality low, no deadline.
