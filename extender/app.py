@@ -723,7 +723,7 @@ class Extender:
         outcome = self.ledger.apply_report(report, mono)
         if outcome == UNKNOWN_NODE:
             self.metrics.telemetry_reports.labels("unknown_node").inc()
-            return 404, {"error": f"node {report.node} is not a node of the cluster"}
+            return 400, {"error": f"node {report.node} is not a node of the cluster"}
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
