@@ -19,7 +19,7 @@ from typing import Any
 from extender.kube import InMemoryCluster, TokenIdentity
 from tests.adversarial.ledger_support import GIB, cluster_mode, gpu, overcommitted, report
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod
-from tests.fixtures.kube.server import TOKEN, post, running_server
+from tests.fixtures.kube.server import TOKEN, get, post, running_server
 
 ROUNDS = 20
 GPU_MIB = 16_384.0
@@ -109,6 +109,7 @@ def test_an_agent_cannot_claim_another_nodes_gpu(tmp_path: Path) -> None:
                                                                        {"deepres.io/gpu-memory": "12Gi"})
             over.append(overcommitted(bound_on_a, GPU_MIB))
         assert over == [0.0] * ROUNDS
+        assert f"deepres_extender_telemetry_gpus_refused_total {float(ROUNDS)}" in get(url + "/metrics")[1]
 
 
 def test_foreign_memory_is_not_free(tmp_path: Path) -> None:
