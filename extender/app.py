@@ -371,8 +371,7 @@ class Extender:
         if not_ready:
             return filter_error(not_ready, args)
         now, mono = self.clock(), self.mono()
-        if self.local:
-            self.cluster.learn_pod(args.raw_pod)
+        self.cluster.learn_pod(args.raw_pod)  # local mode only: the first request naming a pod defines it
         try:
             plan = self.plan(args.pod, now)
         except AnnotationError as err:
@@ -879,10 +878,11 @@ def create_app(
         from extender.settings import SettingsError
 
         raise SettingsError(problems)
-    if cluster is None:
-        cluster = InMemoryCluster(state_file=settings.kube.state_file) if settings.kube.no_kube else KubeCluster(
-            settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
-            api_timeout_s=settings.kube.api_timeout_s)
+    if cluster is None and settings.kube.no_kube:
+        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods)
+    elif cluster is None:
+        cluster = KubeCluster(settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
+                              api_timeout_s=settings.kube.api_timeout_s)
     ext = Extender(settings, predictor, cluster, clock, monotonic)
     log.info("deepres extender settings: %s", describe(settings))
     ext.start()

@@ -131,11 +131,12 @@ class InMemoryCluster:
     """
 
     def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None, *, learn_pods: bool = True,
-                 state_file: str = "") -> None:
+                 state_file: str = "", learned_max: int = LEARNED_MAX) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.learn_pods = learn_pods
+        self.learned_max = learned_max
         self.state_file = state_file
-        self._learned: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        self._learned: OrderedDict[tuple[str, str], Mapping[str, Any]] = OrderedDict()
         self.node_annotations: dict[str, dict[str, str]] = {}
         self.events: list[tuple[str, str, str, bool]] = []  # (namespace/name, reason, message, warning)
         self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
@@ -194,7 +195,7 @@ class InMemoryCluster:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             pod = self.pods.get((namespace, name)) or self._learned.get((namespace, name))
-            return copy.deepcopy(pod) if pod is not None else None
+            return copy.deepcopy(dict(pod)) if pod is not None else None
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_pod(namespace, name)
@@ -206,8 +207,8 @@ class InMemoryCluster:
         with self._lock:
             if key in self.pods or key in self._learned:
                 return
-            self._learned[key] = copy.deepcopy(dict(pod))
-            while len(self._learned) > LEARNED_MAX:
+            self._learned[key] = pod  # copied when it is first changed (_stored): a filter costs no copy
+            while len(self._learned) > self.learned_max:
                 self._learned.popitem(last=False)
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
@@ -219,11 +220,10 @@ class InMemoryCluster:
         key = pod_meta(pod)[:2]
         stored = self.pods.get(key)
         if stored is None:
-            stored = self._learned.pop(key, None)
-            if stored is None:
-                if not self.learn_pods:
-                    raise ClusterError(f"pod {key[0]}/{key[1]} not found")
-                stored = copy.deepcopy(dict(pod))
+            learned = self._learned.pop(key, None)
+            if learned is None and not self.learn_pods:
+                raise ClusterError(f"pod {key[0]}/{key[1]} not found")
+            stored = copy.deepcopy(dict(learned if learned is not None else pod))
             self.pods[key] = stored
         return stored
 

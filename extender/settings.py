@@ -158,8 +158,8 @@ class Settings:
     """`module:callable` returning a DemandPredictor to use instead of the shipped one (another model,
     or a stand-in for tests); empty: `predictor.runtime.Predictor.load(predictor_path)`."""
     recent_pods: int = 5_000
-    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped; bind
-    follows filter within seconds, and in a cluster a miss falls back to reading the pod)."""
+    """Local mode: pods learned from requests and not bound yet, at most this many (least recent
+    dropped). In a cluster bind reads the pod from the API server and keeps nothing."""
 
     def validate(self) -> list[str]:
         """Every problem, with its path; empty when the settings can be used."""
