@@ -369,6 +369,7 @@ class Extender:
             return filter_error(f"bad ExtenderArgs: {err}")
         not_ready = self._not_ready()
         if not_ready:
+            self._telemetry_wanted_s = self.mono()  # telemetry arriving next nudges its node (a retry)
             return filter_error(not_ready, args)
         now, mono = self.clock(), self.mono()
         self.cluster.learn_pod(args.raw_pod)  # local mode only: the first request naming a pod defines it
@@ -544,6 +545,7 @@ class Extender:
             self.metrics.binds.labels("failed").inc()
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
+        self.ledger.mark_bound(pod_meta(raw)[2], node)
         log.info("bound pod=%s node=%s (not a GPU job)", key, node)
         return binding_result("")
 
@@ -566,6 +568,8 @@ class Extender:
             args = parse_preemption_args(body)
         except ProtocolError as err:
             log.info("preempt: bad ExtenderPreemptionArgs: %s", err)
+            return preemption_result({}, {})
+        if self._not_ready():  # the ledger may not hold the victims' reservations yet
             return preemption_result({}, {})
         now, mono = self.clock(), self.mono()
         try:

@@ -421,3 +421,31 @@ def test_prioritize_reuses_its_filters_plan_only_for_the_same_pod_within_a_secon
     scores = client.post("/prioritize", json=extender_args(changed, ["a"])).get_json()
     assert predictor.calls == 4 and scores[0]["Host"] == "a"  # the pod changed: planned again
     assert type(scores[0]["Score"]) is int and 0 <= scores[0]["Score"] <= 10  # a JSON integer, as Go's int64 wants
+
+
+def test_a_retried_bind_of_a_plain_pod_succeeds_and_binds_once() -> None:
+    client, cluster, _ = make()
+    plain = pod("plain")  # no deepres annotations: not a GPU job
+    client.post("/filter", json=extender_args(plain, names=["a"]))
+    for _ in range(2):
+        assert client.post("/bind", json=binding_args(plain, "a")).get_json() == {"Error": ""}
+    assert cluster.pods[("default", "plain")]["spec"]["nodeName"] == "a"
+    out = client.post("/bind", json=binding_args(plain, "b")).get_json()
+    assert out["Error"] == "cannot bind default/plain to b: already bound to a"
+
+
+def test_preempt_answers_nothing_before_the_rebuild() -> None:
+    class Unsynced(InMemoryCluster):
+        def start(self, handlers: Any) -> None:
+            self._handlers = handlers  # the first pod list never comes
+
+        def synced(self) -> bool:
+            return False
+
+    client, _, _ = make(cluster=Unsynced())
+    victim = pod("old", CNN_ANNOTATIONS, node_name="a")
+    body = preemption_args(pod("p", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"}), {"a": [victim]})
+    assert client.post("/preempt", json=body).get_json() == {"NodeNameToMetaVictims": {}}
+    out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"])).get_json()
+    assert out["Error"] == "extender not ready: waiting for first cluster sync" and out["NodeNames"] == []
+    assert client.get("/readyz").status_code == 503
