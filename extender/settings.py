@@ -9,6 +9,7 @@ nested (`policy: {telemetry_ttl_s: 30}`) or flat (`telemetry_ttl_s: 30`), and in
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -207,10 +208,8 @@ class Settings:
         _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
         _positive(p, "kube.api_timeout_s", k.api_timeout_s)
         _positive(p, "kube.local_expiry_s", k.local_expiry_s)
-        if not 0.0 <= k.telemetry_quorum <= 1.0:
-            p.append(f"kube.telemetry_quorum must be in [0, 1], got {k.telemetry_quorum}")
-        if k.telemetry_grace_s < 0:
-            p.append(f"kube.telemetry_grace_s must be >= 0, got {k.telemetry_grace_s}")
+        _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)
+        _within(p, "kube.telemetry_grace_s", k.telemetry_grace_s, 0.0, math.inf)
         _positive(p, "policy.correction_min_pods", pol.correction_min_pods)
         _positive(p, "policy.correction_min_nodes", pol.correction_min_nodes)
         if k.token_cache_s < 0:
@@ -376,6 +375,12 @@ def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
     if isinstance(hint, types.UnionType):  # pragma: no cover - no optional leaves today
         raise TypeError(f"unsupported setting type {hint}")
     raise TypeError(f"unsupported setting type {hint}")
+
+
+def _within(problems: list[str], path: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+        problems.append(f"{path} must be {bounds}, got {value}")
 
 
 def _positive(problems: list[str], path: str, value: float) -> None:

@@ -8,14 +8,13 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from extender.kube import ClusterError, ClusterHandlers, KubeCluster
+from tests.fixtures.kube.loopback import Loopback, send_json
 
 
 def pod(uid: str, name: str) -> dict[str, Any]:
@@ -63,39 +62,31 @@ class ApiStub:
                     self._send((json.dumps({"type": "MODIFIED", "object": pod("u1", "a")}) + "\n").encode())
 
             def _send(self, body: bytes) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.loopback = Loopback(Handler)
 
     def cluster(self, api_timeout_s: float, resync_s: float) -> KubeCluster:
-        config = client.Configuration()
-        config.host = f"http://127.0.0.1:{self.server.server_address[1]}"
-        return KubeCluster("deepres-scheduler", resync_s, 60, api_client=client.ApiClient(config),
+        return KubeCluster("deepres-scheduler", resync_s, 60, api_client=self.loopback.api_client(),
                            api_timeout_s=api_timeout_s)
 
-    def close(self) -> None:
-        self.hang.set()
-        self.server.shutdown()
-        self.server.server_close()
+    def __enter__(self) -> ApiStub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.hang.set()  # let the held requests go, then stop serving
+        self.loopback.close()
 
 
-@pytest.fixture()
-def stub() -> Iterator[ApiStub]:
-    server = ApiStub()
-    yield server
-    server.close()
+def test_gone_relists_at_once_and_a_silent_watch_is_cut_and_relisted() -> None:
+    with ApiStub() as stub:
+        relists(stub)
 
 
-def test_gone_relists_at_once_and_a_silent_watch_is_cut_and_relisted(stub: ApiStub) -> None:
+def relists(stub: ApiStub) -> None:
     kube = stub.cluster(api_timeout_s=0.5, resync_s=1.0)
     listed: list[int] = []
     changed: list[bool] = []
@@ -114,9 +105,10 @@ def test_gone_relists_at_once_and_a_silent_watch_is_cut_and_relisted(stub: ApiSt
     assert time.monotonic() - started < 10
 
 
-def test_a_pod_read_against_a_stuck_api_server_times_out_as_a_cluster_error(stub: ApiStub) -> None:
-    kube = stub.cluster(api_timeout_s=0.5, resync_s=1.0)
-    started = time.monotonic()
-    with pytest.raises(ClusterError, match="read pod ml/a"):
-        kube.read_pod("ml", "a")
-    assert time.monotonic() - started < 5
+def test_a_pod_read_against_a_stuck_api_server_times_out_as_a_cluster_error() -> None:
+    with ApiStub() as stub:
+        kube = stub.cluster(api_timeout_s=0.5, resync_s=1.0)
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="read pod ml/a"):
+            kube.read_pod("ml", "a")
+        assert time.monotonic() - started < 5
