@@ -36,7 +36,7 @@ from extender.kube import (
     KubeCluster,
     pod_meta,
 )
-from extender.ledger import ACCEPTED, UNKNOWN_NODE, Ledger
+from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
 from extender.metrics import ExtenderMetrics
 from extender.openapi import openapi_document
 from extender.policy import (
@@ -675,9 +675,11 @@ class Extender:
             self._expire_local(mono)
         before = self.ledger.telemetry(report.node)
         outcome = self.ledger.apply_report(report, mono)
-        if outcome == UNKNOWN_NODE:
+        if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
             self.metrics.telemetry_reports.labels("unknown_node").inc()
-            return 400, {"error": f"node {report.node} is not a node of the cluster"}
+            why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
+                f"would be one more than the {NODES_MAX} nodes with telemetry"
+            return 400, {"error": f"node {report.node} {why}"}
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):

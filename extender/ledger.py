@@ -35,10 +35,13 @@ log = logging.getLogger(__name__)
 ACCEPTED = "accepted"
 OLD_SEQUENCE = "old sequence"
 UNKNOWN_NODE = "unknown node"
+TOO_MANY_NODES = "too many nodes"
 #: Boot ids remembered per node: a replayed report of an earlier boot is not a new boot.
 BOOTS_PER_NODE = 8
 #: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
 BOUND_MAX = 100_000
+#: Nodes with telemetry at most (local mode has no node list: invented nodes must not grow memory).
+NODES_MAX = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,9 @@ class Ledger:
                 self.reports_unknown_node += 1
                 return UNKNOWN_NODE
             last = self._telemetry.get(report.node)
+            if last is None and len(self._telemetry) >= NODES_MAX:
+                self.reports_unknown_node += 1
+                return TOO_MANY_NODES
             boots = self._boots.setdefault(report.node, OrderedDict())
             if last is not None and not self._newer(report, last, boots, now_s):
                 self.reports_ignored += 1
@@ -298,6 +304,7 @@ class Ledger:
     # ---- internals (lock held) ----
     def _forget(self, name: str) -> None:
         self._telemetry.pop(name, None)
+        self._boots.pop(name, None)
         for uuid in [u for u, n in self._owner.items() if n == name and (name, u) not in self._reserved_mib]:
             del self._owner[uuid]
         self._rebuild(name)

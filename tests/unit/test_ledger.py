@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.ledger import ACCEPTED, OLD_SEQUENCE, UNKNOWN_NODE, Reserved
+from extender import ledger as ledger_module
+from extender.ledger import ACCEPTED, OLD_SEQUENCE, TOO_MANY_NODES, UNKNOWN_NODE, Reserved
 from extender.ledger import Ledger as ClusterState
 from extender.policy import PodRequest, PolicyParams, PriorityInputs, Reservation
 from extender.telemetry import GpuReport, NodeReport, PodUsage, ProcessReport
@@ -72,6 +74,15 @@ def test_reports_of_nodes_outside_the_cluster_are_refused_once_the_node_list_is_
     assert state.apply_report(report("phantom", seq=2), NOW) == UNKNOWN_NODE
     state.node_added("phantom")
     assert state.apply_report(report("phantom", seq=3), NOW) == ACCEPTED
+
+
+def test_invented_nodes_cannot_grow_the_ledger_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_module, "NODES_MAX", 3)
+    state = ClusterState(P)
+    assert [state.apply_report(report(f"n{i}"), NOW) for i in range(4)] == [ACCEPTED] * 3 + [TOO_MANY_NODES]
+    assert state.apply_report(report("n0", seq=2), NOW) == ACCEPTED  # known nodes keep reporting
+    assert state.expire_nodes(NOW + 100, 50) == ["n0", "n1", "n2"]
+    assert state.apply_report(report("n3"), NOW + 100) == ACCEPTED
 
 
 def test_a_gpu_uuid_belongs_to_its_node() -> None:
