@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from extender.policy.priority import priority_of
 from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation
+from extender.policy.usage import occupied_mib
 
 
 def plan_victims(
@@ -60,7 +61,7 @@ def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation]) -> bo
     fitting = 0
     for g in node.healthy:
         gain = freed.get(g.uuid, 0.0)
-        occupied = max(g.used_mib - gain, g.reserved_mib - gain, 0.0)
+        occupied = occupied_mib(g.used_mib - gain, g.reserved_mib - gain, g.foreign_mib)
         if g.capacity_mib - occupied >= pod.admission_mib:
             fitting += 1
     return fitting >= max(pod.gpus, 1)

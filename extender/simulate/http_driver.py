@@ -83,7 +83,7 @@ def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
            # pods: compare the shared filter / score / GPU-choice functions with the best-fit packing rule
            # (the fragmentation-aware rule is checked against the same functions in the unit tests)
            "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false"}
-    with LocalServer(workdir, token=token, env=env, probe="/healthz", log_level="info") as server:
+    with LocalServer(workdir, token=token, env=env, log_level="info") as server:  # ready: the verbs wait for it
         yield server.url, server.log_path
 
 

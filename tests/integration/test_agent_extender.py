@@ -61,7 +61,8 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 @pytest.fixture(scope="module")
 def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     workdir = tmp_path_factory.mktemp("extender")
-    with LocalServer(workdir, token="shared-agent-token", args=["--threads", "2"], probe="/healthz") as server:
+    # ready: predictor loaded and first sync applied (the verbs answer "not ready" before)
+    with LocalServer(workdir, token="shared-agent-token", args=["--threads", "2"]) as server:
         token = workdir / "agent-token"
         token.write_text("shared-agent-token\n")
         yield server.url, token
