@@ -14,7 +14,7 @@ thread. Computation is serialised by the GIL either way, and the hand-off to a t
 cost more than a small verb itself; worse, the loop then waited for the GIL behind busy request
 threads. Measured with `scripts/bench-extender-ab.py` against granian's WSGI interface (3 rounds of
 4 s, a shared 2-core VM, noisy): every request in a thread gave 0.51-0.83x the pods/s with 500
-names and 0.59-0.66x under telemetry; as here, 0.79-0.88x with names, 1.07-1.22x with full Node
+names and 0.59-0.66x under telemetry; as here, 0.76-0.88x with names, 1.07-1.22x with full Node
 objects and 0.69-0.79x under telemetry. The protection against stalled bodies costs that much.
 """
 
