@@ -28,7 +28,7 @@ from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.scoring import choose_gpus
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, follow_usage, observed_peak
-from extender.telemetry import NodeReport
+from extender.telemetry import GpuReport, NodeReport
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,13 @@ class Ledger:
     def _own_gpus(self, report: NodeReport) -> NodeReport:
         """The report without the GPUs another node owns (logged and counted); claims the others."""
         kept = []
+        node = report.node
         for gpu in report.gpus:
             owner = self._owner.get(gpu.uuid)
-            if owner is not None and owner != report.node and self._still_owns(owner, gpu.uuid):
+            if owner == node:  # the usual case: the same GPUs as last time
+                kept.append(gpu)
+                continue
+            if owner is not None and self._still_owns(owner, gpu.uuid):
                 self.gpus_refused += 1
                 log.warning("node=%s reported GPU %s of node %s: GPU ignored", report.node, gpu.uuid, owner)
                 continue
@@ -326,6 +330,8 @@ class Ledger:
                 self._reserved_mib[key] = total
 
     def _follow_usage(self, report: NodeReport, now_s: float) -> None:
+        if not report.pods:
+            return
         capacity = {g.uuid: g.memory_total_mib for g in report.gpus}
         for usage in report.pods:
             res = self._reservations.get(usage.pod_uid)
@@ -346,13 +352,13 @@ class Ledger:
             if res.signature and now_s - res.bound_s >= self.params.usage_warmup_s:
                 self._peaks.record(res.signature, per_gpu, res.pod_uid, report.node)
 
-    def _foreign_mib(self, node: str, gpu_uuid: str, processes: Iterable[tuple[str, float]]) -> float:
+    def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
         total = 0.0
-        for pod_uid, used in processes:
-            res = self._reservations.get(pod_uid) if pod_uid else None
-            if res is None or res.node != node or gpu_uuid not in res.gpu_uuids:
-                total += used
+        for process in gpu.processes:
+            res = self._reservations.get(process.pod_uid) if process.pod_uid else None
+            if res is None or res.node != node or gpu.uuid not in res.gpu_uuids:
+                total += process.used_memory_mib
         return total
 
     def _rebuild(self, node: str) -> None:
@@ -372,8 +378,7 @@ class Ledger:
                     reserved_mib=self._reserved_mib.get((node, g.uuid), 0.0),
                     utilization=g.utilization_gpu,
                     healthy=g.healthy,
-                    foreign_mib=self._foreign_mib(node, g.uuid, ((p.pod_uid, p.used_memory_mib)
-                                                                 for p in g.processes)),
+                    foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
                 )
                 for g in telemetry.report.gpus
             ),
