@@ -1,7 +1,9 @@
 """The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
 
-`Extender` holds the process's single cluster state and turns a decoded request into policy calls
-(annotations -> PodRequest -> filter/score/choose/preempt); the HTTP layers only move bytes and
+`Extender` is the glue between a decoded request, the policy calls (annotations -> PodRequest ->
+filter/score/choose/preempt), the one ledger of learned state (`extender.ledger`), the API server
+(`extender.kube`, the only truth about pods: bind and eviction read them there) and the background
+worker that evicts and nudges off the request path (`extender.worker`); the HTTP layers only move bytes and
 JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
 Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs
 answer HTTP 200 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a
