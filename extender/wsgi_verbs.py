@@ -171,6 +171,8 @@ VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
 #: matters): /bind (pod, annotations, Binding), /preempt, /v1/predict. The filter's rare API calls (an
 #: Event for a bad annotation, its own evictions) are short and bounded by the client's timeouts.
 BLOCKING_PATHS = frozenset({"/bind", "/preempt", "/v1/predict"})
+#: Seconds between two log lines about refused verb callers.
+REFUSAL_LOG_S = 1.0
 #: On a refusal before the body is read: close rather than drain what the client may still send.
 CLOSE = (("Connection", "close"),)
 
@@ -186,6 +188,7 @@ class VerbRoutes:
         self.telemetry_max = ext.settings.telemetry.telemetry_max_bytes
         self.body_timeout_s = ext.settings.server.body_timeout_s
         self.verbs_access = ext.settings.server.verbs_access
+        self._refused, self._refusal_logged_s = 0, -REFUSAL_LOG_S
         self.routes: dict[str, Callable[[dict[str, Any], StartResponse], list[bytes]]] = {
             "/filter": self._verb("filter", ext.filter, filter_error, decode_candidates),
             "/prioritize": self._verb("prioritize", ext.prioritize, lambda message: [], decode_candidates),
@@ -203,9 +206,18 @@ class VerbRoutes:
         if environ.get("PATH_INFO", "") in VERBS and environ.get("REQUEST_METHOD") == "POST":
             refused = verb_caller_refused(environ, self.verbs_access)
             if refused:
-                log.warning("refused POST %s: %s", environ.get("PATH_INFO"), refused)
+                self._log_refusal(str(environ.get("PATH_INFO")), refused)
                 return 403, refused
         return None
+
+    def _log_refusal(self, path: str, why: str) -> None:
+        """A refused verb caller is worth a warning, but a flood of them must not flood the log: at
+        most one line per REFUSAL_LOG_S, with the count since the last."""
+        now = time.monotonic()
+        self._refused += 1
+        if now - self._refusal_logged_s >= REFUSAL_LOG_S:
+            log.warning("refused POST %s: %s (%d refusals since the last line)", path, why, self._refused)
+            self._refused, self._refusal_logged_s = 0, now
 
     def body_limit(self, path: str) -> int:
         """Largest body this path takes (413 above)."""
@@ -232,7 +244,7 @@ class VerbRoutes:
         if path in VERBS:
             refused = verb_caller_refused(environ, self.verbs_access)
             if refused:
-                log.warning("refused POST %s: %s", path, refused)
+                self._log_refusal(path, refused)
                 return refuse(environ, start_response, STATUS[403], encode_json({"error": refused}))
         return route(environ, start_response)
 
