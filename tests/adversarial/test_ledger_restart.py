@@ -80,7 +80,7 @@ def test_binds_during_the_restart_rebuild_never_overcommit() -> None:
 
 
 def test_readyz_waits_for_the_first_sync_and_a_telemetry_quorum() -> None:
-    cluster = SlowListCluster(delay_s=0.2)
+    cluster = SlowListCluster(delay_s=1.0)
     for i, node in enumerate(("n1", "n2", "n3")):
         cluster.add_pod(running_pod(f"old-{i}", node, f"{node}-gpu0", 4 * GIB))
     with cluster_mode(cluster) as (url, _ext):  # default: half of the 3 nodes with reservations
