@@ -56,6 +56,9 @@ class BodyTooLarge(ValueError):
         super().__init__(f"request body larger than {limit} bytes")
 
 
+#: environ key: True once `VerbRoutes.refusal` has admitted this request's caller (the RSGI bridge asks it
+#: before reading the body; the check parses the caller's address, so it is not repeated).
+CALLER_ADMITTED_KEY = "deepres.caller_admitted"
 #: environ key: seconds a client has to send the body (set by VerbRoutes from server.body_timeout_s).
 BODY_TIMEOUT_KEY = "deepres.body_timeout_s"
 
@@ -202,12 +205,14 @@ class VerbRoutes:
 
     def refusal(self, environ: dict[str, Any]) -> tuple[int, str] | None:
         """(status, why) when this request is refused whatever its body (the RSGI bridge asks before
-        reading it): a verb from a caller that `server.verbs_access` does not admit."""
+        reading it): a verb from a caller that `server.verbs_access` does not admit. An admitted
+        caller is marked in `environ`, so that `__call__` does not check it a second time."""
         if environ.get("PATH_INFO", "") in VERBS and environ.get("REQUEST_METHOD") == "POST":
             refused = verb_caller_refused(environ, self.verbs_access)
             if refused:
                 self._log_refusal(str(environ.get("PATH_INFO")), refused)
                 return 403, refused
+            environ[CALLER_ADMITTED_KEY] = True
         return None
 
     def _log_refusal(self, path: str, why: str) -> None:
@@ -241,7 +246,7 @@ class VerbRoutes:
             method = str(environ.get("REQUEST_METHOD"))[:16]
             return send(start_response, STATUS[405], encode_json({"error": f"{method} not allowed; use POST"}),
                         (("Allow", "POST"),))
-        if path in VERBS:
+        if path in VERBS and not environ.get(CALLER_ADMITTED_KEY):  # gunicorn: not asked before the body
             refused = verb_caller_refused(environ, self.verbs_access)
             if refused:
                 self._log_refusal(path, refused)

@@ -33,13 +33,19 @@ def main() -> None:
     parser.add_argument("trees", nargs=2, type=Path, help="two source trees (A, then B)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=4,
+                        help="scheduler clients per server (1: kube-scheduler's serial cycle, one pod at a time)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="servers and load share every CPU (default: servers on the first CPU, load on the rest)")
     parser.add_argument("--out", default="reports/bench-extender-ab.json")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     trees = [tree.resolve() for tree in args.trees]  # before leaving the working directory
     cpus = sorted(os.sched_getaffinity(0))
-    load = argparse.Namespace(predictor_factory="", server_cpus=set(cpus[:1]), clients=4, duration_s=args.duration_s)
-    if len(cpus) >= 2:
+    pinned = len(cpus) >= 2 and not args.no_pin
+    load = argparse.Namespace(predictor_factory="", server_cpus=set(cpus[:1]) if pinned else set(),
+                              clients=args.clients, duration_s=args.duration_s)
+    if pinned:
         os.sched_setaffinity(0, set(cpus[1:]))
     os.chdir(tempfile.gettempdir())  # `python -m` puts the working directory first on sys.path
     rng = random.Random(0)
@@ -68,7 +74,8 @@ def main() -> None:
         finally:
             for server in servers:
                 server.__exit__()
-    results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s}
+    results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s, "clients": args.clients,
+                               "server_pinned_to_one_cpu": pinned}
     for label, tree, run in zip("AB", trees, runs, strict=True):
         results[label] = {"tree": str(tree), **{m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS}
                                                 for m in MODES}}
