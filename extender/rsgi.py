@@ -12,10 +12,16 @@ calls the API server, a new agent token needs a TokenReview...) runs in a pool o
 request threads, so the others go on meanwhile; every other request runs on the event loop's own
 thread. Computation is serialised by the GIL either way, and the hand-off to a thread and back
 cost more than a small verb itself; worse, the loop then waited for the GIL behind busy request
-threads. Measured with `scripts/bench-extender-ab.py` against granian's WSGI interface (3 rounds of
-4 s, a shared 2-core VM, noisy): every request in a thread gave 0.51-0.83x the pods/s with 500
-names and 0.59-0.66x under telemetry; as here, 0.76-0.88x with names, 1.07-1.22x with full Node
-objects and 0.69-0.79x under telemetry. The protection against stalled bodies costs that much.
+threads (every request in a thread gave 0.51-0.83x the pods/s with 500 names).
+
+What the bridge costs against granian's WSGI interface (README, "Benchmark"): the app's own work is
+the same (in-process, 0.19 ms a filter and 0.14 ms a prioritize with 500 names, either way) and the
+bridge's Python adds 0.02-0.03 ms a call; the rest, ~0.1 ms a call, is granian's RSGI transport.
+granian's I/O thread must take the GIL twice per request, to schedule the request on the loop and
+to resolve the body's future (which never completes at once, even for a body already received), and
+each is a wake-up of the loop's thread: with the server on one CPU, perf counted ~9 context
+switches per request against ~6 under WSGI. uvloop, rloop and granian's Rust task implementation
+did not change that (serial latency within the noise); reading the body in pieces did not either.
 """
 
 from __future__ import annotations

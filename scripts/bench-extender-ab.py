@@ -71,14 +71,15 @@ def main() -> None:
                     reporter.start()
                     run["under_telemetry"].append(bench._scheduler_load(server, bodies["names"], load))
                     reporter.stop()
+            rss = [round(server.rss_mib(), 1) for server in servers]
         finally:
             for server in servers:
                 server.__exit__()
     results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s, "clients": args.clients,
                                "server_pinned_to_one_cpu": pinned}
-    for label, tree, run in zip("AB", trees, runs, strict=True):
-        results[label] = {"tree": str(tree), **{m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS}
-                                                for m in MODES}}
+    for label, tree, run, rss_mib in zip("AB", trees, runs, rss, strict=True):
+        medians = {m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS} for m in MODES}
+        results[label] = {"tree": str(tree), "rss_mib": rss_mib, **medians}
     for mode in MODES:
         a, b = results["A"][mode], results["B"][mode]
         print(f"{mode:<16} A {a['pods_per_s']:7.1f} pods/s p99 {a['filter_p99_ms']:5.1f}/{a['prioritize_p99_ms']:5.1f}"
