@@ -8,8 +8,10 @@ alternates short rounds between them, so each figure's ratio is free of the VM's
     git worktree add /tmp/deepres-old <rev>
     .venv/bin/python scripts/bench-extender-ab.py /tmp/deepres-old . --rounds 3
 
-Prints the medians per build and mode and writes them to reports/bench-extender-ab.json. Each
-server imports the tree given (PYTHONPATH, run from a neutral directory), so both use this venv.
+`--clients 1` plays kube-scheduler's serial scheduling cycle (one pod at a time: per-call latency
+is what counts there); the default, 4 clients, measures throughput. Prints the medians per build
+and mode and writes them to reports/bench-extender-ab.json (or --out). Each server imports the tree
+given (PYTHONPATH, run from a neutral directory), so both use this venv.
 """
 
 from __future__ import annotations
