@@ -33,14 +33,16 @@ from extender.policy import (
     PodRequest,
     PriorityInputs,
     Reservation,
+    choose_gpus_for,
+    choose_preemption,
     corrected_admission,
+    packs_by_mix,
     plan_victims,
     priority_of,
-    spreads,
 )
 from extender.policy.columnar import FragmentationMemo, filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import gib
-from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
+from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.types import GpuView, NodeView
 from extender.protocol import (
     ExtenderArgs,
@@ -311,7 +313,7 @@ class Extender:
 
     def _packing_mix(self, req: PodRequest) -> DemandMix | None:
         """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
-        if not (self.fragmentation_aware and req.gpu_job and not spreads(req, self.params)):
+        if not (self.fragmentation_aware and packs_by_mix(req, self.params)):
             return None
         with self._lock:
             mix = self.demand.mix()
@@ -323,7 +325,7 @@ class Extender:
         mix = self._packing_mix(req)
         if mix is None:
             return None
-        return lambda pod, view: choose_gpus_fragaware(pod, view, mix)
+        return lambda pod, view: choose_gpus_for(pod, view, self.params, mix)
 
     def bind(self, body: Any) -> dict[str, str]:
         try:
@@ -471,26 +473,13 @@ class Extender:
             self._preempting.move_to_end(req.uid)
             while len(self._preempting) > WARNED_MAX:
                 self._preempting.popitem(last=False)
-        best: tuple[tuple[float, int, float, str], str, list[Reservation]] | None = None
-        for node in nodes:
-            view = self.state.node_view(node)
-            if view is None:
-                continue
-            on_node = self.state.reservations_on(node)
-            victims = plan_victims(req, view, on_node, now, self.params)
-            if not victims:
-                continue
-            by_uid = {r.pod_uid: r for r in on_node}
-            chosen = [by_uid[uid] for uid in victims]
-            top = max(priority_of(r.priority_inputs, now, self.params) for r in chosen)
-            key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node)
-            if best is None or key < best[0]:
-                best = (key, node, chosen)
-        if best is None:
+        found = choose_preemption(req, ((view, self.state.reservations_on(node)) for node in nodes
+                                        if (view := self.state.node_view(node)) is not None), now, self.params)
+        if found is None:
             with self._lock:
                 self._preempting.pop(req.uid, None)
             return []
-        _, node, chosen = best
+        node, chosen = found
         evicted: list[str] = []
         for res in chosen:
             try:

@@ -17,7 +17,7 @@ from extender.policy.columnar import NodeMatrix
 from extender.policy.filtering import node_failure
 from extender.policy.scoring import choose_gpus
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
-from extender.policy.usage import Correction, PeakStore, follow_usage
+from extender.policy.usage import Correction, PeakStore, observe_usage
 from extender.telemetry import NodeReport
 
 ACCEPTED = "accepted"
@@ -178,12 +178,10 @@ class ClusterState:
             if res is None or res.node != report.node:
                 continue
             per_gpu = usage.peak_memory_mib / max(len(usage.gpu_uuids) or len(res.gpu_uuids), 1)
-            updated = follow_usage(res, per_gpu, now_s, self.params)
+            updated = observe_usage(res, per_gpu, now_s, self.params, self._peaks)
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)
                 self._reservations[res.pod_uid] = updated
-            if res.signature and now_s - res.bound_s >= self.params.usage_warmup_s:
-                self._peaks.record(res.signature, per_gpu)
 
     def _rebuild(self, node: str) -> None:
         telemetry = self._telemetry.get(node)

@@ -18,6 +18,19 @@ EMPTY_SLACK_MIB = 128.0
 CRITICALITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 
 
+def occupied_mib(used_mib: float, reserved_mib: float) -> float:
+    """Memory a GPU cannot give: the larger of what is observed in use and what is reserved (a job
+    may not have allocated its reservation yet, and use beyond reservations is real)."""
+    return max(used_mib, reserved_mib, 0.0)
+
+
+def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = True) -> float:
+    """Effective free memory of a GPU given its occupied memory: capacity - occupied, and -1 for an
+    unhealthy GPU so that nothing ever fits on it. The one definition the filter, the score, bind,
+    preemption and the simulator read (through `GpuView.free_mib` or directly)."""
+    return max(capacity_mib - occupied, 0.0) if healthy else -1.0
+
+
 def is_partly_used(occupied_mib: float, capacity_mib: float) -> bool:
     """Holding something but not full: such a GPU is "fragmented" for the tie-break of the score."""
     return EMPTY_SLACK_MIB < occupied_mib < capacity_mib - EMPTY_SLACK_MIB
@@ -43,9 +56,8 @@ class GpuView:
     partly: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        occupied = max(self.used_mib, self.reserved_mib, 0.0)
-        free = max(self.capacity_mib - occupied, 0.0) if self.healthy else -1.0
-        object.__setattr__(self, "free_mib", free)
+        occupied = occupied_mib(self.used_mib, self.reserved_mib)
+        object.__setattr__(self, "free_mib", effective_free_mib(self.capacity_mib, occupied, self.healthy))
         object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
         object.__setattr__(self, "partly", self.healthy and is_partly_used(occupied, self.capacity_mib))
 

@@ -20,14 +20,30 @@ from extender.policy.types import PolicyParams, Reservation
 FOLLOW_DEADBAND_MIB = 1.0
 
 
+def warmed_up(res: Reservation, now_s: float, params: PolicyParams) -> bool:
+    """Whether a bound pod's observed peaks are representative yet (`usage_warmup_s` since bind)."""
+    return now_s - res.bound_s >= params.usage_warmup_s
+
+
 def follow_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams) -> Reservation:
     """The reservation after applying the usage rule to an observed per-GPU peak at `now_s`."""
-    if now_s - res.bound_s < params.usage_warmup_s or peak_mib_per_gpu <= 0.0:
+    if not warmed_up(res, now_s, params) or peak_mib_per_gpu <= 0.0:
         return res
     target = max(peak_mib_per_gpu * params.usage_margin, params.min_reservation_mib)
     if abs(target - res.memory_mib) < FOLLOW_DEADBAND_MIB:
         return res
     return replace(res, memory_mib=target)
+
+
+def observe_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams,
+                  peaks: PeakStore) -> Reservation:
+    """One observation of a bound pod's per-GPU peak (a telemetry report): the reservation after the
+    usage rule, and once the warm-up has passed the peak recorded for the pod's job signature. The
+    extender's state calls this on every report, the simulator's replay on its usage events."""
+    updated = follow_usage(res, peak_mib_per_gpu, now_s, params)
+    if res.signature and warmed_up(res, now_s, params):
+        peaks.record(res.signature, peak_mib_per_gpu)
+    return updated
 
 
 @dataclass(frozen=True, slots=True)
