@@ -16,7 +16,7 @@ from datetime import datetime
 
 from extender.policy.priority import cap_criticality, criticality_from_priority_class
 from extender.policy.types import CRITICALITIES
-from predictor.spec import JOB_KEYS, JobSpec, SpecError
+from predictor.spec import INPUT_DIM_RANGE, JOB_KEYS, NUM_LAYERS_RANGE, JobSpec, SpecError
 
 PREFIX = "deepres.io/"
 MAX_GPUS = 64
@@ -28,6 +28,9 @@ GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 MAX_DEADLINE_S = 366 * 86400.0
 
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
+#: Keys whose written value must be in range: JobSpec takes 0 for "not given" and fills the default,
+#: so a pod saying `input-dim: 0` would silently be planned as another job.
+EXPLICIT_RANGES: dict[str, tuple[int, int]] = {"input-dim": INPUT_DIM_RANGE, "num-layers": NUM_LAYERS_RANGE}
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -100,6 +103,10 @@ def parse_job(
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
     if "model-type" in ours:
+        for key, (low, high) in EXPLICIT_RANGES.items():  # JobSpec reads 0 as "the family's default"
+            if key in ours and _is_zero(ours[key]):
+                raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
+                                      f"(leave the key out for the family's default)")
         try:
             spec = JobSpec.parse({k: v for k, v in ours.items() if k in JOB_KEYS})
         except SpecError as err:
@@ -131,6 +138,13 @@ def parse_duration_s(text: str) -> float:
     if not _DURATION.match(compact):
         raise ValueError(text)
     return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(compact))
+
+
+def _is_zero(text: str) -> bool:
+    try:
+        return float(text.strip()) == 0.0
+    except ValueError:
+        return False  # not a number: JobSpec's parser names the problem
 
 
 def _memory(text: str) -> float:

@@ -9,6 +9,7 @@ nested (`policy: {telemetry_ttl_s: 30}`) or flat (`telemetry_ttl_s: 30`), and in
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -77,6 +78,10 @@ class PolicySettings:
     """Job size (GPU-seconds) that earns no size points in the priority."""
     peak_store_size: int = 10_000
     """Job signatures whose observed peaks are remembered (least recently used forgotten first)."""
+    correction_min_pods: int = 3
+    """Observed peaks of a job signature correct its admission once this many pods ran..."""
+    correction_min_nodes: int = 2
+    """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
     default_criticality_ceiling: str = "high"
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
@@ -91,6 +96,8 @@ class PolicySettings:
             usage_margin=self.usage_margin,
             min_reservation_mib=self.min_reservation_mib,
             size_scale_gpu_s=self.size_scale_gpu_s,
+            correction_min_pods=self.correction_min_pods,
+            correction_min_nodes=self.correction_min_nodes,
         )
 
     def ceiling(self, namespace: str) -> int:
@@ -117,6 +124,17 @@ class KubeSettings:
     the preempt verb unless the pods also conflict on resources it models."""
     preemption_grace_s: float = 120.0
     """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
+    api_timeout_s: float = 10.0
+    """Client timeout of every Kubernetes API call (a watch: this long beyond its own resync)."""
+    telemetry_quorum: float = 0.5
+    """After a restart the verbs wait until this share of the nodes holding reservations reported..."""
+    telemetry_grace_s: float = 30.0
+    """...or this long after the first pod list, whichever comes first."""
+    state_file: str = ""
+    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them)."""
+    local_expiry_s: float = 3600.0
+    """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
+    mentioned this long is released (there are no pod deletions to say so)."""
 
 
 @dataclass
@@ -141,8 +159,8 @@ class Settings:
     """`module:callable` returning a DemandPredictor to use instead of the shipped one (another model,
     or a stand-in for tests); empty: `predictor.runtime.Predictor.load(predictor_path)`."""
     recent_pods: int = 5_000
-    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped; bind
-    follows filter within seconds, and in a cluster a miss falls back to reading the pod)."""
+    """Local mode: pods learned from requests and not bound yet, at most this many (least recent
+    dropped). In a cluster bind reads the pod from the API server and keeps nothing."""
 
     def validate(self) -> list[str]:
         """Every problem, with its path; empty when the settings can be used."""
@@ -188,6 +206,12 @@ class Settings:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)
         _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
+        _positive(p, "kube.api_timeout_s", k.api_timeout_s)
+        _positive(p, "kube.local_expiry_s", k.local_expiry_s)
+        _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)
+        _within(p, "kube.telemetry_grace_s", k.telemetry_grace_s, 0.0, math.inf)
+        _positive(p, "policy.correction_min_pods", pol.correction_min_pods)
+        _positive(p, "policy.correction_min_nodes", pol.correction_min_nodes)
         if k.token_cache_s < 0:
             p.append(f"kube.token_cache_s must be >= 0, got {k.token_cache_s}")
         if t.telemetry_token_file and not Path(t.telemetry_token_file).is_file():
@@ -351,6 +375,12 @@ def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
     if isinstance(hint, types.UnionType):  # pragma: no cover - no optional leaves today
         raise TypeError(f"unsupported setting type {hint}")
     raise TypeError(f"unsupported setting type {hint}")
+
+
+def _within(problems: list[str], path: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+        problems.append(f"{path} must be {bounds}, got {value}")
 
 
 def _positive(problems: list[str], path: str, value: float) -> None:

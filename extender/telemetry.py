@@ -20,6 +20,7 @@ SCHEMA_VERSION = 1
 MAX_GPUS_PER_NODE = 64
 MAX_PROCESSES_PER_GPU = 1024
 MAX_PODS_PER_NODE = 1024
+MAX_BOOT_ID = 64
 
 
 class ReportError(ValueError):
@@ -85,6 +86,7 @@ class NodeReport:
     pods: tuple[PodUsage, ...] = ()
     interval_s: float = 5.0
     schema_version: int = SCHEMA_VERSION
+    boot_id: str = ""  # new at every agent start: the extender orders reports by sequence within it
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists, not tuples), the inverse of `parse_report`."""
@@ -116,7 +118,15 @@ def parse_report(body: Any) -> NodeReport:
         pods=tuple(_pod(p, f"report.pods[{i}]") for i, p in enumerate(pods_raw)),
         interval_s=_number(obj, "interval_s", "report", minimum=0.0, default=5.0),
         schema_version=_int(obj, "schema_version", "report", minimum=1, default=SCHEMA_VERSION),
+        boot_id=_boot_id(obj),
     )
+
+
+def _boot_id(obj: dict[str, Any]) -> str:
+    value = _str(obj, "boot_id", "report", default="")
+    if len(value) > MAX_BOOT_ID:
+        raise ReportError("report.boot_id", f"at most {MAX_BOOT_ID} characters, got {len(value)}")
+    return value
 
 
 def _gpu(raw: Any, path: str) -> GpuReport:

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,7 @@ class Agent:
         self.trigger = FreeMemoryTrigger(settings.free_threshold_mib, settings.annotate_min_interval_s)
         # sequence numbers start from the wall clock in ms so they keep increasing across restarts
         self.next_sequence = int(clock() * 1000)
+        self.boot_id = uuid.uuid4().hex  # a new epoch per start: the extender orders reports within it
         self.last_sent: NodeReport | None = None
         self._last_sent_s = float("-inf")
 
@@ -166,6 +168,7 @@ class Agent:
             gpus=gpus,
             pods=self.tracker.update(gpus, now_s),
             interval_s=self.settings.interval_s,
+            boot_id=self.boot_id,
         )
         done = self.monotonic()
         self.metrics.sample_seconds.observe(done - started)

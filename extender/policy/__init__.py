@@ -2,8 +2,8 @@
 no globals. The extender's HTTP layer and the trace simulator call exactly these.
 
 Records (frozen dataclasses, `extender.policy.types`)
-    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True)
-        derived: free_mib = capacity - max(used, reserved) (-1 when unhealthy); empty
+    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True, foreign_mib=0)
+        derived: free_mib = capacity - usage.occupied_mib(used, reserved, foreign) (-1 when unhealthy)
     NodeView(name, gpus: tuple[GpuView, ...], received_s)
         derived once: healthy, free_desc, capacity_desc (build one per node and telemetry/ledger
         change, then reuse it for every call: the filter is O(1) per node)
@@ -29,7 +29,8 @@ Functions
     gpu_key(free, utilization, empty, need, spread) -> float   (THE GPU choice order; columnar.gpu_keys)
     packs_by_mix(pod, params) -> bool; choose_gpus_for(pod, node, params, mix=None, ...) -> GPUs | None
         (which placement rule a pod gets, and the GPUs bind takes under it: `placement`)
-    effective_free_mib(capacity, occupied, healthy) / occupied_mib(used, reserved)   (GPU free memory)
+    effective_free_mib(capacity, occupied, healthy) / occupied_mib(used, reserved, foreign)
+        (GPU free memory: the one home of the formula, in `usage`)
     priority_of(inputs: PriorityInputs, now_s, params) -> float      (0..45, formula in .priority)
     criticality_level(name) -> int; cap_criticality(level, ceiling) -> int;
     criticality_from_priority_class(value) -> int
@@ -90,10 +91,17 @@ from extender.policy.types import (
     PolicyParams,
     PriorityInputs,
     Reservation,
-    effective_free_mib,
-    occupied_mib,
 )
-from extender.policy.usage import Correction, PeakStore, corrected_admission, follow_usage, observe_usage, warmed_up
+from extender.policy.usage import (
+    Correction,
+    PeakStore,
+    corrected_admission,
+    effective_free_mib,
+    follow_usage,
+    observe_usage,
+    occupied_mib,
+    warmed_up,
+)
 
 __all__ = [
     "CRITICALITIES",

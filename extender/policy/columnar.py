@@ -383,9 +383,9 @@ class FragmentationMemo:
     mix is the key by content (DemandWindow rebuilds it every MIX_REBUILD admissions). Bounded: the
     MEMO_KEYS most recent keys, one int64 per matrix row each. Safe without a lock (see MERIT_BITS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock | None = None) -> None:
         self._entries: OrderedDict[tuple[object, ...], I64] = OrderedDict()
-        self._lock = threading.Lock()  # the verbs run on several threads
+        self._lock = lock if lock is not None else threading.Lock()  # the owner's (the ledger's) lock
         self.computed = 0
         self.reused = 0
 

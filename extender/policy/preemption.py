@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 
 from extender.policy.filtering import gpus_fit
 from extender.policy.priority import priority_of
-from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation, effective_free_mib, occupied_mib
+from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation
+from extender.policy.usage import effective_free_mib, occupied_mib
 
 
 def plan_victims(
@@ -88,6 +89,7 @@ def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation]) -> bo
         for uuid in res.gpu_uuids:
             freed[uuid] = freed.get(uuid, 0.0) + res.memory_mib
     free = sorted((effective_free_mib(g.capacity_mib, occupied_mib(g.used_mib - freed.get(g.uuid, 0.0),
-                                                                     g.reserved_mib - freed.get(g.uuid, 0.0)))
+                                                                     g.reserved_mib - freed.get(g.uuid, 0.0),
+                                                                     g.foreign_mib))
                    for g in node.healthy), reverse=True)
     return gpus_fit(free, pod.gpus, pod.admission_mib)

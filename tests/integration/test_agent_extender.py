@@ -75,7 +75,8 @@ def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        _wait(lambda: _get(url + "/healthz")[0] == 200 or process.poll() is not None, "the extender to start")
+        # ready: predictor loaded and first sync applied (the verbs answer "not ready" before)
+        _wait(lambda: _get(url + "/readyz")[0] == 200 or process.poll() is not None, "the extender to start")
         if process.poll() is not None:
             pytest.fail(f"deepres serve exited with {process.returncode}")
         yield url, token

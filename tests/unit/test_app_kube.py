@@ -29,24 +29,29 @@ POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
 class FakeCore:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.kwargs: list[dict[str, Any]] = []
         self.fail: ApiException | None = None
 
     def create_namespaced_binding(self, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("bind", (namespace, body, kw)))
         if self.fail:
             raise self.fail
 
-    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("patch", (name, namespace, body)))
         if self.fail:
             raise self.fail
 
-    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
+    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("evict", (name, namespace, body)))
         if self.fail:
             raise self.fail
 
-    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+    def create_namespaced_event(self, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("event", (namespace, body)))
         if self.fail:
             raise self.fail
@@ -57,7 +62,7 @@ class FakeAuth:
         self.status = status
         self.reviews: list[V1TokenReview] = []
 
-    def create_token_review(self, review: V1TokenReview) -> V1TokenReview:
+    def create_token_review(self, review: V1TokenReview, **kw: Any) -> V1TokenReview:
         self.reviews.append(review)
         return V1TokenReview(spec=review.spec, status=self.status)
 
@@ -73,8 +78,18 @@ def test_bind_creates_a_binding_with_uid_and_node_target() -> None:
     kube, core = cluster()
     kube.bind(POD, "n1")
     namespace, body, kw = core.calls[0][1]
-    assert namespace == "ml" and kw == {"_preload_content": False}
+    assert namespace == "ml" and kw == {"_preload_content": False, "_request_timeout": 10.0}
     assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
+
+
+def test_every_api_call_carries_a_client_timeout() -> None:
+    kube, core = cluster()
+    kube.api_timeout_s = 3.5
+    kube.bind(POD, "n1")
+    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
+    kube.evict("ml", "p", "u-1")
+    kube.event(POD, "Placed", "x")
+    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 4
 
 
 def test_api_failures_become_cluster_errors_naming_the_call() -> None:

@@ -518,7 +518,7 @@ EXPECTED_RULES = {
     "deepres-extender": {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
         ("", "pods/binding", "create"), ("", "pods/eviction", "create"),
-        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"),
         ("", "events", "create"), ("", "events", "patch"), ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"), ("authentication.k8s.io", "tokenreviews", "create"),
     },

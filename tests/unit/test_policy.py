@@ -243,9 +243,32 @@ def test_peak_store_is_bounded_and_corrects_admission() -> None:
     assert store.get("a") is None and len(store) == 2
     correction = store.get("b")
     assert correction is not None and correction.observations == 1
-    assert corrected_admission(9000.0, correction, P) == pytest.approx(max(500.0 * P.usage_margin,
-                                                                             P.min_reservation_mib))
+    one = PolicyParams(correction_min_pods=1, correction_min_nodes=1)
+    assert corrected_admission(9000.0, correction, one) == pytest.approx(max(500.0 * P.usage_margin,
+                                                                               P.min_reservation_mib))
+    assert corrected_admission(9000.0, correction, P) == 9000.0  # one pod on one node: not enough
     assert corrected_admission(9000.0, None, P) == 9000.0
+
+
+def test_no_single_node_moves_a_signatures_admission() -> None:
+    store = PeakStore()
+    upper = 8000.0
+    for i in range(5):  # one node's agent reports peaks of 0.001 and of a whole GPU, many pods
+        store.record("low", 1.0, f"l{i}", "liar")
+        store.record("high", 80_000.0, f"h{i}", "liar")
+    assert corrected_admission(upper, store.get("low"), P) == upper
+    assert corrected_admission(upper, store.get("high"), P) == upper
+    store.record("low", 6000.0, "honest-1", "n2")  # now two nodes: lower only to what every node saw
+    assert corrected_admission(upper, store.get("low"), P) == pytest.approx(6000.0 * P.usage_margin)
+    store.record("high", 7000.0, "honest-2", "n2")  # one node above the bound, one below: the bound holds
+    assert corrected_admission(upper, store.get("high"), P) == upper
+    store.record("high", 9000.0, "honest-3", "n3")  # two nodes above it: up to the second largest
+    assert corrected_admission(upper, store.get("high"), P) == pytest.approx(9000.0 * P.usage_margin)
+    correction = store.get("high")
+    assert correction is not None and (correction.observations, correction.nodes) == (7, 3)
+    store.record("high", 9500.0, "honest-3", "n3")  # the same pod again is not another pod
+    correction = store.get("high")
+    assert correction is not None and correction.observations == 7
 
 
 # ---- preemption ----
