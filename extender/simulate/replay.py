@@ -651,6 +651,14 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              f"predictor: {predictor_note}; its upper bound is below the true peak for {under} jobs "
              f"({100 * under / max(len(jobs), 1):.1f} %)",
              f"GPU memory per model (GB): {GPU_MEMORY_GB} (G2, G3 undisclosed: assumed)",
+             "DeepRes and its ablations run the extender's rules with its default settings "
+             "(`PolicySettings().params()`): the usage rule (`observe_usage`) at the first report after the "
+             f"{params.usage_warmup_s:.0f} s warm-up (a job's true use is its peak from the start, so later reports "
+             "change nothing), admission corrected by observed peaks only after "
+             f"{params.correction_min_pods} pods on {params.correction_min_nodes} nodes (`corrected_admission`), "
+             "and the extender's self-preemption (`choose_preemption`: any pod, strictly lower-priority victims, "
+             "on the nodes the filter failed for memory); kube-scheduler's own preemption for CPU and memory "
+             "(by PriorityClass) is not modelled",
              f"OOM: the newcomer is killed after {OOM_AFTER_S:.0f} s and restarts after a back-off; "
              f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
              "(waiting plus work lost to OOM kills and preemptions)"]

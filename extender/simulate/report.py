@@ -431,7 +431,8 @@ def _replay_markdown(replay: ReplayExperiment, doc: dict[str, Any]) -> list[str]
     if claim is not None and deepres is not None:
         holds = claim >= 0.35 and deepres.metrics["oom_rate"] <= 0.005
         lines += ["", f"**Claim tested**: DeepRes mean JCT >= 35 % better than static with OOM kills <= 0.5 % of "
-                  f"jobs. Measured: {100 * claim:.1f} % better, OOM rate {100 * deepres.metrics['oom_rate']:.2f} %: "
+                  f"jobs. Measured: {abs(100 * claim):.1f} % {'better' if claim >= 0 else 'worse'}, OOM rate "
+                  f"{100 * deepres.metrics['oom_rate']:.2f} %: "
                   f"the claim {'holds' if holds else 'does NOT hold'} on this replay."]
     lines += _findings(replay)
     lines += ["", "![JCT CDF](simulation-replay-jct.png)", "", "![utilisation](simulation-replay-utilisation.png)", ""]
