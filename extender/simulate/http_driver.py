@@ -107,13 +107,13 @@ def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}: {log_path.read_text()[-1500:]}")
             try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+                with urllib.request.urlopen(url + "/readyz", timeout=2) as response:  # the verbs wait for it
                     if response.status == 200:
                         break
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after 90 s: {log_path.read_text()[-1500:]}")
+                raise RuntimeError(f"server not ready after 90 s: {log_path.read_text()[-1500:]}")
             time.sleep(0.2)
         yield url, log_path
     finally:
