@@ -1,7 +1,9 @@
 """The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
 
-`Extender` holds the process's single cluster state and turns a decoded request into policy calls
-(annotations -> PodRequest -> filter/score/choose/preempt); the HTTP layers only move bytes and
+`Extender` is the glue between a decoded request, the policy calls (annotations -> PodRequest ->
+filter/score/choose/preempt), the one ledger of learned state (`extender.ledger`), the API server
+(`extender.kube`, the only truth about pods: bind and eviction read them there) and the background
+worker that evicts and nudges off the request path (`extender.worker`); the HTTP layers only move bytes and
 JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
 Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs
 answer HTTP 200 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a
@@ -43,7 +45,6 @@ from extender.policy import (
     PodRequest,
     PriorityInputs,
     Reservation,
-    choose_gpus_for,
     choose_preemption,
     corrected_admission,
     packs_by_mix,
@@ -53,7 +54,6 @@ from extender.policy import (
 from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh
 from extender.policy.fragmentation import DemandMix
-from extender.policy.types import GpuView, NodeView
 from extender.policy.usage import is_corrected
 from extender.protocol import (
     ExtenderArgs,
@@ -390,20 +390,16 @@ class Extender:
             return None
         return kept[2]
 
+    def _packs(self, req: PodRequest) -> bool:
+        """Whether `req` is placed by the fragmentation-aware rule (score and bind alike)."""
+        return self.fragmentation_aware and packs_by_mix(req, self.params)
+
     def _packing_mix(self, req: PodRequest) -> DemandMix | None:
         """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
-        if not (self.fragmentation_aware and packs_by_mix(req, self.params)):
+        if not self._packs(req):
             return None
         mix = self.ledger.demand_mix()
         return mix if len(mix) else None
-
-    def _gpu_chooser(self, req: PodRequest) -> Callable[[PodRequest, NodeView], tuple[GpuView, ...] | None] | None:
-        """Bind takes the GPUs the node was scored for: the fragmentation-aware choice for packing
-        pods (as the simulator does), the scoring rule's best fit otherwise (None: the default)."""
-        mix = self._packing_mix(req)
-        if mix is None:
-            return None
-        return lambda pod, view: choose_gpus_for(pod, view, self.params, mix)
 
     def bind(self, body: Any) -> dict[str, str]:
         """Reserve GPUs on the node, annotate the pod, create its Binding.
@@ -444,11 +440,9 @@ class Extender:
         version = self.predictor_version
         req = plan.request
 
-        def build(uuids: tuple[str, ...]) -> Reservation:
-            return Reservation(req.uid, req.namespace, req.name, args.node, uuids, req.admission_mib,
-                               req.admission_mib, req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
-
-        outcome = self.ledger.reserve_on(req, args.node, build, mono, self._gpu_chooser(req))
+        template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
+                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
+        outcome = self.ledger.reserve_on(req, template, mono, packing=self._packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
             self.metrics.binds.labels("refused").inc()

@@ -6,7 +6,8 @@ the demand mix of recent admissions and the packing score's merit memo, plus the
 Every write holds the one lock; the verbs' reads take none: `views` maps node -> immutable
 NodeView, replaced whole by a writer (atomic in CPython), and `matrix` is their columnar copy. A
 read racing a write sees the previous telemetry at worst, never an over-commit, because
-`reserve_on` checks and reserves under the lock.
+`reserve_on` checks and reserves under the lock. The ledger calls nothing back: bind hands it
+the reservation to record and whether the pod packs, and it applies the GPU choice rule itself.
 
 What it refuses to learn (issue #13): a report older than the last in its agent's boot (ordering is
 by sequence within a boot id, never by the agent's clock), a report of a node the cluster does not
@@ -19,16 +20,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
 from extender.policy.filtering import node_failure
 from extender.policy.fragmentation import DemandMix, DemandWindow
-from extender.policy.scoring import choose_gpus
+from extender.policy.placement import choose_gpus_for
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
-from extender.telemetry import NodeReport
+from extender.telemetry import GpuReport, NodeReport
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,13 @@ class Ledger:
     def _own_gpus(self, report: NodeReport) -> NodeReport:
         """The report without the GPUs another node owns (logged and counted); claims the others."""
         kept = []
+        node = report.node
         for gpu in report.gpus:
             owner = self._owner.get(gpu.uuid)
-            if owner is not None and owner != report.node and self._still_owns(owner, gpu.uuid):
+            if owner == node:  # the usual case: the same GPUs as last time
+                kept.append(gpu)
+                continue
+            if owner is not None and self._still_owns(owner, gpu.uuid):
                 self.gpus_refused += 1
                 log.warning("node=%s reported GPU %s of node %s: GPU ignored", report.node, gpu.uuid, owner)
                 continue
@@ -221,21 +226,18 @@ class Ledger:
         return gone
 
     # ---- reservations ----
-    def reserve_on(
-        self,
-        pod: PodRequest,
-        node: str,
-        build: Callable[[tuple[str, ...]], Reservation],
-        now_s: float,
-        choose: Callable[[PodRequest, NodeView], tuple[GpuView, ...] | None] | None = None,
-    ) -> Reserved | str:
-        """Choose the pod's GPUs on `node` and reserve them atomically: by `choose` (the rule that
-        scored the node) or, by default, `choose_gpus`.
+    def reserve_on(self, pod: PodRequest, template: Reservation, now_s: float, *,
+                   packing: bool = False) -> Reserved | str:
+        """Choose `pod`'s GPUs on `template.node` and reserve them atomically, by the rule that
+        scored the node: for a packing pod (`packing`) the fragmentation-aware choice against the
+        demand mix of recent admissions (when there is one), else `choose_gpus`.
 
-        Returns the recorded reservation (`build(gpu_uuids)`), or the reason it was refused. An
-        existing reservation of the same pod on the same node is returned as is, marked existing
-        (a retried bind); one on another node refuses the bind and is left untouched.
+        `template` is the reservation to record, its `gpu_uuids` left to this choice. Returns the
+        recorded reservation, or the reason it was refused. An existing reservation of the same pod
+        on the same node is returned as is, marked existing (a retried bind); one on another node
+        refuses the bind and is left untouched.
         """
+        node = template.node
         with self._lock:
             existing = self._reservations.get(pod.uid)
             if existing is not None:
@@ -249,11 +251,12 @@ class Ledger:
             failure = node_failure(pod, view, now_s, self.params)
             chosen = None
             if view is not None and failure is None:
-                chosen = choose(pod, view) if choose is not None else choose_gpus(pod, view, self.params)
+                mix = self._demand.mix() if packing else None
+                chosen = choose_gpus_for(pod, view, self.params, mix)
             if chosen is None:
                 self.overcommits_refused += 1
                 return failure[1] if failure is not None else "no GPU left that fits"
-            res = build(tuple(g.uuid for g in chosen))
+            res = replace(template, gpu_uuids=tuple(g.uuid for g in chosen))
             self._add(res)
             return Reserved(res, False)
 
@@ -326,6 +329,8 @@ class Ledger:
                 self._reserved_mib[key] = total
 
     def _follow_usage(self, report: NodeReport, now_s: float) -> None:
+        if not report.pods:
+            return
         capacity = {g.uuid: g.memory_total_mib for g in report.gpus}
         for usage in report.pods:
             res = self._reservations.get(usage.pod_uid)
@@ -344,13 +349,13 @@ class Ledger:
                 self._shift(res, updated.memory_mib - res.memory_mib)
                 self._reservations[res.pod_uid] = updated
 
-    def _foreign_mib(self, node: str, gpu_uuid: str, processes: Iterable[tuple[str, float]]) -> float:
+    def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
         total = 0.0
-        for pod_uid, used in processes:
-            res = self._reservations.get(pod_uid) if pod_uid else None
-            if res is None or res.node != node or gpu_uuid not in res.gpu_uuids:
-                total += used
+        for process in gpu.processes:
+            res = self._reservations.get(process.pod_uid) if process.pod_uid else None
+            if res is None or res.node != node or gpu.uuid not in res.gpu_uuids:
+                total += process.used_memory_mib
         return total
 
     def _rebuild(self, node: str) -> None:
@@ -370,8 +375,7 @@ class Ledger:
                     reserved_mib=self._reserved_mib.get((node, g.uuid), 0.0),
                     utilization=g.utilization_gpu,
                     healthy=g.healthy,
-                    foreign_mib=self._foreign_mib(node, g.uuid, ((p.pod_uid, p.used_memory_mib)
-                                                                 for p in g.processes)),
+                    foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
                 )
                 for g in telemetry.report.gpus
             ),

@@ -24,8 +24,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 if TYPE_CHECKING:  # types.py imports occupied_mib from here
     from extender.policy.types import PolicyParams, Reservation
+
+F64 = npt.NDArray[np.float64]
 
 #: Below this change (MiB) a reservation is left as is, so a steady job does not churn the ledger.
 FOLLOW_DEADBAND_MIB = 1.0
@@ -44,6 +49,12 @@ def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = Tru
     occupied, and -1 for an unhealthy GPU so that nothing ever fits on it. `GpuView.free_mib` and
     preemption's what-if read it; the simulator through GpuView."""
     return max(capacity_mib - occupied, 0.0) if healthy else -1.0
+
+
+def occupied_mib_array(used_mib: F64, reserved_mib: F64, foreign_mib: F64 | float = 0.0) -> F64:
+    """`occupied_mib` over arrays (the simulator's columnar cluster): the same formula."""
+    out: F64 = np.maximum(np.maximum(used_mib, reserved_mib + foreign_mib), 0.0)
+    return out
 
 
 def observed_peak(peak_mib_per_gpu: float | None, capacity_mib: float) -> float | None:

@@ -173,3 +173,10 @@ def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
     assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
     assert kube.get_pod("ml", "p") is None  # the deletion left the cache
+
+
+def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
+    from extender.kube import backoff_s
+
+    assert [backoff_s(n, rng=lambda: 0.5) for n in (1, 2, 3, 7, 8, 50)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
+    assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.8) and backoff_s(1, rng=lambda: 1.0) == pytest.approx(1.2)

@@ -29,7 +29,7 @@ def report(node: str = "n1", seq: int = 1, used: tuple[float, ...] = (0.0, 0.0),
 
 
 def reserved(state: ClusterState, req: PodRequest, node: str, now: float = NOW) -> Reservation:
-    out = state.reserve_on(req, node, builder(req, node, now), now)
+    out = state.reserve_on(req, template(req, node, now), now)
     assert isinstance(out, Reserved), out
     return out.reservation
 
@@ -38,11 +38,9 @@ def request(uid: str, need: float, gpus: int = 1) -> PodRequest:
     return PodRequest(uid, "ns", uid, gpus, need, need, 10.0)
 
 
-def builder(req: PodRequest, node: str, now_s: float):  # type: ignore[no-untyped-def]
-    def build(uuids: tuple[str, ...]) -> Reservation:
-        return Reservation(req.uid, req.namespace, req.name, node, uuids, req.admission_mib, req.admission_mib,
-                           req.predicted_mib, PriorityInputs(), now_s, signature="sig")
-    return build
+def template(req: PodRequest, node: str, now_s: float) -> Reservation:
+    return Reservation(req.uid, req.namespace, req.name, node, (), req.admission_mib, req.admission_mib,
+                       req.predicted_mib, PriorityInputs(), now_s, signature="sig")
 
 
 def test_old_sequence_ignored_but_restarted_agent_accepted() -> None:
@@ -148,8 +146,8 @@ def test_reserve_refuses_stale_and_unknown_nodes_and_counts_refusals() -> None:
     state = ClusterState(P)
     state.apply_report(report(), NOW)
     req = request("a", 1_000.0)
-    assert state.reserve_on(req, "nx", builder(req, "nx", NOW), NOW) == "no agent report"
-    assert state.reserve_on(req, "n1", builder(req, "n1", NOW), NOW + 100) == "telemetry stale (100s old)"
+    assert state.reserve_on(req, template(req, "nx", NOW), NOW) == "no agent report"
+    assert state.reserve_on(req, template(req, "n1", NOW), NOW + 100) == "telemetry stale (100s old)"
     assert state.overcommits_refused == 2
 
 
@@ -159,8 +157,8 @@ def test_retried_bind_is_idempotent_and_other_node_refused() -> None:
     state.apply_report(report("n2"), NOW)
     req = request("a", 1_000.0)
     first = reserved(state, req, "n1")
-    assert state.reserve_on(req, "n1", builder(req, "n1", NOW), NOW) == Reserved(first, True)
-    assert state.reserve_on(req, "n2", builder(req, "n2", NOW), NOW) == "pod ns/a already holds GPUs on n1"
+    assert state.reserve_on(req, template(req, "n1", NOW), NOW) == Reserved(first, True)
+    assert state.reserve_on(req, template(req, "n2", NOW), NOW) == "pod ns/a already holds GPUs on n1"
 
 
 def test_usage_rule_moves_reservation_and_records_signature_peak() -> None:
@@ -185,7 +183,7 @@ def test_restore_rebuilds_without_double_allocation() -> None:
     res = Reservation("a", "ns", "a", "n1", ("n1-u0",), 30_000.0, 30_000.0, 30_000.0, PriorityInputs(), NOW)
     assert state.restore(res) and not state.restore(res)
     req = request("b", 20_000.0)
-    assert isinstance(state.reserve_on(req, "n1", builder(req, "n1", NOW), NOW), str)
+    assert isinstance(state.reserve_on(req, template(req, "n1", NOW), NOW), str)
 
 
 def test_threads_racing_for_one_gpu_place_exactly_as_many_as_fit() -> None:
@@ -197,7 +195,7 @@ def test_threads_racing_for_one_gpu_place_exactly_as_many_as_fit() -> None:
     def bind(i: int) -> None:
         req = request(f"p{i}", 3_000.0)
         barrier.wait()
-        results.append(state.reserve_on(req, "n1", builder(req, "n1", NOW), NOW))
+        results.append(state.reserve_on(req, template(req, "n1", NOW), NOW))
 
     threads = [threading.Thread(target=bind, args=(i,)) for i in range(32)]
     for t in threads:
@@ -232,7 +230,7 @@ def test_no_sequence_of_binds_releases_and_telemetry_overcommits(ops: list[tuple
             before = {g.uuid: g.free_mib for g in view.gpus}
             req = request(f"p{i}", need, gpus)
             held = state.reservation(req.uid)
-            out = state.reserve_on(req, name, builder(req, name, NOW), NOW)
+            out = state.reserve_on(req, template(req, name, NOW), NOW)
             res = out.reservation if isinstance(out, Reserved) else None
             if res is not None and held is None:  # a new admission: every GPU had room
                 assert len(res.gpu_uuids) == gpus

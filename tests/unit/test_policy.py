@@ -432,3 +432,17 @@ def test_observe_usage_records_peaks_only_after_the_warm_up() -> None:
     assert observe_usage(old, 3 * GIB, NOW, P, peaks).memory_mib == pytest.approx(3 * GIB * P.usage_margin)
     correction = peaks.get("sig")
     assert correction is not None and correction.peak_mib == 3 * GIB
+
+
+def test_occupied_memory_counts_foreign_use_beside_reservations() -> None:
+    import numpy as np
+
+    from extender.policy.usage import occupied_mib, occupied_mib_array
+
+    # 9 GiB used by a process deepres did not place, 6 GiB reserved for a pod that has not allocated yet
+    assert occupied_mib(9216.0, 6144.0, 9216.0) == 15360.0
+    assert occupied_mib(12000.0, 6144.0, 0.0) == 12000.0  # never less than what the GPU uses
+    used, reserved, foreign = np.array([9216.0, 12000.0]), np.array([6144.0, 6144.0]), np.array([9216.0, 0.0])
+    assert occupied_mib_array(used, reserved, foreign).tolist() == [15360.0, 12000.0]
+    gpu = GpuView("u", 0, 16384.0, used_mib=9216.0, reserved_mib=6144.0, foreign_mib=9216.0)
+    assert gpu.free_mib == 1024.0
