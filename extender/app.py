@@ -45,13 +45,14 @@ from extender.policy import (
     PodRequest,
     PriorityInputs,
     Reservation,
+    choose_preemption,
     corrected_admission,
+    packs_by_mix,
     plan_victims,
     priority_of,
-    spreads,
 )
 from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
-from extender.policy.filtering import NO_REPORT, STALE, gib
+from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import (
@@ -395,7 +396,7 @@ class Extender:
 
     def _packs(self, req: PodRequest) -> bool:
         """Whether `req` is placed by the fragmentation-aware rule (score and bind alike)."""
-        return self.fragmentation_aware and req.gpu_job and not spreads(req, self.params)
+        return self.fragmentation_aware and packs_by_mix(req, self.params)
 
     def _packing_mix(self, req: PodRequest) -> DemandMix | None:
         """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
@@ -591,26 +592,14 @@ class Extender:
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("no preemption for pod=%s: %s", pod.key, err)
             return []
-        best: tuple[tuple[float, int, float, str], str, list[Reservation]] | None = None
-        for node in nodes:
-            view = self.ledger.node_view(node)
-            if view is None or mono - view.received_s > self.params.telemetry_ttl_s:
-                continue
-            on_node = self.ledger.reservations_on(node)
-            victims = plan_victims(req, view, on_node, now, self.params)
-            if not victims:
-                continue
-            by_uid = {r.pod_uid: r for r in on_node}
-            chosen = [by_uid[v] for v in victims]
-            top = max(priority_of(r.priority_inputs, now, self.params) for r in chosen)
-            key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node)
-            if best is None or key < best[0]:
-                best = (key, node, chosen)
-        if best is None:
+        found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
+                                        if (view := self.ledger.node_view(node)) is not None
+                                        and is_fresh(view.received_s, mono, self.params)), now, self.params)
+        if found is None:
             with self._lock:
                 self._preempting.pop(req.uid, None)
             return []
-        _, node, chosen = best
+        node, chosen = found
         evicted: list[str] = []
         for res in chosen:
             try:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
 from extender.policy.filtering import node_failure
-from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
-from extender.policy.scoring import choose_gpus
+from extender.policy.fragmentation import DemandMix, DemandWindow
+from extender.policy.placement import choose_gpus_for
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
-from extender.policy.usage import Correction, PeakStore, follow_usage, observed_peak
+from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
 
 log = logging.getLogger(__name__)
@@ -252,8 +252,7 @@ class Ledger:
             chosen = None
             if view is not None and failure is None:
                 mix = self._demand.mix() if packing else None
-                chosen = choose_gpus_fragaware(pod, view, mix) if mix is not None and len(mix) else \
-                    choose_gpus(pod, view, self.params)
+                chosen = choose_gpus_for(pod, view, self.params, mix)
             if chosen is None:
                 self.overcommits_refused += 1
                 return failure[1] if failure is not None else "no GPU left that fits"
@@ -345,12 +344,10 @@ class Ledger:
             per_gpu = observed_peak(usage.peak_memory_mib / count, min(caps))
             if per_gpu is None:
                 continue  # no process memory: no observation
-            updated = follow_usage(res, per_gpu, now_s, self.params)
+            updated = observe_usage(res, per_gpu, now_s, self.params, self._peaks)
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)
                 self._reservations[res.pod_uid] = updated
-            if res.signature and now_s - res.bound_s >= self.params.usage_warmup_s:
-                self._peaks.record(res.signature, per_gpu, res.pod_uid, report.node)
 
     def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""

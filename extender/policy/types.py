@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from extender.policy.usage import occupied_mib
+from extender.policy.usage import effective_free_mib, occupied_mib
 
 #: A GPU whose occupied memory is at most this is "whole" (nothing placed on it): an idle GPU shows
 #: a few MiB used, a CUDA context alone is ~300 MiB.
@@ -48,8 +48,7 @@ class GpuView:
 
     def __post_init__(self) -> None:
         occupied = occupied_mib(self.used_mib, self.reserved_mib, self.foreign_mib)
-        free = max(self.capacity_mib - occupied, 0.0) if self.healthy else -1.0
-        object.__setattr__(self, "free_mib", free)
+        object.__setattr__(self, "free_mib", effective_free_mib(self.capacity_mib, occupied, self.healthy))
         object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
         object.__setattr__(self, "partly", self.healthy and is_partly_used(occupied, self.capacity_mib))
 

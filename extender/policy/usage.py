@@ -44,6 +44,13 @@ def occupied_mib(used_mib: float, reserved_mib: float, foreign_mib: float = 0.0)
     return max(used_mib, reserved_mib + foreign_mib, 0.0)
 
 
+def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = True) -> float:
+    """Effective free memory of a GPU with `occupied` MiB occupied (`occupied_mib`): capacity -
+    occupied, and -1 for an unhealthy GPU so that nothing ever fits on it. `GpuView.free_mib` and
+    preemption's what-if read it; the simulator through GpuView."""
+    return max(capacity_mib - occupied, 0.0) if healthy else -1.0
+
+
 def occupied_mib_array(used_mib: F64, reserved_mib: F64, foreign_mib: F64 | float = 0.0) -> F64:
     """`occupied_mib` over arrays (the simulator's columnar cluster): the same formula."""
     out: F64 = np.maximum(np.maximum(used_mib, reserved_mib + foreign_mib), 0.0)
@@ -58,14 +65,31 @@ def observed_peak(peak_mib_per_gpu: float | None, capacity_mib: float) -> float 
     return min(float(peak_mib_per_gpu), capacity_mib)
 
 
+def warmed_up(res: Reservation, now_s: float, params: PolicyParams) -> bool:
+    """Whether a bound pod's observed peaks are representative yet (`usage_warmup_s` since bind)."""
+    return now_s - res.bound_s >= params.usage_warmup_s
+
+
 def follow_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams) -> Reservation:
     """The reservation after applying the usage rule to an observed per-GPU peak at `now_s`."""
-    if now_s - res.bound_s < params.usage_warmup_s or not peak_mib_per_gpu > 0.0:
+    if not warmed_up(res, now_s, params) or not peak_mib_per_gpu > 0.0:
         return res
     target = max(peak_mib_per_gpu * params.usage_margin, params.min_reservation_mib)
     if abs(target - res.memory_mib) < FOLLOW_DEADBAND_MIB:
         return res
     return replace(res, memory_mib=target)
+
+
+def observe_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams,
+                  peaks: PeakStore) -> Reservation:
+    """One observation (`observed_peak`) of a bound pod's per-GPU peak, from a telemetry report: the
+    reservation after the usage rule, and once the warm-up has passed the peak recorded for the pod's
+    job signature on its node. The extender's ledger calls this on every report, the simulator's
+    replay on its usage events."""
+    updated = follow_usage(res, peak_mib_per_gpu, now_s, params)
+    if res.signature and warmed_up(res, now_s, params):
+        peaks.record(res.signature, peak_mib_per_gpu, res.pod_uid, res.node)
+    return updated
 
 
 @dataclass(frozen=True, slots=True)

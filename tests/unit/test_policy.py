@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,17 +20,22 @@ from extender.policy import (
     Reservation,
     cap_criticality,
     choose_gpus,
+    choose_preemption,
     corrected_admission,
     criticality_from_priority_class,
     criticality_level,
     filter_nodes,
     follow_usage,
+    gpu_key,
+    gpus_fit,
+    is_fresh,
+    observe_usage,
     plan_victims,
     priority_of,
     score_node,
     score_nodes,
 )
-from extender.policy.columnar import NodeMatrix, filter_matrix, score_matrix
+from extender.policy.columnar import NodeMatrix, filter_matrix, fits_rows, fresh_rows, gpu_keys, score_matrix
 
 P = PolicyParams()
 NOW = 1_000_000.0
@@ -369,6 +375,63 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
 class Unreadable(dict[str, int]):
     def get(self, *_: object) -> None:  # type: ignore[override]
         raise AssertionError("a remembered lookup read the index")
+
+
+# ---- one definition per rule: the preemption node choice, the columnar twins ----
+
+def test_preemption_node_choice_prefers_the_lowest_victim_priority_over_fewer_victims() -> None:
+    """`choose_preemption` (self-preemption and the replay): node "a" needs one normal-criticality victim,
+    node "b" two low ones; "b" wins (its highest victim ranks lower), though "a" needs fewer victims."""
+    a = node("a", (16, 0, 12))
+    b = node("b", (16, 0, 12))
+    on_a = [reservation("a1", ("a-g0",), 12, level=1, node_name="a")]
+    on_b = [reservation("b1", ("b-g0",), 6, level=0, node_name="b"),
+            reservation("b2", ("b-g0",), 6, level=0, node_name="b")]
+    request = pod(14, priority=25.0)
+    found = choose_preemption(request, [(a, on_a), (b, on_b)], NOW, P)
+    assert found is not None
+    assert found[0] == "b" and sorted(r.pod_uid for r in found[1]) == ["b1", "b2"]
+    # equal highest priority: the fewer victims win, then the first name
+    on_b_normal = [reservation("b1", ("b-g0",), 12, level=1, node_name="b")]
+    found = choose_preemption(request, [(b, on_b_normal), (a, on_a)], NOW, P)
+    assert found is not None and found[0] == "a" and [r.pod_uid for r in found[1]] == ["a1"]
+    assert choose_preemption(pod(14, priority=0.5), [(a, on_a), (b, on_b)], NOW, P) is None  # no one lower
+
+
+@settings(max_examples=200, deadline=None)
+@given(cluster_st(), pod_st, st.floats(0, 60))
+def test_columnar_twins_equal_the_single_scalar_rules(nodes: dict[str, NodeView], request: PodRequest,
+                                                      age: float) -> None:
+    """fits_rows / fresh_rows / gpu_keys hold the same answers as gpus_fit / is_fresh / gpu_key."""
+    matrix = NodeMatrix(rows=2, cols=1)
+    for view in nodes.values():
+        matrix.put(view)
+    names = list(nodes)
+    rows = np.array([matrix.index[n] for n in names], dtype=np.int64)
+    now = NOW + age
+    a = matrix.arrays
+    assert fits_rows(a, rows, request.gpus, request.admission_mib).tolist() == [
+        gpus_fit(nodes[n].free_desc, request.gpus, request.admission_mib) for n in names]
+    assert fresh_rows(a, rows, now, P).tolist() == [is_fresh(nodes[n].received_s, now, P) for n in names]
+    for n, r in zip(names, rows.tolist(), strict=True):
+        healthy = nodes[n].healthy
+        for spread in (False, True):
+            keys = gpu_keys(a.free[r, :len(healthy)], a.util[r, :len(healthy)], a.empty[r, :len(healthy)],
+                            request.admission_mib, spread)
+            assert keys.tolist() == [gpu_key(g.free_mib, g.utilization, g.empty, request.admission_mib, spread)
+                                     for g in healthy]
+
+
+def test_observe_usage_records_peaks_only_after_the_warm_up() -> None:
+    """The extender's state and the replay share this: before the warm-up neither the reservation nor
+    the signature's peak moves; after it both do."""
+    peaks = PeakStore(10)
+    young = reservation(bound_s=NOW - P.usage_warmup_s + 1)
+    assert observe_usage(young, 3 * GIB, NOW, P, peaks) is young and peaks.get("sig") is None
+    old = reservation(bound_s=NOW - P.usage_warmup_s)
+    assert observe_usage(old, 3 * GIB, NOW, P, peaks).memory_mib == pytest.approx(3 * GIB * P.usage_margin)
+    correction = peaks.get("sig")
+    assert correction is not None and correction.peak_mib == 3 * GIB
 
 
 def test_occupied_memory_counts_foreign_use_beside_reservations() -> None:
