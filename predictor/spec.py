@@ -164,6 +164,8 @@ class Demand:
 
     `memory_mib` is the peak GPU memory as nvidia-smi shows it (tensors at the peak + allocator
     overhead + CUDA context); `memory_mib_upper` is a calibrated upper bound used for admission.
+    `warnings` says when the prediction is less sure than usual (inputs outside what the model was
+    trained on, for which the bound was widened): shown to the user, never silently dropped.
     """
 
     memory_mib: float
@@ -171,9 +173,12 @@ class Demand:
     gflops_per_iteration: float
     gpu_seconds: float
     model_version: str
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        return data
 
 
 class DemandPredictor(Protocol):
