@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"compute:                   {demand.gflops_per_iteration:,.2f} GFLOPs per iteration")
     print(f"GPU time (reference A100): {_fmt_duration(demand.gpu_seconds)} for {spec.iterations:,} iterations")
     print(f"model: {demand.model_version}")
+    for warning in demand.warnings:
+        print(f"warning: {warning}")
     if demand.memory_mib_upper > 80 * 1024:
         print("note: the bound exceeds an 80 GB GPU: no single GPU can admit this job as it is", file=sys.stderr)
     return 0
