@@ -54,6 +54,8 @@ FAMILY_KEYS: tuple[str, ...] = ("median_abs_rel_err", "p90_abs_rel_err", "under_
                                 "signed_median_rel_err")
 NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 CACHE_DIR = ".evaluate-cache"
+#: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
+CACHE_VERSION = 2
 
 
 class Predictions:
@@ -247,8 +249,8 @@ def _finite(value: float) -> float | None:
 
 def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any) -> str:
     test = hashlib.sha256(np.asarray(split.test, dtype=np.int64).tobytes()).hexdigest()[:16]
-    text = json.dumps([data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE, CALIBRATION_FRACTION,
-                       settings], sort_keys=True, default=str)
+    text = json.dumps([CACHE_VERSION, data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE,
+                       CALIBRATION_FRACTION, settings], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -227,9 +227,9 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "calibration jobs are architectures the model did not fit, the margin measures the error on unseen "
         "architectures, not the training fit.",
         "- **Outside the training ranges** (params, batch, input size or depth beyond what the family had in "
-        "training) the runtime widens the bound (x1.25 to x4, growing with the distance) and puts a warning in "
-        "the Demand; the tables above score the bound without that widening (test jobs lie inside the ranges "
-        "of their family almost always).",
+        "training) the runtime widens the bound (x1.25 to x4, growing with the distance; x2 for a model-type "
+        "never trained on) and puts a warning in the Demand. The tables score the bound exactly as served, "
+        "widening included (`predictor.runtime.range_factor`, one rule for both).",
         "- **Paper configuration** (`predictor.model.paper_config`): the seed's 11 columns (categories "
         "label-encoded) as a one-step sequence of 11 channels, position embedding (512), forward GRU 6 / "
         "backward GRU 10 on the flipped sequence, 2 self-attention layers (4 heads x 32 key channels) with "

@@ -174,22 +174,29 @@ Ranges = Mapping[str, Mapping[str, tuple[float, float]]]
 
 
 def out_of_range(spec: JobSpec, ranges: Ranges) -> tuple[float, tuple[str, ...]]:
-    """(bound factor, warnings) for a JobSpec against the per-family training ranges.
+    """(bound factor, warnings) for a JobSpec against the per-family training ranges (`range_factor`)."""
+    return range_factor(spec.model_type, {col: float(getattr(spec, col)) for col in INPUT_RANGE_COLUMNS}, ranges)
+
+
+def range_factor(family: str, values: Mapping[str, float], ranges: Ranges) -> tuple[float, tuple[str, ...]]:
+    """(bound factor, warnings) for one job's sizes against the per-family training ranges.
 
     Inside every range: (1.0, ()). Otherwise the factor grows with the largest distance outside, in
     doublings (see OUT_OF_RANGE_SLOPE), and one warning names each value, the range and the factor.
-    With no ranges recorded at all (an artifact without them) nothing is flagged.
+    A family with no range at all was never trained on: UNSEEN_FAMILY_FACTOR. With no ranges
+    recorded (an artifact without them) nothing is flagged. `deepres evaluate` scores the bound
+    with this same rule, so the report measures what is served.
     """
     if not ranges:
         return 1.0, ()
-    family_ranges = ranges.get(spec.model_type)
+    family_ranges = ranges.get(family)
     if family_ranges is None:
         return UNSEEN_FAMILY_FACTOR, (
-            f"model-type={spec.model_type}: the predictor was trained on no job of this family; "
+            f"model-type={family}: the predictor was trained on no job of this family; "
             f"the bound is widened x{UNSEEN_FAMILY_FACTOR:g}",)
     excess: dict[str, float] = {}
     for col, (low, high) in family_ranges.items():
-        value = float(getattr(spec, col))
+        value = float(values[col])
         if value > high > 0:
             excess[col] = math.log2(value / high)
         elif 0 < value < low:
@@ -199,8 +206,8 @@ def out_of_range(spec: JobSpec, ranges: Ranges) -> tuple[float, tuple[str, ...]]
     factor = 2.0 ** (OUT_OF_RANGE_SLOPE * max(excess.values()))
     factor = min(OUT_OF_RANGE_MAX_FACTOR, max(OUT_OF_RANGE_MIN_FACTOR, factor))
     warnings = tuple(
-        f"{_KEYS.get(col, col)}={_fmt(float(getattr(spec, col)))} is outside {_fmt(family_ranges[col][0])}.."
-        f"{_fmt(family_ranges[col][1])}, the range the predictor was trained on for {spec.model_type}: "
+        f"{_KEYS.get(col, col)}={_fmt(float(values[col]))} is outside {_fmt(family_ranges[col][0])}.."
+        f"{_fmt(family_ranges[col][1])}, the range the predictor was trained on for {family}: "
         f"less reliable, the bound is widened x{factor:.2f}"
         for col in excess
     )

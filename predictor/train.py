@@ -32,7 +32,7 @@ from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import over_reservation, regression_metrics, under_rate, upper_margin
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
-from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE
+from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, range_factor
 from predictor.splits import Split, grouped_calibration_split, grouped_split
 
 log = logging.getLogger(__name__)
@@ -128,11 +128,20 @@ class FittedModel:
     feature_set: str
     memory_shift: float = 0.0
     family_shifts: dict[str, float] = field(default_factory=dict)
+    ranges: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """Per family, the [min, max] of each sized input over the training rows (`input_ranges`)."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
-        """(points (n, 2), memory upper bound (n,)) for the given rows."""
+        """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
+        serves it: calibrated margin, then widened outside the training ranges (`range_factor`)."""
         x = (data.physics_x if self.feature_set == "physics" else data.seed_x).values[rows]
-        return self.predict_matrix(x, data.families[rows])
+        points, upper = self.predict_matrix(x, data.families[rows])
+        ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols.items()} for f, cols in self.ranges.items()}
+        factors = np.asarray([
+            range_factor(str(data.families[r]), {c: float(data.cols[c][r]) for c in INPUT_RANGE_COLUMNS}, ranges)[0]
+            for r in rows
+        ], dtype=np.float64)
+        return points, upper * factors
 
     def raw(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(points, uncalibrated memory bound): the quantile head, else the point itself."""
@@ -208,6 +217,7 @@ def fit_model(
     else:
         raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
     calibrate(model, data, cal_rows, coverage)
+    model.ranges = input_ranges(data, split.train)
     return model
 
 
@@ -257,7 +267,7 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
         "upper_coverage": UPPER_COVERAGE,
-        "input_ranges": input_ranges(data, rows),
+        "input_ranges": model.ranges or input_ranges(data, rows),
         "estimator": meta,
         "metrics_test": metrics,
         "train_seconds": round(train_seconds, 1),
