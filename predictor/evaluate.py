@@ -108,6 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPORTS, help="report directory (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="also print reports/predictor.json to stdout")
     parser.add_argument("--seed", type=int, default=0, help="seed for splits, initialisation and shuffling")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="evaluate on a seeded random subset of this many rows (CPU budget; default: all)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of %(default)s")
     parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated subset of %(default)s")
     parser.add_argument("--family-models", default="",
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 < value <= 1:
             raise UsageError(f"{flag} must be in (0, 1], got {value}")
     try:
-        data = load_dataset(args.data)
+        data = load_dataset(args.data, args.max_rows, args.seed)
     except DatasetError as err:
         raise UsageError(str(err)) from None
 
@@ -198,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         from predictor.bench import runtime_figures
 
         runtime = runtime_figures(args.artifact)
+    else:  # keep what `deepres bench predictor` last wrote
+        try:
+            runtime = json.loads((args.out / "predictor.json").read_text()).get("runtime")
+        except (OSError, ValueError, AttributeError):
+            runtime = None
     report = build_json(results, by_family, {"grouped": len(grouped.test), "grouped_train": len(grouped.train)},
                         _calibration(args.out), _exact(), runtime)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -86,8 +86,10 @@ class Dataset:
         return self.cols["model_type"]
 
 
-def load_dataset(path: Path = DEFAULT_DATA) -> Dataset:
-    """Read jobs.csv, keep `status == ok` rows with positive targets, build both feature sets."""
+def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: int = 0) -> Dataset:
+    """Read the dataset (.csv or .csv.gz), keep `status == ok` rows with positive targets, build both
+    feature sets. `max_rows`: a seeded random subset of that many usable rows (CPU budget; every
+    model and split then sees the same subset); the sha256 names the subset too."""
     import pandas as pd
 
     if not path.is_file():
@@ -98,6 +100,11 @@ def load_dataset(path: Path = DEFAULT_DATA) -> Dataset:
     if missing:
         raise DatasetError(f"{path} lacks the columns {', '.join(missing)} (see docs/CONTRACTS.md 'Dataset')")
     ok = frame[(frame["status"] == "ok") & (frame[list(TARGETS)] > 0).all(axis=1)].reset_index(drop=True)
+    digest = hashlib.sha256(raw).hexdigest()
+    if max_rows is not None and len(ok) > max_rows:
+        keep = np.sort(np.random.default_rng(seed).choice(len(ok), max_rows, replace=False))
+        ok = ok.iloc[keep].reset_index(drop=True)
+        digest = hashlib.sha256(f"{digest}:{max_rows}:{seed}".encode()).hexdigest()
     if len(ok) < 20:
         raise DatasetError(f"{path} has only {len(ok)} usable rows (status ok, positive targets): need at least 20")
     cols = feats.columns_from_frame(ok)
@@ -110,7 +117,7 @@ def load_dataset(path: Path = DEFAULT_DATA) -> Dataset:
     families = ok["family"].astype(str).to_numpy() if "family" in ok.columns else cols["model_type"].astype(str)
     return Dataset(
         cols=cols, seed_x=feats.seed_features(cols), physics_x=feats.physics_features(cols),
-        y=ok[list(TARGETS)].to_numpy(dtype=np.float64), sha256=hashlib.sha256(raw).hexdigest(), path=path,
+        y=ok[list(TARGETS)].to_numpy(dtype=np.float64), sha256=digest, path=path,
         groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
     )
 
@@ -282,6 +289,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the dataset (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact directory (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the split, the initialisation and shuffling")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="train on a seeded random subset of this many rows (CPU budget; default: all)")
     parser.add_argument("--epochs-scale", type=float, default=1.0, help="scale the configured epochs (quick runs)")
     parser.add_argument("--split", choices=("grouped", "all"), default="grouped",
                         help="fit on the grouped split's training rows and report its test rows (default), "
@@ -292,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
     try:
-        data = load_dataset(args.data)
+        data = load_dataset(args.data, args.max_rows, args.seed)
     except DatasetError as err:
         raise UsageError(str(err)) from None
     if args.epochs_scale <= 0:
