@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from predictor import exact
 from predictor import features as feats
 from predictor.model import TransformerBiGRURegressor
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
@@ -136,13 +137,13 @@ class Predictor:
         bound = np.maximum(bound * np.exp(self._memory_shift), memory)
         demands = []
         for spec, mem, mem_upper, gflops in zip(specs, memory, bound, points[:, 1], strict=True):
-            demands.append(Demand(
+            demands.append(exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
                 memory_mib=round(float(mem), 1),
                 memory_mib_upper=round(float(mem_upper), 1),
                 gflops_per_iteration=_significant(float(gflops)),
                 gpu_seconds=_significant(estimate_gpu_seconds(float(gflops), spec.iterations, spec.precision)),
                 model_version=self.version,
-            ))
+            )))
         return demands
 
 
