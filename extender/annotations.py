@@ -3,7 +3,7 @@
 The job keys go through `predictor.spec.JobSpec.parse`, so the pod, the dataset and `/v1/predict`
 share one parser; this module adds the scheduling keys (`gpus`, `deadline`, `criticality`,
 `gpu-memory`). Every error names the key as the user wrote it (with the `deepres.io/` prefix), the
-value, and what is accepted. A pod with neither `model-type` nor `gpu-memory` is not a GPU job.
+value, and what is accepted. A pod with none of `model-type`, `model` and `gpu-memory` is not a GPU job.
 """
 
 from __future__ import annotations
@@ -96,10 +96,11 @@ def parse_job(
             raise AnnotationError(PREFIX + key, value, "one of the keys " + ", ".join(
                 PREFIX + k for k in (*JOB_KEYS, *SCHEDULING_KEYS)))
     override = _memory(ours["gpu-memory"]) if "gpu-memory" in ours else None
-    if "model-type" not in ours and override is None:
+    described = "model-type" in ours or "model" in ours  # `model` (exact architecture) implies its type
+    if not described and override is None:
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
-    if "model-type" in ours:
+    if described:
         try:
             spec = JobSpec.parse({k: v for k, v in ours.items() if k in JOB_KEYS})
         except SpecError as err:

@@ -127,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"job: {name or source}")
     annotations = spec.to_annotations()
     for key in JOB_KEYS:
+        if key not in annotations:  # optional keys (model, traced-peak-mib) appear only when set
+            continue
         mark = "   (default)" if key in spec.defaulted else ""
         print(f"  {PREFIX}{key:<18} {annotations[key]}{mark}")
     print(f"predicted peak GPU memory: {demand.memory_mib:,.0f} MiB ({demand.memory_mib / 1024:.2f} GiB) per GPU")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor import exact
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
@@ -155,14 +156,14 @@ class Predictor:
             shift = self._family_shifts.get(spec.model_type, self._memory_shift)
             factor, warnings = out_of_range(spec, self._ranges)
             mem_upper = max(float(raw_upper) * math.exp(shift) * factor, float(mem))
-            demands.append(Demand(
+            demands.append(exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
                 memory_mib=round(float(mem), 1),
                 memory_mib_upper=round(mem_upper, 1),
                 gflops_per_iteration=_significant(float(gflops)),
                 gpu_seconds=_significant(estimate_gpu_seconds(float(gflops), spec.iterations, spec.precision)),
                 model_version=self.version,
                 warnings=warnings,
-            ))
+            )))
         return demands
 
 

@@ -1,0 +1,527 @@
+"""`deepres dataset real`: trace real architectures (timm, torchvision, HF configs, torch.nn) and
+write the dataset, the traces and the exact-architecture table.
+
+Grid, per architecture (predictor/dataset/archs.py lists them): three inputs (image: the default side,
+3/4 and 3/2 of it; text: three lengths in 128..4096 within the model's position limit; recurrent:
+64..1024 steps; MLP: 784..16384 features) x fp32/amp/bf16 x three batch sizes. Each trace is one
+forward+backward (`tracing.trace_components`); the peak under each optimizer follows exactly from it
+and from the optimizer's state and step size, traced once on flat tensors (`StepComponents.peak_for`;
+tested equal to full traces). fp16 has bf16's bytes. Peak memory is affine in the batch over the
+traced range to within the residual the data card shows (`fit_check`).
+
+Work is done in units (architecture, tier): tier 0 is the default input, tier 1 the two other inputs,
+so an interrupted run has every architecture at its default input before any at other inputs
+(breadth first), and units are interleaved across groups. The work file
+(predictor/dataset/_work/real.jsonl) gets one JSON line per finished unit; a restart skips the units
+it holds. Outputs are rebuilt from the work file, sorted, so they do not depend on the order units
+finished in: predictor/data/real_traces.csv (one row per trace), predictor/data/real_jobs.csv.gz
+(one row per trace and optimizer, the jobs.csv columns plus group/family/name) and
+predictor/data/exact.json (the exact-architecture table read by predictor/exact.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import logging
+import math
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from predictor.dataset import archs as A
+from predictor.dataset import calibration, tracing
+from predictor.spec import MODEL_ALIASES
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO_ROOT / "predictor" / "data"
+WORK = calibration.WORK_DIR / "real.jsonl"
+TRACES_OUT = DATA_DIR / "real_traces.csv"
+JOBS_OUT = DATA_DIR / "real_jobs.csv.gz"
+EXACT_OUT = DATA_DIR / "exact.json"
+PRECISIONS = ("fp32", "amp", "bf16")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
+JOB_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+CATS = tracing.CATEGORIES
+MIB = tracing.MIB
+UNIT_TIMEOUT_S = 900.0
+EXACT_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention kernel a GPU runs
+
+
+@contextmanager
+def gpu_attention() -> Iterator[None]:
+    """Route scaled_dot_product_attention on the meta device to the fused kernel a GPU would pick
+    (flash for fp16/bf16 without an arbitrary mask and heads up to 256 wide, memory-efficient
+    otherwise); the generic entry point would take the math kernel off-GPU and keep the T x T
+    attention matrix, which GPUs never do. Grouped-query K/V are repeated to the query heads."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+             dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+             enable_gqa: bool = False) -> torch.Tensor:
+        if q.device.type != "meta" or q.dim() != 4:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                            enable_gqa=enable_gqa)
+        if k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+            out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)
+            return out[0]  # type: ignore[no-any-return]
+        bias = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:  # SDPA turns a boolean mask into an additive one of its shape
+                bias = torch.zeros(attn_mask.shape, dtype=q.dtype)
+            else:
+                bias = attn_mask.to(q.dtype)
+            bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
+                                                                     scale=scale)
+        return out[0]  # type: ignore[no-any-return]
+
+    F.scaled_dot_product_attention = sdpa  # type: ignore[assignment]
+    try:
+        with _hf_meta_checks():
+            yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@contextmanager
+def _hf_meta_checks() -> Iterator[None]:
+    """Skip the two data-dependent checks Hugging Face models make on their inputs in eager mode
+    (packed-sequence detection, a padding warning): meta tensors have no values. For an ordinary
+    batch both come out as here (no packed sequences, no warning), so the traced kernels are those
+    of eager training."""
+    try:
+        from transformers import masking_utils, modeling_utils
+    except ImportError:
+        yield
+        return
+    find = masking_utils.find_packed_sequence_indices
+    warn = modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask
+    all_ones = masking_utils.fast_all
+
+    def find_packed(position_ids: torch.Tensor) -> Any:
+        return None if position_ids.device.type == "meta" else find(position_ids)
+
+    def no_warning(self: Any, input_ids: torch.Tensor, attention_mask: Any) -> None:
+        if input_ids.device.type != "meta":
+            warn(self, input_ids, attention_mask)  # type: ignore[no-untyped-call]
+
+    def fast_all(tensor: torch.Tensor) -> Any:
+        return True if tensor.device.type == "meta" else all_ones(tensor)  # type: ignore[arg-type]
+
+    masking_utils.find_packed_sequence_indices = find_packed
+    masking_utils.fast_all = fast_all
+    modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask = no_warning  # type: ignore[method-assign]
+    span = _patch_deberta_span()
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = find
+        masking_utils.fast_all = all_ones
+        modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask = warn  # type: ignore[method-assign]
+        if span is not None:
+            span[0].compute_attention_span = span[1]
+
+
+def _patch_deberta_span() -> tuple[Any, Any] | None:
+    """DeBERTa makes its attention span a tensor on the default device and slices with it; on a GPU
+    that scalar lives on the CPU, so here too (a meta scalar has no value to slice with)."""
+    try:
+        from transformers.models.deberta import modeling_deberta
+    except ImportError:
+        return None
+    original = modeling_deberta.compute_attention_span
+
+    def span(query_layer: torch.Tensor, key_layer: torch.Tensor, max_relative_positions: int) -> torch.Tensor:
+        return torch.tensor(min(max(query_layer.size(-2), key_layer.size(-2)), max_relative_positions), device="cpu")
+
+    modeling_deberta.compute_attention_span = span
+    return modeling_deberta, original
+
+
+# ---------------------------------------------------------------------------------------------
+# One unit: an architecture at its inputs of one tier
+
+
+def unit_key(arch: A.Arch, tier: int) -> str:
+    return f"{arch.name}|t{tier}"
+
+
+def tier_inputs(arch: A.Arch, tier: int) -> tuple[int, ...]:
+    return arch.inputs[:1] if tier == 0 else arch.inputs[1:]
+
+
+class UnitTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise UnitTimeout("unit timed out")
+
+
+def trace_input(arch: A.Arch, input_dim: int, batches: tuple[int, ...] | None = None,
+                precisions: tuple[str, ...] = PRECISIONS) -> dict[str, Any]:
+    """Every trace of one architecture at one input: the model is built once (meta, no weights)."""
+    started = time.perf_counter()
+    with torch.device("meta"), tracing._SkipInit():  # type: ignore[no-untyped-call]
+        model, batch_of, loss = A.build(arch, input_dim)
+    model = model.to("meta")  # legacy constructors (torch.FloatTensor in XLNet) ignore the device context
+    model.train()
+    build_s = time.perf_counter() - started
+    info: dict[str, Any] = {"input": input_dim, "params": A.trainable_params(model), "num_layers": A.num_layers(arch, model),
+            "dropout": int(A.has_dropout(model)), "build_seconds": round(build_s, 3), "traces": [], "optimizers": {}}
+    with gpu_attention():
+        for precision in precisions:
+            if precision == "bf16":
+                model = model.to(torch.bfloat16)
+            costs: dict[str, list[int]] | None = None
+            for batch in batches or arch.batches:
+                c = tracing.trace_components(model, batch_of(batch), loss, precision=precision)
+                if costs is None:
+                    costs = {o: list(tracing.optimizer_cost(o, c.numel_by_dtype)) for o in OPTIMIZERS}
+                    info["optimizers"][precision] = costs
+                info["traces"].append({
+                    "precision": precision, "batch": batch, "fb": c.fb_peak_bytes,
+                    "fb_bd": [c.fb_breakdown[k] for k in CATS], "end": c.end_bytes,
+                    "end_bd": [c.end_breakdown[k] for k in CATS], "flops": c.flops,
+                    "seconds": round(c.seconds, 3)})
+    return info
+
+
+def run_unit(arch: A.Arch, tier: int, timeout_s: float = UNIT_TIMEOUT_S) -> dict[str, Any]:
+    """Trace one unit; failures (per input) are recorded, never raised."""
+    started = time.perf_counter()
+    record: dict[str, Any] = {"key": unit_key(arch, tier), "arch": asdict(arch), "inputs": [], "errors": {}}
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        for input_dim in tier_inputs(arch, tier):
+            try:
+                record["inputs"].append(trace_input(arch, input_dim))
+            except UnitTimeout:
+                raise
+            except Exception as err:  # one input that does not build must not stop the others
+                record["errors"][str(input_dim)] = f"{type(err).__name__}: {err}"[:300].replace("\n", " ")
+    except UnitTimeout:
+        record["errors"]["timeout"] = f"unit exceeded {timeout_s:g} s"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    return record
+
+
+def _worker(args: tuple[A.Arch, int, float]) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return run_unit(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling the work
+
+
+def plan_units(arch_list: list[A.Arch], tiers: tuple[int, ...] = (0, 1)) -> list[tuple[A.Arch, int]]:
+    """Breadth first: tier by tier, and within a tier round-robin over groups (so a partial run
+    covers many groups), then by name: deterministic."""
+    units: list[tuple[A.Arch, int]] = []
+    for tier in tiers:
+        by_group: dict[str, list[A.Arch]] = defaultdict(list)
+        for a in sorted(arch_list, key=lambda a: a.name):
+            if tier_inputs(a, tier):
+                by_group[a.group].append(a)
+        rank = 0
+        while any(by_group.values()):
+            for group in sorted(by_group):
+                if len(by_group[group]) > rank:
+                    units.append((by_group[group][rank], tier))
+            rank += 1
+            by_group = {g: v for g, v in by_group.items() if len(v) > rank}
+    return units
+
+
+def read_work(path: Path) -> dict[str, dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return done
+    with open(path) as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from an interrupted write
+            done[record["key"]] = record
+    return done
+
+
+def generate(arch_list: list[A.Arch], work: Path, workers: int, tiers: tuple[int, ...] = (0, 1),
+             limit: int | None = None, timeout_s: float = UNIT_TIMEOUT_S,
+             retry_errors: bool = False) -> dict[str, dict[str, Any]]:
+    """Trace every unit not yet in `work` (appending one line per unit), with progress on stderr.
+    `retry_errors` traces again the units that recorded an error (the new line wins)."""
+    done = read_work(work)
+    units = plan_units(arch_list, tiers)
+    todo = [(a, t) for a, t in units
+            if unit_key(a, t) not in done or (retry_errors and done[unit_key(a, t)]["errors"])]
+    if limit is not None:
+        todo = todo[:limit]
+    work.parent.mkdir(parents=True, exist_ok=True)
+    total, start_done, started = len(units), len(units) - len(todo), time.monotonic()
+    n = 0
+    with open(work, "a") as handle:
+        for record in _results(todo, workers, timeout_s):
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            handle.flush()
+            done[record["key"]] = record
+            n += 1
+            rate = n / max(1e-9, time.monotonic() - started)
+            print(f"[{start_done + n}/{total}] {record['key']} {record['seconds']:.1f}s "
+                  f"errors={len(record['errors'])} rate={rate * 60:.1f} units/min "
+                  f"eta={(len(todo) - n) / max(rate, 1e-9) / 60:.0f} min", file=sys.stderr, flush=True)
+    return done
+
+
+def _results(todo: list[tuple[A.Arch, int]], workers: int, timeout_s: float) -> Iterator[dict[str, Any]]:
+    if len(todo) <= 1:  # otherwise worker processes even for one worker: recycled every 20 units (memory)
+        for a, t in todo:
+            yield run_unit(a, t, timeout_s)
+        return
+    with get_context("fork").Pool(workers, maxtasksperchild=20) as pool:
+        yield from pool.imap_unordered(_worker, [(a, t, timeout_s) for a, t in todo], chunksize=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def _records(done: dict[str, dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(arch dict, input info) for every traced input, sorted by (name, input)."""
+    out = [(r["arch"], info) for r in done.values() for info in r["inputs"]]
+    return sorted(out, key=lambda x: (x[0]["name"], x[1]["input"]))
+
+
+TRACE_COLUMNS = ("name", "source", "group", "family", "kind", "input_dim", "precision", "batch_size",
+                 "params_millions", "num_layers", "fb_peak_mib", *(f"fb_{k}_mib" for k in CATS), "end_mib",
+                 *(f"end_{k}_mib" for k in CATS), "gflops_per_iteration", "trace_seconds")
+
+
+def trace_rows(done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for arch, info in _records(done):
+        for t in info["traces"]:
+            rows.append({
+                "name": arch["name"], "source": arch["source"], "group": arch["group"], "family": arch["family"],
+                "kind": arch["kind"], "input_dim": info["input"], "precision": t["precision"],
+                "batch_size": t["batch"], "params_millions": round(info["params"] / 1e6, 6),
+                "num_layers": info["num_layers"], "fb_peak_mib": _mib(t["fb"]),
+                **{f"fb_{k}_mib": _mib(v) for k, v in zip(CATS, t["fb_bd"], strict=True)},
+                "end_mib": _mib(t["end"]), **{f"end_{k}_mib": _mib(v) for k, v in zip(CATS, t["end_bd"], strict=True)},
+                "gflops_per_iteration": round(t["flops"] / 1e9, 4), "trace_seconds": t["seconds"]})
+    return rows
+
+
+def _mib(nbytes: float) -> float:
+    return round(nbytes / MIB, 3)
+
+
+JOB_EXTRA = ("name", "source", "group", "family")
+
+
+def job_rows(done: dict[str, dict[str, Any]], fit: calibration.LineFit) -> list[dict[str, Any]]:
+    """The dataset: one row per (trace, optimizer), the jobs.csv columns (docs/CONTRACTS.md) + extras."""
+    from predictor.dataset.generate import COLUMNS
+
+    rows: list[dict[str, Any]] = []
+    for arch, info in _records(done):
+        for t in info["traces"]:
+            comp = tracing.StepComponents(t["fb"], dict(zip(CATS, t["fb_bd"], strict=True)), t["end"],
+                                          dict(zip(CATS, t["end_bd"], strict=True)), t["flops"], {}, 0.0)
+            for opt in JOB_OPTIMIZERS:
+                state, step = info["optimizers"][t["precision"]][opt]
+                peak, parts = comp.peak_for(state, step)
+                params_m = round(info["params"] / 1e6, 6)
+                row: dict[str, Any] = dict.fromkeys(COLUMNS, "")
+                row.update(
+                    model_type=MODEL_ALIASES[arch["family"]], params_millions=params_m, batch_size=t["batch"],
+                    input_dim=info["input"], num_layers=info["num_layers"], iterations=10000,
+                    precision=t["precision"], optimizer=opt, learning_rate=0.001, regularization=info["dropout"],
+                    data_augmentation=int(arch["kind"] == "image"), actual_params_millions=params_m, param_match=1,
+                    arch=json.dumps({"name": arch["name"]}), traced_peak_mib=_mib(peak),
+                    **{f"{k}_mib": _mib(v) for k, v in parts.items()},
+                    memory_mib=round(fit.predict(peak / MIB), 2), gflops_per_iteration=round(t["flops"] / 1e9, 4),
+                    seed=0, status="ok", error="", trace_seconds=t["seconds"],
+                    name=arch["name"], source=arch["source"], group=arch["group"], family=arch["family"])
+                rows.append(row)
+    for i, row in enumerate(rows):
+        row["job_id"] = i
+    return rows
+
+
+def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound: dict[str, float]) -> dict[str, Any]:
+    """The exact-architecture table: per architecture, per precision and input, the traced
+    forward/backward peak and the after-backward bytes at each traced batch (MiB), the GFLOPs, and
+    each optimizer's (state, step) MiB. predictor/exact.py turns these into a Demand."""
+    models: dict[str, Any] = {}
+    for arch, info in _records(done):
+        if arch["source"] == "nn":
+            continue  # custom stacks have no name a pod could give; they are training data only
+        entry = models.setdefault(arch["name"], {
+            "group": arch["group"], "family": arch["family"], "kind": arch["kind"],
+            "default_input": arch["inputs"][0], "batches": list(arch["batches"]), "inputs": {}})
+        curves: dict[str, Any] = {}
+        for precision in PRECISIONS:
+            ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
+            if [t["batch"] for t in ts] != list(arch["batches"]):
+                continue
+            curves[precision] = {
+                "fb": [_mib(t["fb"]) for t in ts], "end": [_mib(t["end"]) for t in ts],
+                "gflops": [round(t["flops"] / 1e9, 4) for t in ts],
+                "optimizers": {o: [_mib(v) for v in info["optimizers"][precision][o]] for o in OPTIMIZERS}}
+        if curves:
+            entry["inputs"][str(info["input"])] = {"params_millions": round(info["params"] / 1e6, 4),
+                                                   "num_layers": info["num_layers"], "curves": curves}
+    models = {k: v for k, v in models.items() if v["inputs"]}
+    return {"version": EXACT_VERSION,
+            "about": "deepres exact-architecture table: written by `deepres dataset real`; read by predictor/exact.py",
+            "calibration": {"context_mib": fit.context_mib, "factor": fit.factor}, "bound": bound,
+            "precisions_traced": list(PRECISIONS), "models": dict(sorted(models.items()))}
+
+
+def fit_check(done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How affine the traced peaks are in the batch: per (arch, precision, input) the least-squares
+    line through the three traced batches and its largest relative residual (fb and end)."""
+    worst: list[float] = []
+    for _, info in _records(done):
+        for precision in PRECISIONS:
+            ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
+            if len(ts) < 3:
+                continue
+            for field in ("fb", "end"):
+                xs, ys = [t["batch"] for t in ts], [t[field] for t in ts]
+                worst.append(_max_rel_residual(xs, ys))
+    worst.sort()
+
+    def q(p: float) -> float:
+        return worst[min(len(worst) - 1, int(p * len(worst)))] if worst else 0.0
+
+    return {"n_curves": len(worst), "median_max_rel_residual": q(0.5), "p90_max_rel_residual": q(0.9),
+            "p99_max_rel_residual": q(0.99), "max_rel_residual": worst[-1] if worst else 0.0}
+
+
+def _max_rel_residual(xs: list[int], ys: list[int]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return max(abs(my + slope * (x - mx) - y) / y for x, y in zip(xs, ys, strict=True) if y > 0)
+
+
+def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) -> dict[str, Any]:
+    """Rebuild every output from the work records (sorted: the same records give the same files)."""
+    from predictor.dataset.generate import COLUMNS
+
+    fit = calibration.calibration_constants()
+    constants = json.loads(calibration.CONSTANTS_PATH.read_text())
+    bound = {"calibration_rel": round(max(0.05, float(constants.get("holdout_p90_abs_rel_err", 0.05))), 4),
+             "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    traces = trace_rows(done)
+    _write_csv(data_dir / TRACES_OUT.name, TRACE_COLUMNS, traces, compress=False)
+    jobs = job_rows(done, fit)
+    _write_csv(data_dir / JOBS_OUT.name, (*COLUMNS, *JOB_EXTRA), jobs, compress=True)
+    table = exact_table(done, fit, bound)
+    (data_dir / EXACT_OUT.name).write_text(json.dumps(table, separators=(",", ":"), sort_keys=False) + "\n")
+    archs_ok = {a["name"] for a, _ in _records(done)}
+    errors = {r["key"]: r["errors"] for r in done.values() if r["errors"]}
+    summary = {"units": len(done), "architectures": len(archs_ok), "traces": len(traces), "job_rows": len(jobs),
+               "groups": len({a["group"] for a, _ in _records(done)}), "exact_models": len(table["models"]),
+               "units_with_errors": len(errors), "fit_check": fit_check(done)}
+    return summary
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]], compress: bool) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    data = buffer.getvalue().encode()
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    if compress:
+        tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))  # mtime 0: byte-identical reruns
+    else:
+        tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (`deepres dataset real ...`, dispatched from generate.run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("real architectures (`deepres dataset real`)")
+    group.add_argument("--sources", default="timm,torchvision,hf,nn",
+                       help="comma-separated sources to trace (default: all of timm,torchvision,hf,nn)")
+    group.add_argument("--match", default="", help="only architectures whose name contains this text")
+    group.add_argument("--tiers", default="0,1", help="0: default input only; 1: the two other inputs (default 0,1)")
+    group.add_argument("--limit", type=int, default=None, help="stop after this many new units")
+    group.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    group.add_argument("--unit-timeout-s", type=float, default=UNIT_TIMEOUT_S)
+    group.add_argument("--real-work", type=Path, default=WORK, help=f"work file (default {WORK})")
+    group.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"output folder (default {DATA_DIR})")
+    group.add_argument("--outputs-only", action="store_true", help="rebuild the outputs from the work file only")
+    group.add_argument("--retry-errors", action="store_true", help="trace again the units that recorded errors")
+
+
+def run(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+
+    sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    bad = [s for s in sources if s not in ("timm", "torchvision", "hf", "nn")]
+    if bad:
+        raise UsageError(f"--sources: unknown {', '.join(bad)} (expected timm, torchvision, hf, nn)")
+    try:
+        tiers = tuple(int(t) for t in args.tiers.split(","))
+    except ValueError:
+        raise UsageError(f"--tiers={args.tiers!r}: expected 0, 1 or 0,1") from None
+    if not set(tiers) <= {0, 1} or args.workers < 1:
+        raise UsageError("--tiers takes 0 and/or 1; --workers must be >= 1")
+    logging.getLogger("timm").setLevel(logging.WARNING)
+    if args.outputs_only:
+        done = read_work(args.real_work)
+    else:
+        arch_list = [a for a in A.all_archs(sources) if args.match in a.name]
+        print(f"dataset real: {len(arch_list)} architectures from {', '.join(sources)}; work file {args.real_work}",
+              file=sys.stderr)
+        done = generate(arch_list, args.real_work, args.workers, tiers, args.limit, args.unit_timeout_s,
+                        args.retry_errors)
+    summary = write_outputs(done, args.data_dir)
+    (args.data_dir / "real_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def seconds_per_trace(done: dict[str, dict[str, Any]]) -> float:
+    values = sorted(t["seconds"] for r in done.values() for i in r["inputs"] for t in i["traces"])
+    return values[len(values) // 2] if values else math.nan
