@@ -31,6 +31,7 @@ from predictor.metrics import over_reservation, regression_metrics, under_rate
 from predictor.splits import Split, family_splits, grouped_calibration_split, grouped_split, random_split
 from predictor.train import (
     CALIBRATION_FRACTION,
+    CV_FOLDS,
     DEFAULT_DATA,
     MODELS,
     REPO_ROOT,
@@ -119,6 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "configuration (default %(default)s)")
     parser.add_argument("--fold-epochs-scale", type=float, default=0.5,
                         help="epochs of the networks on the leave-family-out folds (default %(default)s)")
+    parser.add_argument("--cv-folds", type=int, default=CV_FOLDS,
+                        help="grouped cross-validation folds that calibrate the bound on the grouped and random "
+                             "splits (< 2: one held-out calibration fold; default %(default)s)")
+    parser.add_argument("--fold-cv-folds", type=int, default=3,
+                        help="the same on the leave-family-out folds (default %(default)s)")
     parser.add_argument("--no-tune", action="store_true", help="skip the baselines' grid (use the first setting)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="artifact whose runtime is measured (default: the shipped one)")
@@ -153,14 +159,16 @@ def run(args: argparse.Namespace) -> int:
     grouped = grouped_split(data.groups, 0.3, args.seed)
     settings = _tune_baselines(data, grouped, sorted({m for m in models + family_models if m in BASELINES}),
                                args, started)
-    plan: list[tuple[str, list[Split], float, list[str]]] = []
+    plan: list[tuple[str, list[Split], float, list[str], int]] = []
     if "grouped" in split_names:
-        plan.append(("grouped", [grouped], args.epochs_scale, models))
+        plan.append(("grouped", [grouped], args.epochs_scale, models, args.cv_folds))
     if "leave_family_out" in split_names:
-        plan.append(("leave_family_out", family_splits(data.report_families), args.fold_epochs_scale, family_models))
+        plan.append(("leave_family_out", family_splits(data.report_families), args.fold_epochs_scale, family_models,
+                     args.fold_cv_folds))
     if "random" in split_names:
-        plan.append(("random", [random_split(data.n_rows, 0.3, args.seed)], args.epochs_scale, models))
-    total = sum(len(splits) * len(names) for _, splits, _, names in plan)
+        plan.append(("random", [random_split(data.n_rows, 0.3, args.seed)], args.epochs_scale, models,
+                     args.cv_folds))
+    total = sum(len(splits) * len(names) for _, splits, _, names, _ in plan)
     done = 0
     cache = args.out / CACHE_DIR
     results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
@@ -168,16 +176,16 @@ def run(args: argparse.Namespace) -> int:
     predictions: dict[str, dict[str, Predictions]] = {}
     print(f"evaluating {len(models)} models on {data.n_rows} jobs of {len(set(data.groups.tolist()))} architecture "
           f"groups ({data.path.name} sha256 {data.sha256[:12]}), {total} fits", flush=True)
-    for split_name, splits, scale, names in plan:
+    for split_name, splits, scale, names, cv_folds in plan:
         predictions[split_name] = {m: Predictions() for m in names}
         for split in splits:
             for model_name in names:
                 t0 = time.perf_counter()
-                key = _cache_key(data, model_name, split, args.seed, scale, settings.get(model_name))
+                key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds])
                 hit = _cache_load(cache, key, split.test)
                 if hit is None:
                     model = fit_model(model_name, data, split, args.seed, epochs_scale=scale,
-                                      settings=settings.get(model_name))
+                                      settings=settings.get(model_name), cv_folds=cv_folds)
                     points, upper = model.predict(data, split.test)
                     _cache_save(cache, key, points, upper)
                 else:
@@ -214,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
         "rows": data.n_rows, "sha256": data.sha256, "data": _display_path(data.path), "seed": args.seed,
         "settings": settings, "epochs_scale": args.epochs_scale, "fold_epochs_scale": args.fold_epochs_scale,
         "elapsed_s": elapsed, "n_groups": len(set(data.groups.tolist())),
-        "n_test": {name: len(splits[0].test) for name, splits, _, _ in plan if len(splits) == 1},
+        "n_test": {name: len(splits[0].test) for name, splits, _, _, _ in plan if len(splits) == 1},
+        "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
         "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
     }
     from predictor.report import write_markdown, write_plots
@@ -290,15 +299,17 @@ def _calibration(reports: Path) -> dict[str, float | None]:
 
 
 def _exact() -> dict[str, Any]:
-    """The exact-architecture path's held-out figures, from `predictor.exact` when it provides them."""
+    """The exact-architecture path's held-out figures: `predictor.exact.heldout_metrics()` when the
+    exact path provides it (the dataset's side owns those measurements), else marked null."""
+    import importlib
+
     try:
-        from predictor import exact  # type: ignore[attr-defined, unused-ignore]
+        figures = getattr(importlib.import_module("predictor.exact"), "heldout_metrics", None)
     except ImportError:
-        exact = None
-    figures = getattr(exact, "heldout_metrics", None) if exact is not None else None
+        figures = None
     if figures is None:
         return {"median_abs_rel_err": None, "under_rate": None,
-                "note": "not measured: this build has no exact-architecture table (predictor.exact)"}
+                "note": "not measured in this build: predictor.exact provides no held-out figures (heldout_metrics)"}
     result: dict[str, Any] = figures()
     return result
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from predictor.train import CALIBRATION_FRACTION, MIN_FAMILY_CALIBRATION
+from predictor.train import MIN_FAMILY_CALIBRATION, MIN_FAMILY_GROUPS
 
 if TYPE_CHECKING:
     from predictor.evaluate import Predictions
@@ -218,14 +218,15 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
     lines += [
         "## Method",
         "",
-        f"- **Same rows, same procedure.** Every model fits on a split's training rows less a calibration fold of "
-        f"whole architecture groups ({CALIBRATION_FRACTION:.0%} of the training groups), and sets its memory "
-        f"upper bound on that fold by split conformal prediction: the ceil((n+1) x {context['coverage']:.0%})-th "
-        f"smallest log(real / bound) becomes a multiplicative margin, per family (model-type) where the fold "
-        f"holds at least {MIN_FAMILY_CALIBRATION} of its jobs, else over all families. The tuned network's raw "
-        "bound is its pinball-trained 95% quantile head, the other models' their point prediction. Because the "
-        "calibration jobs are architectures the model did not fit, the margin measures the error on unseen "
-        "architectures, not the training fit.",
+        f"- **Same rows, same procedure; the bound calibrated on unseen architectures.** Every model is cut "
+        f"into {context['cv_folds']} grouped cross-validation folds of its training rows ({context['fold_cv_folds']} "
+        f"on the leave-family-out folds): each fold's architectures are predicted by a fit that never saw them, "
+        f"which gives every training job an out-of-fold raw bound; the model is then fitted on all its training "
+        f"rows (CV+). The margin is split conformal on the out-of-fold scores: the ceil((n+1) x "
+        f"{context['coverage']:.0%})-th smallest log(real / raw bound), per family (model-type) where at least "
+        f"{MIN_FAMILY_CALIBRATION} jobs of {MIN_FAMILY_GROUPS} architecture groups back it, else over all families. "
+        "The tuned network's raw bound is its pinball-trained 95% quantile head, the other models' their point "
+        "prediction. Test rows are never seen before scoring.",
         "- **Outside the training ranges** (params, batch, input size or depth beyond what the family had in "
         "training) the runtime widens the bound (x1.25 to x4, growing with the distance; x2 for a model-type "
         "never trained on) and puts a warning in the Demand. The tables score the bound exactly as served, "

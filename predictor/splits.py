@@ -124,3 +124,24 @@ def grouped_calibration_split(train: IntArray, groups: Sequence[str] | npt.NDArr
         return calibration_split(train, fraction, seed)
     inner = grouped_split(sub, fraction, seed)
     return train[inner.train], train[inner.test]
+
+
+def grouped_folds(rows: IntArray, groups: Sequence[str] | npt.NDArray[np.str_], k: int,
+                  seed: int = 0) -> list[IntArray]:
+    """`rows` cut into `k` folds of whole groups with about as many rows each (seeded: the groups in
+    a random order, each to the fold with the fewest rows so far). Sorted row arrays; none empty
+    when there are at least k groups."""
+    rows = np.sort(np.asarray(rows, dtype=np.int64))
+    sub = np.asarray(groups).astype(str)[rows]
+    order = _group_order(sub, seed)
+    if len(order) < k:
+        raise ValueError(f"need at least {k} groups for {k} folds, got {len(order)}")
+    sizes = [0] * k
+    fold_of: dict[str, int] = {}
+    counts = {g: int(c) for g, c in zip(*np.unique(sub, return_counts=True), strict=True)}
+    for group in order:
+        target = min(range(k), key=lambda i: (sizes[i], i))
+        fold_of[group] = target
+        sizes[target] += counts[group]
+    assignment = np.asarray([fold_of[g] for g in sub.tolist()])
+    return [rows[assignment == i] for i in range(k)]

@@ -33,7 +33,7 @@ from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import over_reservation, regression_metrics, under_rate, upper_margin
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
 from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, range_factor
-from predictor.splits import Split, grouped_calibration_split, grouped_split
+from predictor.splits import Split, grouped_calibration_split, grouped_folds, grouped_split
 
 log = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
@@ -53,6 +53,9 @@ CALIBRATION_FRACTION = 0.2
 #: A family gets its own margin when the calibration fold holds at least this many of its jobs;
 #: others use the margin of all families together.
 MIN_FAMILY_CALIBRATION = 30
+MIN_FAMILY_GROUPS = 3
+#: Grouped cross-validation folds that calibrate the bound (`fit_model`); below 2: one held-out fold.
+CV_FOLDS = 5
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
@@ -172,18 +175,53 @@ class FittedModel:
 
 
 def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64], coverage: float) -> None:
-    """Set the model's margins on a calibration fold (rows of groups it did not fit): split conformal,
-    overall and per family (model_type) where the fold holds MIN_FAMILY_CALIBRATION jobs of it."""
+    """Set the model's margins on a calibration fold (rows of groups it did not fit)."""
     x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
     _, base = model.raw(x)
-    truth = data.y[cal_rows, 0]
+    set_margins(model, data, cal_rows, base, coverage)
+
+
+def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], base: FloatArray,
+                coverage: float) -> None:
+    """Split conformal margins from held-out raw bounds `base` of `rows`: overall, and per family
+    (model_type) where the rows hold MIN_FAMILY_CALIBRATION jobs of at least MIN_FAMILY_GROUPS groups
+    (one architecture's residuals say little about the next one's)."""
+    truth = data.y[rows, 0]
     model.memory_shift = upper_margin(truth, base, coverage)
-    families = data.families[cal_rows]
+    families = data.families[rows]
+    groups = data.groups[rows]
     model.family_shifts = {}
     for family in sorted(set(families.tolist())):
         mask = families == family
-        if mask.sum() >= MIN_FAMILY_CALIBRATION:
+        if mask.sum() >= MIN_FAMILY_CALIBRATION and len(set(groups[mask].tolist())) >= MIN_FAMILY_GROUPS:
             model.family_shifts[str(family)] = upper_margin(truth[mask], base[mask], coverage)
+
+
+def _fit_estimators(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
+                    settings: dict[str, Any] | None, progress: Callable[[int, float], None] | None) -> FittedModel:
+    """Model `name` fitted on `rows`, without margins."""
+    torch.set_num_threads(TRAIN_THREADS)
+    if name == "transformer_bigru_paper":
+        config = paper_config()
+        epochs = max(1, round(config.epochs * epochs_scale))
+        x = data.seed_x.values
+        # the paper predicts one target per network: one network per target
+        estimators: list[Any] = [
+            TransformerBiGRURegressor(config, (), seed, epochs=epochs, progress=progress).fit(
+                x[rows], data.y[rows, k : k + 1]
+            )
+            for k in range(len(TARGETS))
+        ]
+        return FittedModel(name, estimators, "seed")
+    if name == "transformer_bigru_tuned":
+        config = tuned_config()
+        epochs = max(1, round(config.epochs * epochs_scale))
+        est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
+        return FittedModel(name, [est.fit(data.physics_x.values[rows], data.y[rows])], "physics")
+    if name in BASELINES:
+        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[rows], data.y[rows])
+        return FittedModel(name, [est_b], "physics")
+    raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 
 
 def fit_model(
@@ -196,35 +234,32 @@ def fit_model(
     settings: dict[str, Any] | None = None,
     progress: Callable[[int, float], None] | None = None,
     coverage: float = UPPER_COVERAGE,
+    cv_folds: int = CV_FOLDS,
 ) -> FittedModel:
-    """Fit model `name` on the split's training rows less a calibration fold of whole architecture
-    groups, then calibrate the memory upper bound on that fold (the same procedure for every model)."""
-    fit_rows, cal_rows = grouped_calibration_split(split.train, data.groups, CALIBRATION_FRACTION, seed)
-    torch.set_num_threads(TRAIN_THREADS)
-    if name == "transformer_bigru_paper":
-        config = paper_config()
-        epochs = max(1, round(config.epochs * epochs_scale))
-        x = data.seed_x.values
-        # the paper predicts one target per network: one network per target
-        estimators: list[Any] = [
-            TransformerBiGRURegressor(config, (), seed, epochs=epochs, progress=progress).fit(
-                x[fit_rows], data.y[fit_rows, k : k + 1]
-            )
-            for k in range(len(TARGETS))
-        ]
-        model = FittedModel(name, estimators, "seed")
-    elif name == "transformer_bigru_tuned":
-        config = tuned_config()
-        epochs = max(1, round(config.epochs * epochs_scale))
-        est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        model = FittedModel(name, [est.fit(data.physics_x.values[fit_rows], data.y[fit_rows])], "physics")
-    elif name in BASELINES:
-        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[fit_rows], data.y[fit_rows])
-        model = FittedModel(name, [est_b], "physics")
+    """Fit model `name` on the split's training rows and calibrate its memory bound on architecture
+    groups it did not fit (the same procedure for every model).
+
+    `cv_folds` >= 2 (and at least that many groups): grouped cross-validation, i.e. `cv_folds` fits
+    each without one fold of whole groups give an out-of-fold raw bound for every training row, the
+    margins come from all of them, and the model itself is then fitted on every training row (the
+    CV+ recipe: more calibration architectures than a single held-out fold, none lost to fitting).
+    Otherwise a single calibration fold of CALIBRATION_FRACTION of the groups is held out.
+    """
+    train = split.train
+    n_groups = len(set(data.groups[train].tolist()))
+    if cv_folds >= 2 and n_groups >= cv_folds:
+        base = np.empty(len(train))
+        for fold in grouped_folds(train, data.groups, cv_folds, seed):
+            inner = _fit_estimators(name, data, np.setdiff1d(train, fold), seed, epochs_scale, settings, None)
+            x = (data.physics_x if inner.feature_set == "physics" else data.seed_x).values[fold]
+            base[np.searchsorted(train, fold)] = inner.raw(x)[1]
+        model = _fit_estimators(name, data, train, seed, epochs_scale, settings, progress)
+        set_margins(model, data, train, base, coverage)
     else:
-        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
-    calibrate(model, data, cal_rows, coverage)
-    model.ranges = input_ranges(data, split.train)
+        fit_rows, cal_rows = grouped_calibration_split(train, data.groups, CALIBRATION_FRACTION, seed)
+        model = _fit_estimators(name, data, fit_rows, seed, epochs_scale, settings, progress)
+        calibrate(model, data, cal_rows, coverage)
+    model.ranges = input_ranges(data, train)
     return model
 
 
@@ -291,6 +326,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the split, the initialisation and shuffling")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="train on a seeded random subset of this many rows (CPU budget; default: all)")
+    parser.add_argument("--cv-folds", type=int, default=CV_FOLDS,
+                        help="grouped cross-validation folds that calibrate the bound (< 2: one held-out "
+                             "calibration fold; default %(default)s)")
     parser.add_argument("--epochs-scale", type=float, default=1.0, help="scale the configured epochs (quick runs)")
     parser.add_argument("--split", choices=("grouped", "all"), default="grouped",
                         help="fit on the grouped split's training rows and report its test rows (default), "
@@ -320,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  epoch {epoch}/{epochs}  loss {loss:.4f}  {time.perf_counter() - started:.0f}s", flush=True)
 
     model = fit_model("transformer_bigru_tuned", data, split, args.seed, epochs_scale=args.epochs_scale,
-                      progress=progress)
+                      progress=progress, cv_folds=args.cv_folds)
     seconds = time.perf_counter() - started
     metrics = score(model, data, split.test) if len(split.test) else {}
     path = save_artifact(model, data, args.out, args.seed, metrics, seconds, train_rows=split.train, split=args.split)
