@@ -191,8 +191,9 @@ def trace_input(arch: A.Arch, input_dim: int, batches: tuple[int, ...] | None = 
     model = model.to("meta")  # legacy constructors (torch.FloatTensor in XLNet) ignore the device context
     model.train()
     build_s = time.perf_counter() - started
-    info: dict[str, Any] = {"input": input_dim, "params": A.trainable_params(model), "num_layers": A.num_layers(arch, model),
-            "dropout": int(A.has_dropout(model)), "build_seconds": round(build_s, 3), "traces": [], "optimizers": {}}
+    info: dict[str, Any] = {
+        "input": input_dim, "params": A.trainable_params(model), "num_layers": A.num_layers(arch, model),
+        "dropout": int(A.has_dropout(model)), "build_seconds": round(build_s, 3), "traces": [], "optimizers": {}}
     with gpu_attention():
         for precision in precisions:
             if precision == "bf16":
@@ -244,22 +245,23 @@ def _worker(args: tuple[A.Arch, int, float]) -> dict[str, Any]:
 
 
 def plan_units(arch_list: list[A.Arch], tiers: tuple[int, ...] = (0, 1)) -> list[tuple[A.Arch, int]]:
-    """Breadth first: tier by tier, and within a tier round-robin over groups (so a partial run
-    covers many groups), then by name: deterministic."""
-    units: list[tuple[A.Arch, int]] = []
+    """Breadth first, deterministic: round-robin over groups (a partial run covers many groups);
+    first three architectures of every group at their default input, then the other inputs of the
+    few text, recurrent, MLP and torchvision models (their only input-size variation), then the
+    remaining default inputs, then the remaining other inputs."""
+    ranked: dict[int, list[tuple[int, A.Arch]]] = {}
     for tier in tiers:
         by_group: dict[str, list[A.Arch]] = defaultdict(list)
         for a in sorted(arch_list, key=lambda a: a.name):
             if tier_inputs(a, tier):
                 by_group[a.group].append(a)
-        rank = 0
-        while any(by_group.values()):
-            for group in sorted(by_group):
-                if len(by_group[group]) > rank:
-                    units.append((by_group[group][rank], tier))
-            rank += 1
-            by_group = {g: v for g, v in by_group.items() if len(v) > rank}
-    return units
+        ranked[tier] = sorted(((rank, a) for members in by_group.values() for rank, a in enumerate(members)),
+                              key=lambda x: (x[0], x[1].group, x[1].name))
+    first = [(a, 0) for rank, a in ranked.get(0, []) if rank < 3]
+    small = [(a, 1) for _, a in ranked.get(1, []) if a.source in ("hf", "nn", "torchvision")]
+    rest0 = [(a, 0) for rank, a in ranked.get(0, []) if rank >= 3]
+    rest1 = [(a, 1) for _, a in ranked.get(1, []) if a.source not in ("hf", "nn", "torchvision")]
+    return first + small + rest0 + rest1
 
 
 def read_work(path: Path) -> dict[str, dict[str, Any]]:
