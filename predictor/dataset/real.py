@@ -244,6 +244,23 @@ def _worker(args: tuple[A.Arch, int, float]) -> dict[str, Any]:
 # Scheduling the work
 
 
+#: Models people train most (the first traced, so the exact table has them early in a partial run).
+WELL_KNOWN = frozenset(f"timm/{n}" for n in (
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet50d", "resnext50_32x4d", "wide_resnet50_2",
+    "vgg11", "vgg13", "vgg16", "vgg19", "vgg16_bn", "efficientnet_b0", "efficientnet_b1", "efficientnet_b2",
+    "efficientnet_b3", "efficientnet_b4", "tf_efficientnetv2_s", "inception_v3", "inception_v4", "xception65",
+    "mobilenetv2_100", "mobilenetv3_large_100", "mobilenetv3_small_100", "densenet121", "densenet169",
+    "convnext_tiny", "convnext_small", "convnext_base", "convnext_large", "regnety_032", "regnety_040",
+    "regnetx_032", "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224",
+    "vit_base_patch32_224", "deit_base_patch16_224", "deit_small_patch16_224", "swin_tiny_patch4_window7_224",
+    "swin_small_patch4_window7_224", "swin_base_patch4_window7_224", "beit_base_patch16_224", "mixer_b16_224",
+    "efficientnet_b5", "ghostnet_100", "mnasnet_100", "squeezenet1_0", "dla34", "dpn92", "hrnet_w18",
+    "res2net50_26w_4s", "resnest50d", "seresnet50", "nfnet_f0", "coatnet_0_rw_224", "maxvit_tiny_tf_224",
+    "levit_128", "xcit_small_12_p16_224", "cait_s24_224", "pvt_v2_b2", "twins_svt_small", "poolformer_s24",
+    "eva02_base_patch14_224.mim_in22k", "efficientformer_l1", "mobilevit_s", "repvgg_a2", "rexnet_100",
+    "tresnet_m", "cspresnet50", "ecaresnet50d", "gernet_m", "sebotnet33ts_256"))
+
+
 def plan_units(arch_list: list[A.Arch], tiers: tuple[int, ...] = (0, 1)) -> list[tuple[A.Arch, int]]:
     """Breadth first, deterministic: round-robin over groups (a partial run covers many groups);
     first three architectures of every group at their default input, then the other inputs of the
@@ -257,9 +274,10 @@ def plan_units(arch_list: list[A.Arch], tiers: tuple[int, ...] = (0, 1)) -> list
                 by_group[a.group].append(a)
         ranked[tier] = sorted(((rank, a) for members in by_group.values() for rank, a in enumerate(members)),
                               key=lambda x: (x[0], x[1].group, x[1].name))
-    first = [(a, 0) for rank, a in ranked.get(0, []) if rank < 3]
+    well_known = [(a, 0) for _, a in ranked.get(0, []) if a.name in WELL_KNOWN or a.source in ("torchvision", "hf")]
+    first = well_known + [(a, 0) for rank, a in ranked.get(0, []) if rank < 3 and (a, 0) not in well_known]
     small = [(a, 1) for _, a in ranked.get(1, []) if a.source in ("hf", "nn", "torchvision")]
-    rest0 = [(a, 0) for rank, a in ranked.get(0, []) if rank >= 3]
+    rest0 = [(a, 0) for rank, a in ranked.get(0, []) if rank >= 3 and (a, 0) not in well_known]
     rest1 = [(a, 1) for _, a in ranked.get(1, []) if a.source not in ("hf", "nn", "torchvision")]
     return first + small + rest0 + rest1
 
