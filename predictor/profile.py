@@ -93,6 +93,8 @@ def guess_model_type(model: nn.Module) -> str:
         return "lstm"
     if any(k.startswith("gru") for k in kinds):
         return "gru"
+    if any(k.endswith("forcausallm") or k.startswith(("gpt", "llama", "mistral", "qwen", "opt")) for k in kinds):
+        return "gpt"
     if any("attention" in k for k in kinds):
         return "vit" if any("conv2d" in k or "patch" in k for k in kinds) else "transformer"
     if any("conv" in k for k in kinds):
