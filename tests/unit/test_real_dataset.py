@@ -187,3 +187,10 @@ def test_exact_table_gives_the_calibrated_traced_peak(tmp_path: Path) -> None:
         exact.resolve("torchvision/squeezenet1_2", path=table)
     with pytest.raises(SpecError, match="timm/<name>"):
         exact.resolve("squeezenet", path=table)
+
+
+def test_bad_dataset_real_arguments_are_usage_errors(tmp_path: Path) -> None:
+    from extender.cli import main
+
+    assert main(["dataset", "real", "--sources", "timm,keras", "--real-work", str(tmp_path / "w")]) == 2
+    assert main(["dataset", "real", "--tiers", "2", "--real-work", str(tmp_path / "w")]) == 2
