@@ -180,7 +180,7 @@ def override(spec: JobSpec, network: Demand) -> Demand:
     if spec.model:
         try:
             est = estimate(spec.model, spec.batch_size, spec.input_dim, spec.precision, spec.optimizer)
-        except NotTraced:  # the family fields (filled from the table) still describe the job
+        except SpecError:  # an input or precision the table lacks: the family fields (from the table) still describe it
             return replace(network, model_version=f"{network.model_version}+untraced-input")
         return Demand(est.memory_mib, est.memory_mib_upper, est.gflops_per_iteration,
                       float(f"{estimate_gpu_seconds(est.gflops_per_iteration, spec.iterations, spec.precision):.6g}"),

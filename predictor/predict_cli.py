@@ -89,7 +89,7 @@ def job_spec(annotations: Mapping[str, str], source: str) -> JobSpec:
     from extender.cli import UsageError
 
     raw = {k[len(PREFIX):]: v for k, v in annotations.items() if k.startswith(PREFIX)}
-    if "model-type" not in raw:
+    if "model-type" not in raw and "model" not in raw:
         override = raw.get("gpu-memory")
         hint = (f" (it sets {PREFIX}gpu-memory={override}, which deepres uses as is)" if override
                 else f": add {PREFIX}model-type and the other {PREFIX}* annotations to get a prediction")
@@ -126,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
     name = _dig(document, ("metadata", "name")) if isinstance(document, Mapping) else None
     print(f"job: {name or source}")
     annotations = spec.to_annotations()
-    for key in JOB_KEYS:
-        if key not in annotations:  # optional keys (model, traced-peak-mib) appear only when set
-            continue
+    for key in (k for k in JOB_KEYS if k in annotations):  # model / traced-peak-mib only when given
         mark = "   (default)" if key in spec.defaulted else ""
         print(f"  {PREFIX}{key:<18} {annotations[key]}{mark}")
     print(f"predicted peak GPU memory: {demand.memory_mib:,.0f} MiB ({demand.memory_mib / 1024:.2f} GiB) per GPU")

@@ -24,7 +24,7 @@ The rules (README, "Annotating a pod"):
 - num-layers: the depth in the name when the name states one (resnet50 -> 50, vgg16 -> 16,
   densenet121 -> 121, wide_resnet50_2 -> 50); else for attention and mixer image models the number
   of blocks (ViT-B 12, Swin-T 2+2+6+2 = 12); else for other image models the number of weight
-  layers (Conv2d and Linear modules: efficientnet_b0 82, inception_v3 96); for text models the
+  layers (Conv2d and Linear modules: efficientnet_b0 82); for text models the
   transformer blocks (encoder + decoder for encoder-decoders: t5-base 24, bert-base 12); for
   recurrent stacks the recurrent layers; for MLPs the Linear layers.
 """
