@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "jobs.csv"
+DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "real_jobs.csv.gz"
 DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
