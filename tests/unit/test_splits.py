@@ -9,6 +9,7 @@ from predictor.splits import (
     calibration_split,
     family_splits,
     grouped_calibration_split,
+    grouped_folds,
     grouped_split,
     random_split,
     size_split,
@@ -94,3 +95,19 @@ def test_grouped_calibration_fold_is_carved_by_group_from_the_training_rows() ->
     # one group only: a random row fold (nothing else is possible)
     fit1, cal1 = grouped_calibration_split(np.arange(10), np.array(["x"] * 10), 0.2, seed=0)
     assert len(cal1) == 2 and len(fit1) == 8
+
+
+def test_grouped_folds_partition_the_rows_by_group_and_balance_them() -> None:
+    groups = _groups(50)
+    rows = np.arange(len(groups))[::2]  # a training subset, not all rows
+    folds = grouped_folds(rows, groups, 5, seed=0)
+    assert sorted(np.concatenate(folds).tolist()) == rows.tolist()
+    seen: set[str] = set()
+    for fold in folds:
+        names = set(groups[fold].tolist())
+        assert not names & seen
+        seen |= names
+    sizes = [len(f) for f in folds]
+    assert max(sizes) - min(sizes) <= 12  # greedy balance: within one group's size (groups have <= 12 rows)
+    with pytest.raises(ValueError, match="at least 5 groups"):
+        grouped_folds(np.arange(4), np.array(["a", "b", "c", "d"]), 5)
