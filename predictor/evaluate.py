@@ -57,6 +57,8 @@ NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
 CACHE_VERSION = 2
+#: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
+BOUND_CHOICE_VERSION = 1
 
 
 class Predictions:
@@ -125,6 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "splits (< 2: one held-out calibration fold; default %(default)s)")
     parser.add_argument("--fold-cv-folds", type=int, default=3,
                         help="the same on the leave-family-out folds (default %(default)s)")
+    parser.add_argument("--random-cv-folds", type=int, default=None,
+                        help="the same on the random split (default: --cv-folds)")
     parser.add_argument("--no-tune", action="store_true", help="skip the baselines' grid (use the first setting)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="artifact whose runtime is measured (default: the shipped one)")
@@ -166,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         plan.append(("leave_family_out", family_splits(data.report_families), args.fold_epochs_scale, family_models,
                      args.fold_cv_folds))
     if "random" in split_names:
-        plan.append(("random", [random_split(data.n_rows, 0.3, args.seed)], args.epochs_scale, models,
-                     args.cv_folds))
+        random_cv = args.cv_folds if args.random_cv_folds is None else args.random_cv_folds
+        plan.append(("random", [random_split(data.n_rows, 0.3, args.seed)], args.epochs_scale, models, random_cv))
     total = sum(len(splits) * len(names) for _, splits, _, names, _ in plan)
     done = 0
     cache = args.out / CACHE_DIR
@@ -224,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_s": elapsed, "n_groups": len(set(data.groups.tolist())),
         "n_test": {name: len(splits[0].test) for name, splits, _, _, _ in plan if len(splits) == 1},
         "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
+        "random_cv_folds": args.cv_folds if args.random_cv_folds is None else args.random_cv_folds,
+        "family_models": family_models,
         "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
     }
     from predictor.report import write_markdown, write_plots
@@ -265,7 +271,8 @@ def _finite(value: float) -> float | None:
 
 def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any) -> str:
     test = hashlib.sha256(np.asarray(split.test, dtype=np.int64).tobytes()).hexdigest()[:16]
-    text = json.dumps([CACHE_VERSION, data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE,
+    version = [CACHE_VERSION, BOUND_CHOICE_VERSION] if model == "transformer_bigru_tuned" else CACHE_VERSION
+    text = json.dumps([version, data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE,
                        CALIBRATION_FRACTION, settings], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -61,6 +61,7 @@ class Predictor:
         self.version: str = str(metadata["version"])
         self._memory_shift = float(metadata.get("memory_upper_shift", 0.0))
         self._family_shifts = {str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()}
+        self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
         self._ranges: dict[str, dict[str, tuple[float, float]]] = {
             str(family): {col: (float(lo), float(hi)) for col, (lo, hi) in cols.items()}
             for family, cols in metadata.get("input_ranges", {}).items()
@@ -150,7 +151,7 @@ class Predictor:
         x = feats.physics_features(feats.columns_from_specs(specs)).values
         points, upper = self._estimator.predict_with_upper(x)
         memory = points[:, 0]
-        base = upper if upper is not None else memory
+        base = upper if upper is not None and not self._point_base else memory
         demands = []
         for spec, mem, raw_upper, gflops in zip(specs, memory, base, points[:, 1], strict=True):
             shift = self._family_shifts.get(spec.model_type, self._memory_shift)

@@ -140,6 +140,9 @@ class FittedModel:
     family_shifts: dict[str, float] = field(default_factory=dict)
     ranges: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """Per family, the [min, max] of each sized input over the training rows (`input_ranges`)."""
+    bound_source: str = "quantile"
+    """What the margin multiplies: the quantile head (`quantile`, where the model has one) or the
+    point prediction (`point`); chosen on the calibration scores (`set_margins`)."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -154,7 +157,13 @@ class FittedModel:
         return points, upper * factors
 
     def raw(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """(points, uncalibrated memory bound): the quantile head, else the point itself."""
+        """(points, uncalibrated memory bound): the quantile head (if any and chosen), else the point."""
+        points, quantile = self.raw_both(x)
+        base = quantile if quantile is not None and self.bound_source == "quantile" else np.maximum(points[:, 0], 1.0)
+        return points, base
+
+    def raw_both(self, x: FloatArray) -> tuple[FloatArray, FloatArray | None]:
+        """(points, the quantile head's memory bound or None)."""
         upper_raw: FloatArray | None = None
         if len(self.estimators) == 1:
             est = self.estimators[0]
@@ -164,8 +173,7 @@ class FittedModel:
                 points = est.predict(x)
         else:
             points = np.column_stack([est.predict(x)[:, 0] for est in self.estimators])
-        base = upper_raw if upper_raw is not None else np.maximum(points[:, 0], 1.0)
-        return points, base
+        return points, upper_raw
 
     def predict_matrix(self, x: FloatArray, families: npt.NDArray[Any]) -> tuple[FloatArray, FloatArray]:
         points, base = self.raw(x)
@@ -177,24 +185,37 @@ class FittedModel:
 def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64], coverage: float) -> None:
     """Set the model's margins on a calibration fold (rows of groups it did not fit)."""
     x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
-    _, base = model.raw(x)
-    set_margins(model, data, cal_rows, base, coverage)
+    points, quantile = model.raw_both(x)
+    set_margins(model, data, cal_rows, points[:, 0], quantile, coverage)
 
 
-def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], base: FloatArray,
-                coverage: float) -> None:
-    """Split conformal margins from held-out raw bounds `base` of `rows`: overall, and per family
-    (model_type) where the rows hold MIN_FAMILY_CALIBRATION jobs of at least MIN_FAMILY_GROUPS groups
-    (one architecture's residuals say little about the next one's)."""
+def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], point: FloatArray,
+                quantile: FloatArray | None, coverage: float) -> None:
+    """Split conformal margins from held-out predictions of `rows` (point, and the quantile head's
+    bound where the model has one): overall, and per family (model_type) where the rows hold
+    MIN_FAMILY_CALIBRATION jobs of at least MIN_FAMILY_GROUPS groups (one architecture's residuals
+    say little about the next one's). With a quantile head, the base (head or point) whose calibrated
+    bound reserves less on these same held-out rows is kept: both cover `coverage` of them."""
     truth = data.y[rows, 0]
-    model.memory_shift = upper_margin(truth, base, coverage)
     families = data.families[rows]
     groups = data.groups[rows]
-    model.family_shifts = {}
-    for family in sorted(set(families.tolist())):
-        mask = families == family
-        if mask.sum() >= MIN_FAMILY_CALIBRATION and len(set(groups[mask].tolist())) >= MIN_FAMILY_GROUPS:
-            model.family_shifts[str(family)] = upper_margin(truth[mask], base[mask], coverage)
+    candidates = {"point": np.maximum(point, 1.0)}
+    if quantile is not None:
+        candidates["quantile"] = quantile
+    best: tuple[float, str, float, dict[str, float]] | None = None
+    for source, base in candidates.items():
+        shift = upper_margin(truth, base, coverage)
+        family_shifts: dict[str, float] = {}
+        for family in sorted(set(families.tolist())):
+            mask = families == family
+            if mask.sum() >= MIN_FAMILY_CALIBRATION and len(set(groups[mask].tolist())) >= MIN_FAMILY_GROUPS:
+                family_shifts[str(family)] = upper_margin(truth[mask], base[mask], coverage)
+        margins = np.asarray([family_shifts.get(str(f), shift) for f in families])
+        reserved = float(np.mean(base * np.exp(margins) / truth))
+        if best is None or reserved < best[0]:
+            best = (reserved, source, shift, family_shifts)
+    assert best is not None
+    _, model.bound_source, model.memory_shift, model.family_shifts = best
 
 
 def _fit_estimators(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
@@ -248,13 +269,19 @@ def fit_model(
     train = split.train
     n_groups = len(set(data.groups[train].tolist()))
     if cv_folds >= 2 and n_groups >= cv_folds:
-        base = np.empty(len(train))
+        point = np.empty(len(train))
+        quantile: FloatArray | None = None
         for fold in grouped_folds(train, data.groups, cv_folds, seed):
             inner = _fit_estimators(name, data, np.setdiff1d(train, fold), seed, epochs_scale, settings, None)
             x = (data.physics_x if inner.feature_set == "physics" else data.seed_x).values[fold]
-            base[np.searchsorted(train, fold)] = inner.raw(x)[1]
+            at = np.searchsorted(train, fold)
+            points, upper = inner.raw_both(x)
+            point[at] = points[:, 0]
+            if upper is not None:
+                quantile = np.empty(len(train)) if quantile is None else quantile
+                quantile[at] = upper
         model = _fit_estimators(name, data, train, seed, epochs_scale, settings, progress)
-        set_margins(model, data, train, base, coverage)
+        set_margins(model, data, train, point, quantile, coverage)
     else:
         fit_rows, cal_rows = grouped_calibration_split(train, data.groups, CALIBRATION_FRACTION, seed)
         model = _fit_estimators(name, data, fit_rows, seed, epochs_scale, settings, progress)
@@ -308,6 +335,7 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "targets": list(TARGETS),
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
+        "memory_upper_base": model.bound_source,
         "upper_coverage": UPPER_COVERAGE,
         "input_ranges": model.ranges or input_ranges(data, rows),
         "estimator": meta,

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from predictor.splits import grouped_split
-from predictor.train import MIN_FAMILY_CALIBRATION, FittedModel, calibrate, fit_model, load_dataset
+from predictor.train import (
+    MIN_FAMILY_CALIBRATION,
+    FittedModel,
+    calibrate,
+    fit_model,
+    load_dataset,
+    set_margins,
+)
 from tests.unit._predictor_frames import synthetic_jobs
 
 
@@ -55,3 +62,19 @@ def test_calibration_fold_is_whole_groups_and_margins_are_per_family(tmp_path: P
     assert half.family_shifts[str(fam)] == pytest.approx(expected)
     covered = np.mean(np.exp(half.family_shifts[str(fam)]) >= truth[mask])
     assert covered >= 0.9
+
+
+def test_the_bound_keeps_the_base_that_reserves_less(tmp_path: Path) -> None:
+    data = load_dataset(_frame_with_groups(tmp_path, 300))
+    rows = np.arange(data.n_rows, dtype=np.int64)
+    truth = data.y[:, 0]
+    rng = np.random.default_rng(0)
+    point = truth * np.exp(rng.normal(0.0, 0.05, len(truth)))  # a good point prediction
+    wild = truth * np.exp(rng.normal(0.5, 1.0, len(truth)))  # a quantile head all over the place
+    model = FittedModel("m", [], "physics")
+    set_margins(model, data, rows, point, wild, 0.9)
+    assert model.bound_source == "point"
+    assert np.mean(point * np.exp(model.memory_shift) >= truth) >= 0.9
+    tight = truth * 1.02
+    set_margins(model, data, rows, point, tight, 0.9)
+    assert model.bound_source == "quantile"
