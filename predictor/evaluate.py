@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         "n_test": {name: len(splits[0].test) for name, splits, _, _, _ in plan if len(splits) == 1},
         "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
         "random_cv_folds": args.cv_folds if args.random_cv_folds is None else args.random_cv_folds,
-        "family_models": family_models,
+        "family_models": family_models, "max_rows": args.max_rows,
         "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
     }
     from predictor.report import write_markdown, write_plots

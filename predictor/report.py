@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from predictor.train import MIN_FAMILY_CALIBRATION, MIN_FAMILY_GROUPS
+from predictor.train import CALIBRATION_FRACTION, MIN_FAMILY_CALIBRATION, MIN_FAMILY_GROUPS
 
 if TYPE_CHECKING:
     from predictor.evaluate import Predictions
@@ -244,8 +244,14 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "- **Baselines** (`predictor.baselines`) see the same physics features and learn log targets; each has a "
         "2-3 point grid of its most sensitive knob, chosen on the grouped split's calibration fold: "
         + (", ".join(f"{LABELS.get(k, k)} {v}" for k, v in settings.items()) or "(not tuned in this run)") + ".",
-        f"- **Epochs.** The networks train for {context['epochs_scale']:g}x their configured epochs on the grouped "
-        f"and random splits and {context['fold_epochs_scale']:g}x on the leave-family-out folds (CPU budget).",
+        f"- **CPU budget.** The networks train for {context['epochs_scale']:g}x their configured epochs on the grouped "
+        f"and random splits and {context['fold_epochs_scale']:g}x on the leave-family-out folds; the random split's "
+        f"bound is calibrated with {context['random_cv_folds']} grouped fold(s) (1: a single held-out calibration "
+        f"fold of {CALIBRATION_FRACTION:.0%} of the groups); the leave-family-out folds fit "
+        + ", ".join(LABELS.get(m, m) for m in context["family_models"]) + " only. "
+        + (f"The dataset was subsampled to {context['rows']} jobs (`--max-rows`, a seeded random subset of the "
+           f"rows; {context['n_groups']} architecture groups remain)." if context.get("max_rows")
+           else "Every job of the dataset is used."),
         "- **Serving** needs no torch: the artifact's weights are .npz and `predictor.inference` runs the network "
         "in numpy; the tests hold it to the torch forward pass.",
         "",
