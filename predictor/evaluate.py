@@ -33,6 +33,7 @@ from predictor.train import (
     CALIBRATION_FRACTION,
     CV_FOLDS,
     DEFAULT_DATA,
+    DEFAULT_MAX_ROWS,
     MODELS,
     REPO_ROOT,
     UPPER_COVERAGE,
@@ -54,6 +55,8 @@ JSON_KEYS_FLOPS: tuple[str, ...] = ("median_abs_rel_err", "p90_abs_rel_err", "rm
 FAMILY_KEYS: tuple[str, ...] = ("median_abs_rel_err", "p90_abs_rel_err", "under_rate", "over_reservation",
                                 "signed_median_rel_err")
 NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
+#: Models fitted on the leave-family-out folds by default (every fold repeats the whole CV+ recipe).
+FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgbm", "catboost")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
 CACHE_VERSION = 2
@@ -111,24 +114,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=REPORTS, help="report directory (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="also print reports/predictor.json to stdout")
     parser.add_argument("--seed", type=int, default=0, help="seed for splits, initialisation and shuffling")
-    parser.add_argument("--max-rows", type=int, default=None,
-                        help="evaluate on a seeded random subset of this many rows (CPU budget; default: all)")
+    parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
+                        help="evaluate on a seeded random subset of this many rows (CPU budget; 0: all; "
+                             "default %(default)s)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of %(default)s")
     parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated subset of %(default)s")
-    parser.add_argument("--family-models", default="",
-                        help="models fitted on the leave-family-out folds (default: all of --models)")
+    parser.add_argument("--family-models", default=",".join(FAMILY_MODELS),
+                        help="models fitted on the leave-family-out folds ('all': every one of --models; "
+                             "default %(default)s: the paper's network and the slower trees skipped for CPU)")
     parser.add_argument("--epochs-scale", type=float, default=1.0,
                         help="epochs of the networks on the grouped and random splits, relative to their "
                              "configuration (default %(default)s)")
-    parser.add_argument("--fold-epochs-scale", type=float, default=0.5,
+    parser.add_argument("--fold-epochs-scale", type=float, default=0.25,
                         help="epochs of the networks on the leave-family-out folds (default %(default)s)")
     parser.add_argument("--cv-folds", type=int, default=CV_FOLDS,
                         help="grouped cross-validation folds that calibrate the bound on the grouped and random "
                              "splits (< 2: one held-out calibration fold; default %(default)s)")
-    parser.add_argument("--fold-cv-folds", type=int, default=3,
+    parser.add_argument("--fold-cv-folds", type=int, default=2,
                         help="the same on the leave-family-out folds (default %(default)s)")
-    parser.add_argument("--random-cv-folds", type=int, default=None,
-                        help="the same on the random split (default: --cv-folds)")
+    parser.add_argument("--random-cv-folds", type=int, default=1,
+                        help="the same on the random split (default %(default)s: one held-out calibration fold)")
     parser.add_argument("--no-tune", action="store_true", help="skip the baselines' grid (use the first setting)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="artifact whose runtime is measured (default: the shipped one)")
@@ -151,13 +156,13 @@ def run(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
     models = _names(args.models, MODELS, "--models")
-    family_models = _names(args.family_models, MODELS, "--family-models") if args.family_models else models
+    family_models = models if args.family_models == "all" else _names(args.family_models, MODELS, "--family-models")
     split_names = _names(args.splits, SPLITS, "--splits")
     for flag, value in (("--epochs-scale", args.epochs_scale), ("--fold-epochs-scale", args.fold_epochs_scale)):
         if not 0 < value <= 1:
             raise UsageError(f"{flag} must be in (0, 1], got {value}")
     try:
-        data = load_dataset(args.data, args.max_rows, args.seed)
+        data = load_dataset(args.data, args.max_rows or None, args.seed)
     except DatasetError as err:
         raise UsageError(str(err)) from None
 
@@ -172,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         plan.append(("leave_family_out", family_splits(data.report_families), args.fold_epochs_scale, family_models,
                      args.fold_cv_folds))
     if "random" in split_names:
-        random_cv = args.cv_folds if args.random_cv_folds is None else args.random_cv_folds
+        random_cv = args.random_cv_folds
         plan.append(("random", [random_split(data.n_rows, 0.3, args.seed)], args.epochs_scale, models, random_cv))
     total = sum(len(splits) * len(names) for _, splits, _, names, _ in plan)
     done = 0
@@ -231,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_s": elapsed, "n_groups": len(set(data.groups.tolist())),
         "n_test": {name: len(splits[0].test) for name, splits, _, _, _ in plan if len(splits) == 1},
         "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
-        "random_cv_folds": args.cv_folds if args.random_cv_folds is None else args.random_cv_folds,
+        "random_cv_folds": args.random_cv_folds,
         "family_models": family_models, "max_rows": args.max_rows,
         "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
     }
