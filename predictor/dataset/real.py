@@ -464,7 +464,7 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
 
     fit = calibration.calibration_constants()
     constants = json.loads(calibration.CONSTANTS_PATH.read_text())
-    bound = {"calibration_rel": round(max(0.05, float(constants.get("holdout_p90_abs_rel_err", 0.05))), 4),
+    bound = {"calibration_rel": round(float(constants.get("bound_rel", 0.05)), 4),
              "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}
     data_dir.mkdir(parents=True, exist_ok=True)
     traces = trace_rows(done)
@@ -789,7 +789,9 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         f"{cal['n_fit']:,} and checked on {cal['n_holdout']:,} held-out GPUMemNet MLP training runs measured with",
         f"nvidia-smi on an A100-40GB (held-out median error {cal['holdout_median_abs_rel_err']:.2%}, p90 "
         f"{cal['holdout_p90_abs_rel_err']:.2%}; predictor/dataset/calibration.py, reports/calibration.json). The exact",
-        "table's bound is the calibrated point x (1 + 5%) at a traced point, + 2% beyond the traced batches, + 15%",
+        f"table's bound is the calibrated point x (1 + {float(cal.get('bound_rel', 0.05)):.2%}) at a traced point (the "
+        "97.5th percentile of under-prediction on the fit runs; held-out runs under the bound: "
+        f"{float(cal.get('holdout_bound_under_rate', math.nan)):.2%}), + 2% beyond the traced batches, + 15%",
         "between or beyond traced inputs.",
         "",
         "**Not yet checked for convolutional nets, and no measurement of ours says it holds.** MLPs have neither",
