@@ -663,6 +663,20 @@ def fit_figure(report: dict[str, Any], path: Path) -> None:
 # The data card (predictor/data/DATACARD-real.md), from the outputs themselves
 
 
+def _family_rows(records: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+    by: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    for arch, info in records:
+        by[arch["family"]].append((arch, info))
+    rows = []
+    for family, items in sorted(by.items()):
+        params = sorted(i["params"] / 1e6 for _, i in items)
+        peaks = sorted(t["fb"] / MIB for _, i in items for t in i["traces"])
+        rows.append(f"| {family} | {len({a['name'] for a, _ in items})} | {len({a['group'] for a, _ in items})} | "
+                    f"{sum(len(i['traces']) for _, i in items)} | {params[len(params) // 2]:.1f} | "
+                    f"{peaks[len(peaks) // 2]:.0f} |")
+    return rows
+
+
 def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], path: Path,
                    all_units: int | None = None) -> None:
     from collections import Counter
@@ -713,6 +727,9 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         f"niced): median {q(secs, 0.5):.2f}, p90 {q(secs, 0.9):.2f}, max {q(secs, 1.0):.1f}; per unit (build + 9 or "
         f"18 traces): median {q(unit_secs, 0.5):.1f} s, p90 {q(unit_secs, 0.9):.1f} s.",
         f"- units with an input that did not build or trace: {len(errors)} (recorded, not fatal; examples below).",
+        "", "| family | architectures | groups | traces | median params (M) | median traced peak (MiB) |",
+        "|---|---|---|---|---|---|",
+        *_family_rows(records),
         "", "## Regenerate", "",
         "```bash",
         "nice -n 10 .venv/bin/deepres dataset real --workers 1      # resumable: skips the units in the work file",
