@@ -517,7 +517,10 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
     (data_dir / EXACT_OUT.name).write_text(json.dumps(table, separators=(",", ":"), sort_keys=False) + "\n")
     archs_ok = {a["name"] for a, _ in _records(done)}
     errors = {r["key"]: r["errors"] for r in done.values() if r["errors"]}
-    summary = {"units": len(done), "architectures": len(archs_ok), "traces": len(traces), "job_rows": len(jobs),
+    memories = [float(r["memory_mib"]) for r in jobs]
+    summary = {"rows_over_80gib": sum(m > 81920 for m in memories),
+               "memory_mib_min": min(memories, default=0.0), "memory_mib_max": max(memories, default=0.0),
+               "units": len(done), "architectures": len(archs_ok), "traces": len(traces), "job_rows": len(jobs),
                "groups": len({a["group"] for a, _ in _records(done)}), "exact_models": len(table["models"]),
                "units_with_errors": len(errors), "fit_check": fit_check(done), "input_interpolation": interp,
                "bound": table["bound"]}
@@ -773,6 +776,9 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         f"niced): median {q(secs, 0.5):.2f}, p90 {q(secs, 0.9):.2f}, max {q(secs, 1.0):.1f}; per unit (build + 9 or "
         f"18 traces): median {q(unit_secs, 0.5):.1f} s, p90 {q(unit_secs, 0.9):.1f} s.",
         f"- units with an input that did not build or trace: {len(errors)} (recorded, not fatal; examples below).",
+        f"- rows above 80 GiB (`memory_mib` > 81920: no single GPU holds them, the extender must reject them): "
+        f"{summary.get('rows_over_80gib', 0):,} of {summary['job_rows']:,}; `memory_mib` spans "
+        f"{summary.get('memory_mib_min', 0):,.0f} .. {summary.get('memory_mib_max', 0):,.0f} MiB.",
         "", "| family | architectures | groups | traces | median params (M) | median traced peak (MiB) |",
         "|---|---|---|---|---|---|",
         *_family_rows(records),
