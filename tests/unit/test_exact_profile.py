@@ -133,3 +133,12 @@ def test_predict_command_answers_for_a_model_only_pod(tmp_path: Path) -> None:
     est = exact.estimate(name, 16, None, "fp32", "adam")
     assert payload["job_spec"]["model"] == name
     assert payload["demand"]["memory_mib"] == est.memory_mib
+
+
+def test_readme_exact_example_is_what_the_table_answers(repo_root: Path) -> None:
+    readme = (repo_root / "README.md").read_text()
+    block = readme[readme.index("$ deepres predict -f bert-finetune.yaml"):]
+    point = float(block.split("predicted peak GPU memory: ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
+    upper = float(block.split("admission bound (upper):   ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
+    est = exact.estimate("hf/bert-base-uncased", 32, 512, "amp", "adamw")
+    assert (point, upper) == (round(est.memory_mib), round(est.memory_mib_upper))
