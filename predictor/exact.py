@@ -10,8 +10,9 @@ optimizer's state and step bytes. A request is a lookup, no tracing and no torch
   after-backward term can dominate, which the max below keeps);
 - optimizer: peak = max(fb + state, end + state + step), exact (tracing.StepComponents);
 - precision: fp16 has bf16's bytes;
-- input size: exact at a traced input, else interpolated in log-log between the two nearest traced
-  inputs (and the bound widens);
+- input size: exact at a traced input, else from the two nearest traced inputs: the after-backward
+  bytes linearly, the activations on top of them and the GFLOPs as a power of the input (and the
+  bound widens by the error this makes on traced inputs left out, the data card's check);
 - memory = the nvidia-smi calibration (predictor/dataset/calibration.json) of the traced peak;
   memory_mib_upper = memory x (1 + the calibration's margin [+ batch extrapolation margin]
   [+ input interpolation margin]).
@@ -112,12 +113,71 @@ def _piecewise(xs: list[int], ys: list[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def _components(curve: dict[str, Any], batches: list[int], batch: int) -> tuple[float, float, float]:
+    """(fb peak, after-backward, GFLOPs) at one traced input and any batch."""
+    return (_piecewise(batches, curve["fb"], batch), _piecewise(batches, curve["end"], batch),
+            _piecewise(batches, curve["gflops"], batch))
+
+
 def _at_input(curve: dict[str, Any], batches: list[int], batch: int, optimizer: str) -> tuple[float, float]:
     """(traced peak MiB, GFLOPs) at one traced input."""
-    fb = _piecewise(batches, curve["fb"], batch)
-    end = _piecewise(batches, curve["end"], batch)
+    fb, end, gflops = _components(curve, batches, batch)
     state, step = curve["optimizers"][optimizer]
-    return max(fb + state, end + state + step), _piecewise(batches, curve["gflops"], batch)
+    return max(fb + state, end + state + step), gflops
+
+
+#: How activations grow with the input when the table cannot tell (image side: area; tokens: length).
+_DEFAULT_EXPONENT = {"image": 2.0}
+
+
+def _activation_line(c: dict[str, Any], batches: list[int]) -> tuple[float, float] | None:
+    """(intercept, MiB per sample) of the forward/backward peak over the two largest traced batches,
+    or None when activations do not decide that peak there (it sits on the after-backward plateau)."""
+    (b2, b3), (f2, f3), (e2, e3) = batches[-2:], c["fb"][-2:], c["end"][-2:]
+    if f2 <= e2 * 1.01 or f3 <= e3 * 1.01:
+        return None
+    slope = (f3 - f2) / (b3 - b2)
+    return f3 - slope * b3, slope
+
+
+def _between_inputs(curves: list[dict[str, Any]], inputs: list[int], want: int, batches: list[int], batch: int,
+                    optimizer: str, kind: str = "text") -> tuple[float, float]:
+    """(traced peak, GFLOPs) at an untraced input, from the traced ones. The forward/backward peak
+    is a line in the batch whose slope (the activations of one sample) grows as a power of the
+    input (log-log between the nearest inputs where activations decide the peak; area for images,
+    length for tokens when only one does), or the after-backward plateau, whichever is higher;
+    the after-backward bytes (weights, gradients), the optimizer and the intercept are linear in
+    the input, the GFLOPs a power of it."""
+    j = min(max(bisect.bisect_left(inputs, want), 1), len(inputs) - 1)
+    (lo, hi), (c_lo, c_hi) = (inputs[j - 1], inputs[j]), (curves[j - 1], curves[j])
+    t_lin = (want - lo) / (hi - lo)
+
+    def lin(a: float, b: float) -> float:
+        return a + t_lin * (b - a)
+
+    def power(x0: int, a: float, x1: int, b: float) -> float:
+        a, b = max(a, 1e-9), max(b, 1e-9)
+        t = (math.log(want) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return math.exp(math.log(a) + t * (math.log(b) - math.log(a)))
+
+    end_lo, end_hi = _piecewise(batches, c_lo["end"], batch), _piecewise(batches, c_hi["end"], batch)
+    end = max(0.0, lin(end_lo, end_hi))
+    plateau = end + min(_piecewise(batches, c["fb"], batch) - _piecewise(batches, c["end"], batch) for c in curves)
+    lines = [(i, ln) for i, c in zip(inputs, curves, strict=True) if (ln := _activation_line(c, batches))]
+    if len(lines) >= 2:
+        k = min(max(bisect.bisect_left([i for i, _ in lines], want), 1), len(lines) - 1)
+        (i0, (a0, s0)), (i1, (a1, s1)) = lines[k - 1], lines[k]
+        slope = power(i0, s0, i1, s1)
+        intercept = a0 + (want - i0) / (i1 - i0) * (a1 - a0)
+        fb = max(plateau, intercept + slope * batch)
+    elif lines:
+        i0, (a0, s0) = lines[0]
+        fb = max(plateau, a0 + s0 * (want / i0) ** _DEFAULT_EXPONENT.get(kind, 1.0) * batch)
+    else:
+        fb = max(plateau, lin(_piecewise(batches, c_lo["fb"], batch), _piecewise(batches, c_hi["fb"], batch)))
+    state, step = (lin(c_lo["optimizers"][optimizer][n], c_hi["optimizers"][optimizer][n]) for n in (0, 1))
+    gflops = power(lo, _piecewise(batches, c_lo["gflops"], batch), hi, _piecewise(batches, c_hi["gflops"], batch))
+    return max(fb + state, end + state + step), gflops
 
 
 def estimate(name: str, batch_size: int, input_dim: int | None, precision: str, optimizer: str,
@@ -140,19 +200,18 @@ def estimate(name: str, batch_size: int, input_dim: int | None, precision: str, 
     else:
         if len(inputs) < 2:
             raise NotTraced("input-dim", want, f"{inputs[0]}, the only input traced for {resolved}")
-        j = min(max(bisect.bisect_left(inputs, want), 1), len(inputs) - 1)
-        lo, hi = inputs[j - 1], inputs[j]
-        t = (math.log(want) - math.log(lo)) / (math.log(hi) - math.log(lo))
-        peak = math.exp(math.log(points[lo][0]) + t * (math.log(points[hi][0]) - math.log(points[lo][0])))
-        gflops = math.exp(math.log(max(points[lo][1], 1e-9)) + t * (
-            math.log(max(points[hi][1], 1e-9)) - math.log(max(points[lo][1], 1e-9))))
+        curves = [e["inputs"][str(i)]["curves"][key] for i in inputs]
+        peak, gflops = _between_inputs(curves, inputs, want, batches, batch_size, optimizer, e["kind"])
         interpolated = True
     extrapolated = not batches[0] <= batch_size <= batches[-1]
     cal, bound = table["calibration"], table["bound"]
     memory = float(cal["context_mib"]) + float(cal["factor"]) * peak
     rel = float(bound["calibration_rel"])
     rel += float(bound["batch_extrapolation_rel"]) if extrapolated else 0.0
-    rel += float(bound["input_interpolation_rel"]) if interpolated else 0.0
+    if interpolated:  # per kind of input (image side, tokens...) when the table says
+        by_kind: Any = bound["input_interpolation_rel"]
+        rel += float(by_kind[e["kind"]] if e["kind"] in by_kind else by_kind["default"]) if isinstance(
+            by_kind, dict) else float(by_kind)
     return ExactEstimate(resolved, round(peak, 1), round(memory, 1), round(memory * (1.0 + rel), 1),
                          round(gflops, 4), interpolated, extrapolated)
 

@@ -97,8 +97,11 @@ def guess_model_type(model: nn.Module) -> str:
         return "gpt"
     if any("attention" in k for k in kinds):
         return "vit" if any("conv2d" in k or "patch" in k for k in kinds) else "transformer"
-    if any("conv" in k for k in kinds):
-        return "cnn"
+    if any("conv" in k for k in kinds):  # the README's rule by the network's class name (ResNet, VGG...)
+        from predictor.dataset.archs import image_family
+
+        family = image_family(type(model).__name__.lower(), "")
+        return family if family in ("resnet", "vgg") else "cnn"
     return "mlp"
 
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -247,6 +248,25 @@ class _Logits(nn.Module):
         return self.model(input_ids=x).logits  # type: ignore[no-any-return]
 
 
+@contextmanager
+def _regnet_widths_on_cpu() -> Iterator[None]:
+    """torchvision's RegNet computes its block widths with tensors of the default device and reads
+    them back (`.tolist()`): on the meta device there is nothing to read, so compute them on the CPU."""
+    from torchvision.models import regnet
+
+    original = regnet.BlockParams.__dict__["from_init_params"]
+
+    def on_cpu(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch.device("cpu"):
+            return original.__func__(cls, *args, **kwargs)
+
+    regnet.BlockParams.from_init_params = classmethod(on_cpu)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        regnet.BlockParams.from_init_params = original  # type: ignore[method-assign]
+
+
 def _token_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
 
@@ -277,7 +297,11 @@ def build(arch: Arch, input_dim: int) -> tuple[nn.Module, BatchOf, Loss]:
             kwargs.update(aux_logits=False, init_weights=False)
         if base == "googlenet":
             kwargs.update(aux_logits=False, init_weights=False)
-        model = torchvision.models.get_model(base, **kwargs)
+        if base.startswith("regnet"):
+            with _regnet_widths_on_cpu():
+                model = torchvision.models.get_model(base, **kwargs)
+        else:
+            model = torchvision.models.get_model(base, **kwargs)
         return model, _image_batch(input_dim), F.cross_entropy
     if arch.source == "hf":
         import transformers

@@ -367,9 +367,16 @@ def trace_components(
         with _grad_classifier(params, tracker), tracker:
             x, y = make_batch(torch.float16 if precision == "amp" else _DTYPES[precision])
             if precision == "amp":
+                # functional_call restores a module shared under two names with the cast copy
+                # (timm's CoaT): put every original back ourselves
+                saved = [(m, kind, name, t) for m in model.modules() for kind in ("_parameters", "_buffers")
+                         for name, t in getattr(m, kind).items()]
                 state = {n: _half(t) for n, t in (*model.named_parameters(), *model.named_buffers())}
                 out = functional_call(model, state, (x,)).float()
                 del state
+                for m, kind, name, t in saved:
+                    getattr(m, kind)[name] = t
+                del saved
             else:
                 out = model(x)
             loss = loss_fn(out, y)

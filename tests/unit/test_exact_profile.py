@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,29 @@ def test_profile_command_prints_annotations_a_pod_accepts(tmp_path: Path) -> Non
     bad = subprocess.run([sys.executable, "-m", "extender.cli", "profile", f"{script}:nope"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_predict_command_answers_for_a_model_only_pod(tmp_path: Path) -> None:
+    name = _a_shipped_model()
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: exact\n  annotations:\n"
+                   f"    deepres.io/model: {name}\n    deepres.io/batch-size: \"16\"\n"
+                   "spec:\n  schedulerName: deepres-scheduler\n  containers: [{name: t, image: x}]\n")
+    out = subprocess.run([sys.executable, "-m", "extender.cli", "predict", "-f", str(pod), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode == 1 and "no trained predictor" in out.stderr:
+        pytest.skip("no shipped predictor artifact")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    est = exact.estimate(name, 16, None, "fp32", "adam")
+    assert payload["job_spec"]["model"] == name
+    assert payload["demand"]["memory_mib"] == est.memory_mib
+
+
+def test_readme_exact_example_is_what_the_table_answers(repo_root: Path) -> None:
+    readme = (repo_root / "README.md").read_text()
+    block = readme[readme.index("$ deepres predict -f bert-finetune.yaml"):]
+    point = float(block.split("predicted peak GPU memory: ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
+    upper = float(block.split("admission bound (upper):   ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
+    est = exact.estimate("hf/bert-base-uncased", 32, 512, "amp", "adamw")
+    assert (point, upper) == (round(est.memory_mib), round(est.memory_mib_upper))
