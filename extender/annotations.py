@@ -3,7 +3,7 @@
 The job keys go through `predictor.spec.JobSpec.parse`, so the pod, the dataset and `/v1/predict`
 share one parser; this module adds the scheduling keys (`gpus`, `deadline`, `criticality`,
 `gpu-memory`). Every error names the key as the user wrote it (with the `deepres.io/` prefix), the
-value, and what is accepted. A pod with neither `model-type` nor `gpu-memory` is not a GPU job.
+value, and what is accepted. A pod with none of `model-type`, `model` and `gpu-memory` is not a GPU job.
 """
 
 from __future__ import annotations
@@ -113,10 +113,11 @@ def parse_job(
             raise AnnotationError(PREFIX + key, value, "one of the keys " + ", ".join(
                 PREFIX + k for k in (*JOB_KEYS, *SCHEDULING_KEYS)))
     override = _memory(ours["gpu-memory"]) if "gpu-memory" in ours else None
-    if "model-type" not in ours and override is None:
+    described = "model-type" in ours or "model" in ours  # `model` (exact architecture) implies its type
+    if not described and override is None:
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
-    if "model-type" in ours:
+    if described:
         for key, (low, high) in EXPLICIT_RANGES.items():  # JobSpec reads 0 as "the family's default"
             if key in ours and _is_zero(ours[key]):
                 raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
