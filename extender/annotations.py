@@ -3,7 +3,7 @@
 The job keys go through `predictor.spec.JobSpec.parse`, so the pod, the dataset and `/v1/predict`
 share one parser; this module adds the scheduling keys (`gpus`, `deadline`, `criticality`,
 `gpu-memory`). Every error names the key as the user wrote it (with the `deepres.io/` prefix), the
-value, and what is accepted. A pod with neither `model-type` nor `gpu-memory` is not a GPU job.
+value, and what is accepted. A pod with none of `model-type`, `model` and `gpu-memory` is not a GPU job.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime
 
 from extender.policy.priority import cap_criticality, criticality_from_priority_class
 from extender.policy.types import CRITICALITIES
-from predictor.spec import JOB_KEYS, JobSpec, SpecError
+from predictor.spec import INPUT_DIM_RANGE, JOB_KEYS, NUM_LAYERS_RANGE, JobSpec, SpecError
 
 PREFIX = "deepres.io/"
 MAX_GPUS = 64
@@ -28,6 +28,9 @@ GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 MAX_DEADLINE_S = 366 * 86400.0
 
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
+#: Keys whose written value must be in range: JobSpec takes 0 for "not given" and fills the default,
+#: so a pod saying `input-dim: 0` would silently be planned as another job.
+EXPLICIT_RANGES: dict[str, tuple[int, int]] = {"input-dim": INPUT_DIM_RANGE, "num-layers": NUM_LAYERS_RANGE}
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -45,6 +48,20 @@ _DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:d|h|m|s))+$")
 _UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
+#: Characters of a rejected key or value that an error message repeats. The message is the reason
+#: given for every candidate node of the pod (and an Event): with whole values, one 250 KB value and
+#: 5,000 candidates made a 1.25 GB answer.
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS, *, quoted: bool = True) -> str:
+    """`repr(value)` (`str` unless `quoted`), cut to `limit` characters with the full length said."""
+    text = repr(value) if quoted else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value) if isinstance(value, str) else len(text)} characters)"
+
+
 class AnnotationError(ValueError):
     """A pod annotation that cannot be accepted: the key (with prefix), its value, what is accepted."""
 
@@ -52,7 +69,7 @@ class AnnotationError(ValueError):
         self.key = key
         self.value = value
         self.accepted = accepted
-        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
+        super().__init__(f"{shown(key, quoted=False)}={shown(value)} is not valid: expected {accepted}")
 
 
 @dataclass(frozen=True)
@@ -96,10 +113,15 @@ def parse_job(
             raise AnnotationError(PREFIX + key, value, "one of the keys " + ", ".join(
                 PREFIX + k for k in (*JOB_KEYS, *SCHEDULING_KEYS)))
     override = _memory(ours["gpu-memory"]) if "gpu-memory" in ours else None
-    if "model-type" not in ours and override is None:
+    described = "model-type" in ours or "model" in ours  # `model` (exact architecture) implies its type
+    if not described and override is None:
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
-    if "model-type" in ours:
+    if described:
+        for key, (low, high) in EXPLICIT_RANGES.items():  # JobSpec reads 0 as "the family's default"
+            if key in ours and _is_zero(ours[key]):
+                raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
+                                      f"(leave the key out for the family's default)")
         try:
             spec = JobSpec.parse({k: v for k, v in ours.items() if k in JOB_KEYS})
         except SpecError as err:
@@ -131,6 +153,13 @@ def parse_duration_s(text: str) -> float:
     if not _DURATION.match(compact):
         raise ValueError(text)
     return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(compact))
+
+
+def _is_zero(text: str) -> bool:
+    try:
+        return float(text.strip()) == 0.0
+    except ValueError:
+        return False  # not a number: JobSpec's parser names the problem
 
 
 def _memory(text: str) -> float:

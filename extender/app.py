@@ -1,7 +1,9 @@
 """The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
 
-`Extender` holds the process's single cluster state and turns a decoded request into policy calls
-(annotations -> PodRequest -> filter/score/choose/preempt); the HTTP layers only move bytes and
+`Extender` is the glue between a decoded request, the policy calls (annotations -> PodRequest ->
+filter/score/choose/preempt), the one ledger of learned state (`extender.ledger`), the API server
+(`extender.kube`, the only truth about pods: bind and eviction read them there) and the background
+worker that evicts and nudges off the request path (`extender.worker`); the HTTP layers only move bytes and
 JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
 Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs
 answer HTTP 200 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a
@@ -11,9 +13,9 @@ message.
 from __future__ import annotations
 
 import gc
-import hmac
 import importlib
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -26,22 +28,33 @@ from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError, JobRequest
-from extender.kube import Cluster, ClusterError, ClusterHandlers, InMemoryCluster, KubeCluster, pod_meta
+from extender.auth import TelemetryAuth
+from extender.kube import (
+    TERMINAL_PHASES,
+    Cluster,
+    ClusterError,
+    ClusterHandlers,
+    InMemoryCluster,
+    KubeCluster,
+    pod_meta,
+)
+from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
 from extender.metrics import ExtenderMetrics
 from extender.openapi import openapi_document
 from extender.policy import (
     PodRequest,
     PriorityInputs,
     Reservation,
+    choose_preemption,
     corrected_admission,
+    packs_by_mix,
     plan_victims,
     priority_of,
-    spreads,
 )
-from extender.policy.columnar import FragmentationMemo, filter_matrix, score_matrix, score_matrix_fragaware
-from extender.policy.filtering import gib
-from extender.policy.fragmentation import DemandMix, DemandWindow, choose_gpus_fragaware
-from extender.policy.types import GpuView, NodeView
+from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
+from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh
+from extender.policy.fragmentation import DemandMix
+from extender.policy.usage import is_corrected
 from extender.protocol import (
     ExtenderArgs,
     PodInfo,
@@ -58,8 +71,8 @@ from extender.protocol import (
     preemption_result,
 )
 from extender.settings import Settings, describe, load_settings
-from extender.state import ACCEPTED, ClusterState
 from extender.telemetry import NodeReport, ReportError, parse_report
+from extender.worker import Worker
 from extender.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
 from predictor.spec import Demand, DemandPredictor
 
@@ -73,6 +86,12 @@ RELIST_GRACE_S = 60.0
 #: back to back); the priority's deadline term moves by a negligible amount meanwhile.
 PLAN_REUSE_S = 1.0
 FILTER_PLANS_MAX = 1_024
+#: Telemetry arriving this soon after a filter failed nodes for the lack of it nudges the node.
+NUDGE_WINDOW_S = 600.0
+#: The Node annotation the extender sets to nudge kube-scheduler (a Node update is a cluster event).
+TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
+#: Local mode checks for silent nodes and unseen reservations at most this often.
+EXPIRY_EVERY_S = 10.0
 
 
 def settle_heap() -> None:
@@ -105,7 +124,12 @@ class Plan:
 
 
 class Extender:
-    """The process's cluster state, predictor and API access, and the verbs' logic."""
+    """The verbs' logic: decoded requests in, policy calls over the ledger, API calls out.
+
+    Two clocks: `clock` (wall, Unix seconds) for deadlines and priorities, `mono` (monotonic) for
+    everything measured between two moments of this process (telemetry age, warm-ups, grace periods),
+    so a wall clock step never makes a silent node look fresh.
+    """
 
     def __init__(
         self,
@@ -113,24 +137,36 @@ class Extender:
         predictor: DemandPredictor | None,
         cluster: Cluster,
         clock: Callable[[], float],
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
         self.params = settings.policy.params()
-        self.state = ClusterState(self.params, settings.policy.peak_store_size)
+        self.ledger = Ledger(self.params, settings.policy.peak_store_size)
+        self.state = self.ledger  # the name older callers use
         self.cluster = cluster
         self.clock = clock
-        self.merits = FragmentationMemo()  # packing merits per node row, reused while rows do not change
-        self.metrics = ExtenderMetrics(self.state, clock, self.merits)
+        # an injected wall clock (tests) drives both, so tests move time with one hand
+        self.mono = monotonic or (time.monotonic if clock is time.time else clock)
+        self.merits = self.ledger.merits
+        self.metrics = ExtenderMetrics(self.ledger, self.mono, self.merits)
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
+        k = settings.kube
+        self.auth = TelemetryAuth(local=self.local, shared_token=self.token, reviewer=cluster,
+                                  audience=k.token_audience, allowed_accounts=k.agent_service_accounts,
+                                  cache_s=k.token_cache_s)
+        self.worker = Worker()
         self._predictor = predictor
         self._predictor_error = ""
-        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (clock)
+        self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (mono)
         self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
-        self._lock = threading.Lock()
-        self.demand = DemandWindow()  # recent admissions: the demand mix of the packing score (under _lock)
+        self._lock = threading.Lock()  # the small request caches above; learned state is the ledger's
+        self._synced_s: float | None = None  # mono time of the first pod list applied
+        self._ready = False  # latched once the predictor, the first sync and the telemetry quorum are in
+        self._expected_nodes: frozenset[str] = frozenset()  # nodes holding reservations at the first sync
+        self._telemetry_wanted_s = -math.inf  # mono time a filter last failed nodes for missing telemetry
+        self._last_expiry_s = -math.inf
         self.fragmentation_aware = settings.policy.fragmentation_aware_packing
         if self.local and not self.token:
             log.warning("no telemetry token configured: /v1/telemetry refuses every report "
@@ -166,16 +202,44 @@ class Extender:
     def start_cluster(self) -> None:
         self.cluster.start(ClusterHandlers(
             pod_changed=self.on_pod_changed, pods_listed=self.on_pods_listed,
-            node_deleted=self.state.forget_node, nodes_listed=self.on_nodes_listed,
+            node_deleted=self.ledger.forget_node, nodes_listed=self.on_nodes_listed,
+            node_added=self.ledger.node_added,
         ))
 
     def readiness(self) -> list[str]:
+        """What the verbs still wait for after a (re)start: the predictor, the first pod list (the
+        reservations rebuilt from annotations) and a telemetry quorum: `kube.telemetry_quorum` of
+        the nodes holding reservations at that list reported since, or `kube.telemetry_grace_s`
+        passed. Latched once met: later per-node silence is the filter's staleness rule."""
+        if self._ready:
+            return []
         waiting = []
         if self._predictor is None:
             waiting.append(f"predictor ({self._predictor_error})" if self._predictor_error else "predictor")
-        if not self.cluster.synced():
+        if not self.cluster.synced() or self._synced_s is None:
             waiting.append("first cluster sync")
+        else:
+            missing = self._quorum_missing()
+            if missing:
+                waiting.append(missing)
+        if not waiting:
+            self._ready = True
         return waiting
+
+    def _quorum_missing(self) -> str:
+        expected = self._expected_nodes
+        assert self._synced_s is not None
+        if not expected or self.mono() - self._synced_s >= self.settings.kube.telemetry_grace_s:
+            return ""
+        reported = sum(1 for n in expected if (t := self.ledger.telemetry(n)) is not None
+                       and t.received_s >= self._synced_s)
+        if reported >= self.settings.kube.telemetry_quorum * len(expected):
+            return ""
+        return f"telemetry quorum ({reported} of {len(expected)} nodes with reservations reported)"
+
+    def _not_ready(self) -> str:
+        waiting = self.readiness()
+        return f"extender not ready: waiting for {', '.join(waiting)}" if waiting else ""
 
     @property
     def predictor_version(self) -> str:
@@ -206,9 +270,9 @@ class Extender:
             predicted = demand.memory_mib if demand is not None else job.memory_override_mib
         else:
             assert demand is not None
-            correction = self.state.correction(job.signature)
+            correction = self.ledger.correction(job.signature)
             admission = corrected_admission(demand.memory_mib_upper, correction, self.params)
-            source = "model" if correction is None else "corrected"
+            source = "corrected" if is_corrected(demand.memory_mib_upper, correction, self.params) else "model"
             predicted = demand.memory_mib
         inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
         req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
@@ -216,16 +280,6 @@ class Extender:
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
-
-    def remember(self, raw_pod: Any, pod: PodInfo) -> None:
-        """Keep the pod kube-scheduler sent, so bind (which only gets names) can read its annotations."""
-        if not pod.uid:
-            return
-        with self._lock:
-            self._recent[pod.uid] = raw_pod
-            self._recent.move_to_end(pod.uid)
-            while len(self._recent) > self.settings.recent_pods:
-                self._recent.popitem(last=False)
 
     def warn_once(self, raw_pod: Mapping[str, Any], uid: str, reason: str, message: str) -> None:
         """A Warning event on the pod, once per pod and message (kube-scheduler retries often)."""
@@ -238,6 +292,31 @@ class Extender:
                 self._warned.popitem(last=False)
         self.cluster.event(raw_pod, reason, message, warning=True)
 
+    # ---- trust ----
+    def confirmed_pod(self, namespace: str, name: str, uid: str) -> tuple[dict[str, Any], PodInfo] | str:
+        """The pod as the API server has it, when it is one this extender may act on: ours
+        (schedulerName), the same pod (uid), not finished; else why not. What a request claimed
+        about the pod never enters: a filter body is not the pod."""
+        key = f"{namespace}/{name}"
+        try:
+            raw = self.cluster.read_pod(namespace, name)
+        except ClusterError as err:
+            return f"pod {key} could not be read: {err}"
+        if raw is None:
+            return f"pod {key} does not exist"
+        try:
+            pod = parse_pod(raw)
+        except ProtocolError as err:
+            return f"pod {key}: {err}"
+        if not uid or pod.uid != uid:
+            return f"pod {key} has uid {pod.uid or '(none)'}, not {uid or '(none)'}"
+        if pod.scheduler_name != self.settings.kube.scheduler_name:
+            return f"pod {key} is scheduled by {pod.scheduler_name or 'default-scheduler'}, not by " \
+                   f"{self.settings.kube.scheduler_name}"
+        if pod.phase in TERMINAL_PHASES:
+            return f"pod {key} is {pod.phase}"
+        return raw, pod
+
     # ---- verbs ----
     def filter(self, body: Any) -> dict[str, Any]:
         """`body`: the decoded JSON, or ExtenderArgs already read from the bytes (`decode_extender_args`)."""
@@ -245,8 +324,12 @@ class Extender:
             args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
         except ProtocolError as err:
             return filter_error(f"bad ExtenderArgs: {err}")
-        now = self.clock()
-        self.remember(args.raw_pod, args.pod)
+        not_ready = self._not_ready()
+        if not_ready:
+            self._telemetry_wanted_s = self.mono()  # telemetry arriving next nudges its node (a retry)
+            return filter_error(not_ready, args)
+        now, mono = self.clock(), self.mono()
+        self.cluster.learn_pod(args.raw_pod)  # local mode only: the first request naming a pod defines it
         try:
             plan = self.plan(args.pod, now)
         except AnnotationError as err:
@@ -256,11 +339,14 @@ class Extender:
         except PredictorUnavailable as err:
             return filter_error(f"predictor unavailable: {err}", args)
         self._keep_filter_plan(args.pod, plan, now)
-        result = filter_matrix(plan.request, args.node_names, self.state.matrix, self.state.views, now, self.params)
+        result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
+                               self.params)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
+        if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
+            self._telemetry_wanted_s = mono
         if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
-            self.self_preempt(plan.request, list(result.failed), args.raw_pod, now)
+            self.request_preemption(args.pod, list(result.failed), mono)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
                       args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
@@ -274,7 +360,6 @@ class Extender:
         except ProtocolError as err:
             log.info("prioritize: bad ExtenderArgs: %s", err)
             return []
-        self.remember(args.raw_pod, args.pod)
         now = self.clock()
         try:
             plan = self._filter_plan(args.pod, now) or self.plan(args.pod, now)
@@ -285,10 +370,10 @@ class Extender:
         if mix is not None:
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
-            scores = score_matrix_fragaware(req, args.node_names, self.state.matrix, self.params, mix,
+            scores = score_matrix_fragaware(req, args.node_names, self.ledger.matrix, self.params, mix,
                                             memo=self.merits)
         else:
-            scores = score_matrix(req, args.node_names, self.state.matrix, self.state.views, self.params)
+            scores = score_matrix(req, args.node_names, self.ledger.matrix, self.ledger.views, self.params)
         return host_priority_list(scores)
 
     def _keep_filter_plan(self, pod: PodInfo, plan: Plan, now: float) -> None:
@@ -309,42 +394,46 @@ class Extender:
             return None
         return kept[2]
 
+    def _packs(self, req: PodRequest) -> bool:
+        """Whether `req` is placed by the fragmentation-aware rule (score and bind alike)."""
+        return self.fragmentation_aware and packs_by_mix(req, self.params)
+
     def _packing_mix(self, req: PodRequest) -> DemandMix | None:
         """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
-        if not (self.fragmentation_aware and req.gpu_job and not spreads(req, self.params)):
+        if not self._packs(req):
             return None
-        with self._lock:
-            mix = self.demand.mix()
+        mix = self.ledger.demand_mix()
         return mix if len(mix) else None
 
-    def _gpu_chooser(self, req: PodRequest) -> Callable[[PodRequest, NodeView], tuple[GpuView, ...] | None] | None:
-        """Bind takes the GPUs the node was scored for: the fragmentation-aware choice for packing
-        pods (as the simulator does), the scoring rule's best fit otherwise (None: the default)."""
-        mix = self._packing_mix(req)
-        if mix is None:
-            return None
-        return lambda pod, view: choose_gpus_fragaware(pod, view, mix)
-
     def bind(self, body: Any) -> dict[str, str]:
+        """Reserve GPUs on the node, annotate the pod, create its Binding.
+
+        The pod is read from the API server, never taken from an earlier filter request: only a pod
+        of this scheduler, with the uid asked for, still pending, is bound. A retried bind of a pod
+        this extender already bound to the same node succeeds with no side effect; to another node
+        it fails and leaves the first in place."""
         try:
             args = parse_binding_args(body)
         except ProtocolError as err:
             return binding_result(f"bad ExtenderBindingArgs: {err}")
         key = f"{args.pod_namespace}/{args.pod_name}"
-        with self._lock:
-            raw = self._recent.get(args.pod_uid)
-        if raw is None:
-            raw = self.cluster.get_pod(args.pod_namespace, args.pod_name)
-        if raw is None:
+        not_ready = self._not_ready()
+        if not_ready:
             self.metrics.binds.labels("failed").inc()
-            return binding_result(f"pod {key} (uid {args.pod_uid}) is unknown to the extender")
-        try:
-            pod = parse_pod(raw)
-        except ProtocolError as err:
-            return binding_result(f"pod {key}: {err}")
-        if pod.uid and pod.uid != args.pod_uid:
-            return binding_result(f"pod {key} has uid {pod.uid}, not {args.pod_uid}: it was recreated")
-        now = self.clock()
+            return binding_result(not_ready)
+        confirmed = self.confirmed_pod(args.pod_namespace, args.pod_name, args.pod_uid)
+        if isinstance(confirmed, str):
+            self.metrics.binds.labels("failed").inc()
+            log.info("bind refused pod=%s: %s", key, confirmed)
+            return binding_result(f"cannot bind {key}: {confirmed}")
+        raw, pod = confirmed
+        if pod.node_name:
+            if pod.node_name == args.node and self.ledger.bound_node(pod.uid) == args.node:
+                log.info("bind pod=%s node=%s: already bound there (retried bind)", key, args.node)
+                return binding_result("")
+            self.metrics.binds.labels("failed").inc()
+            return binding_result(f"cannot bind {key} to {args.node}: already bound to {pod.node_name}")
+        now, mono = self.clock(), self.mono()
         try:
             plan = self.plan(pod, now)
         except (AnnotationError, PredictorUnavailable) as err:
@@ -355,17 +444,20 @@ class Extender:
         version = self.predictor_version
         req = plan.request
 
-        def build(uuids: tuple[str, ...]) -> Reservation:
-            return Reservation(req.uid, req.namespace, req.name, args.node, uuids, req.admission_mib,
-                               req.admission_mib, req.predicted_mib, plan.inputs, now, plan.job.signature, version)
-
-        outcome = self.state.reserve_on(req, args.node, build, now, self._gpu_chooser(req))
+        template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
+                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
+        outcome = self.ledger.reserve_on(req, template, mono, packing=self._packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
             self.metrics.binds.labels("refused").inc()
             log.info("bind refused pod=%s node=%s reason=%r", key, args.node, outcome)
             return binding_result(f"cannot bind {key} to {args.node}: {outcome}")
-        res = outcome
+        if outcome.existing:  # the pod holds GPUs here already: another bind of it is in flight
+            if self.ledger.bound_node(pod.uid) == args.node:
+                return binding_result("")
+            self.metrics.binds.labels("failed").inc()
+            return binding_result(f"cannot bind {key} to {args.node}: a bind of this pod is in progress")
+        res = outcome.reservation
         written = {
             ann.PREFIX + ann.ASSIGNED_GPUS: ",".join(res.gpu_uuids),
             ann.PREFIX + ann.PREDICTED_MEMORY: f"{res.predicted_mib:.0f}",
@@ -379,7 +471,7 @@ class Extender:
             patched = True
             self.cluster.bind(raw, args.node)
         except ClusterError as err:
-            self.state.release(res.pod_uid)
+            self.ledger.release(res.pod_uid, forget_bound=False)
             if patched:
                 try:
                     self.cluster.patch_pod_annotations(raw, dict.fromkeys(written))
@@ -389,9 +481,8 @@ class Extender:
             log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
-        with self._lock:
-            self.demand.admit(res.admission_mib, len(res.gpu_uuids))
-        view = self.state.node_view(args.node)
+        self.ledger.mark_bound(res.pod_uid, args.node, res)
+        view = self.ledger.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
         self.cluster.event(raw, "Placed", self._placed_message(plan, args.node, indexes))
         log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),
@@ -405,6 +496,7 @@ class Extender:
             self.metrics.binds.labels("failed").inc()
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
+        self.ledger.mark_bound(pod_meta(raw)[2], node)
         log.info("bound pod=%s node=%s (not a GPU job)", key, node)
         return binding_result("")
 
@@ -421,13 +513,16 @@ class Extender:
         return f"{what}, {demand.gflops_per_iteration:.0f} GFLOP/iter; {where}"
 
     def preempt(self, body: Any) -> dict[str, Any]:
-        """Victims per node, only strictly lower DeepRes priority; nodes without victims are dropped."""
+        """Victims per node, only strictly lower DeepRes priority; nodes without victims are dropped.
+        An answer only: kube-scheduler does the evicting."""
         try:
             args = parse_preemption_args(body)
         except ProtocolError as err:
             log.info("preempt: bad ExtenderPreemptionArgs: %s", err)
             return preemption_result({}, {})
-        now = self.clock()
+        if self._not_ready():  # the ledger may not hold the victims' reservations yet
+            return preemption_result({}, {})
+        now, mono = self.clock(), self.mono()
         try:
             plan = self.plan(args.pod, now)
         except (AnnotationError, PredictorUnavailable) as err:
@@ -436,14 +531,14 @@ class Extender:
         req = plan.request
         out: dict[str, tuple[str, ...]] = {}
         for node, proposed in args.victims.items():
-            ledger = {r.pod_uid: r for r in self.state.reservations_on(node)}
+            ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
             known = [ledger[uid] for uid in proposed if uid in ledger]
             if any(priority_of(r.priority_inputs, now, self.params) >= req.priority for r in known):
                 continue  # kube-scheduler's plan would evict a pod we rank at least as high
             extra: tuple[str, ...] = ()
             if req.gpu_job:
-                view = self.state.node_view(node)
-                if view is None or now - view.received_s > self.params.telemetry_ttl_s:
+                view = self.ledger.node_view(node)
+                if view is None or mono - view.received_s > self.params.telemetry_ttl_s:
                     continue
                 planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known)
                 if planned is None:
@@ -455,44 +550,66 @@ class Extender:
         self.metrics.preemptions.inc(sum(len(v) for v in out.values()))
         return preemption_result(out, args.pdb_violations)
 
-    def self_preempt(self, req: PodRequest, nodes: list[str], raw_pod: Mapping[str, Any], now: float) -> list[str]:
-        """Evict the fewest strictly-lower-priority pods on the best of `nodes` so `req` fits there.
+    def request_preemption(self, pod: PodInfo, nodes: list[str], mono: float) -> bool:
+        """Ask the worker to preempt for `pod` (at most once per `preemption_grace_s`): the filter
+        answers at once and never evicts in the request."""
+        with self._lock:
+            if self._preempting.get(pod.uid, -math.inf) > mono:
+                return False
+            self._preempting[pod.uid] = mono + self.settings.kube.preemption_grace_s
+            self._preempting.move_to_end(pod.uid)
+            while len(self._preempting) > WARNED_MAX:
+                self._preempting.popitem(last=False)
+        ns, name, uid = pod.namespace, pod.name, pod.uid
+
+        def task() -> None:
+            self.self_preempt(ns, name, uid, nodes)
+
+        return self.worker.submit(f"preempt/{uid}", task)
+
+    def self_preempt(self, namespace: str, name: str, uid: str, nodes: list[str]) -> list[str]:
+        """Evict the fewest strictly-lower-priority pods on the best of `nodes` so the pod fits there
+        (runs on the worker).
 
         kube-scheduler's preemption dry run runs only its in-tree filters, which cannot see GPU
         memory: it finds no victims and never calls /preempt. So the extender evicts itself, with
-        the same rule as the verb (`plan_victims`), at most once per pod per `preemption_grace_s`
-        (the victims take time to go; the pod is retried when they do). Best node: the lowest
-        highest-victim priority, then the fewest victims, then the least memory evicted.
+        the same rule as the verb (`plan_victims`), for a pod the API server confirms (ours, that
+        uid, pending, not bound), planned from the API's copy (its real PriorityClass, not what a
+        request claimed), and only victims the API server still has with the uid the ledger holds.
+        Best node: the lowest highest-victim priority, then the fewest victims, then the least
+        memory evicted.
         """
-        with self._lock:
-            if self._preempting.get(req.uid, 0.0) > now:
-                return []
-            self._preempting[req.uid] = now + self.settings.kube.preemption_grace_s
-            self._preempting.move_to_end(req.uid)
-            while len(self._preempting) > WARNED_MAX:
-                self._preempting.popitem(last=False)
-        best: tuple[tuple[float, int, float, str], str, list[Reservation]] | None = None
-        for node in nodes:
-            view = self.state.node_view(node)
-            if view is None:
-                continue
-            on_node = self.state.reservations_on(node)
-            victims = plan_victims(req, view, on_node, now, self.params)
-            if not victims:
-                continue
-            by_uid = {r.pod_uid: r for r in on_node}
-            chosen = [by_uid[uid] for uid in victims]
-            top = max(priority_of(r.priority_inputs, now, self.params) for r in chosen)
-            key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node)
-            if best is None or key < best[0]:
-                best = (key, node, chosen)
-        if best is None:
+        confirmed = self.confirmed_pod(namespace, name, uid)
+        if isinstance(confirmed, str):
+            log.info("no preemption for pod=%s/%s: %s", namespace, name, confirmed)
+            return []
+        raw_pod, pod = confirmed
+        if pod.node_name:
+            return []
+        now, mono = self.clock(), self.mono()
+        try:
+            req = self.plan(pod, now).request
+        except (AnnotationError, PredictorUnavailable) as err:
+            log.info("no preemption for pod=%s: %s", pod.key, err)
+            return []
+        found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
+                                        if (view := self.ledger.node_view(node)) is not None
+                                        and is_fresh(view.received_s, mono, self.params)), now, self.params)
+        if found is None:
             with self._lock:
                 self._preempting.pop(req.uid, None)
             return []
-        _, node, chosen = best
+        node, chosen = found
         evicted: list[str] = []
         for res in chosen:
+            try:
+                victim = self.cluster.read_pod(res.namespace, res.name)
+            except ClusterError as err:
+                log.warning("preemption for pod=%s stopped: %s", req.key, err)
+                break
+            if victim is None or pod_meta(victim)[2] != res.pod_uid or self.ledger.reservation(res.pod_uid) is None:
+                log.info("preemption for pod=%s stopped: victim %s changed", req.key, res.key)
+                break
             try:
                 self.cluster.evict(res.namespace, res.name, res.pod_uid)
             except ClusterError as err:
@@ -511,26 +628,6 @@ class Extender:
         return evicted
 
     # ---- telemetry ----
-    def authenticate(self, header: str) -> tuple[bool, str, str]:
-        """(ok, node the token is bound to or "", why not)."""
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return False, "", "missing bearer token"
-        if self.local:
-            if self.token and hmac.compare_digest(token.encode("utf-8"), self.token.encode("utf-8")):
-                return True, "", ""
-            return False, "", "invalid token"
-        identity = self.cluster.review_token(token, self.settings.kube.token_audience)
-        if identity is None:
-            return False, "", "token not authenticated for audience " + self.settings.kube.token_audience
-        allowed = self.settings.kube.agent_service_accounts
-        if allowed and identity.username not in allowed:
-            return False, "", f"{identity.username} may not post telemetry"
-        if not identity.node_name:
-            return False, "", "token is not bound to a node (use a projected ServiceAccount token)"
-        return True, identity.node_name, ""
-
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
         """`body`: the decoded JSON, or a NodeReport already read from the bytes (`decode_report`)."""
         try:
@@ -541,10 +638,50 @@ class Extender:
         if bound_node and report.node != bound_node:
             self.metrics.telemetry_reports.labels("unauthorized").inc()
             return 401, {"error": f"token is bound to node {bound_node}, report is for {report.node}"}
-        outcome = self.state.apply_report(report, self.clock())
+        mono = self.mono()
+        if self.local:
+            self._expire_local(mono)
+        before = self.ledger.telemetry(report.node)
+        outcome = self.ledger.apply_report(report, mono)
+        if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
+            self.metrics.telemetry_reports.labels("unknown_node").inc()
+            why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
+                f"would be one more than the {NODES_MAX} nodes with telemetry"
+            return 400, {"error": f"node {report.node} {why}"}
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
+        if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
+            self._nudge(report.node, mono)
         return 200, {"accepted": outcome == ACCEPTED, "outcome": outcome}
+
+    def _nudge(self, node: str, mono: float) -> None:
+        """Telemetry of a node arrived (again) after filters failed nodes for the lack of it: touch
+        the Node (a cluster event) so kube-scheduler retries the pods it set aside, as the agent
+        does when GPU memory frees; fresh telemetry alone is no event kube-scheduler sees."""
+        if mono - self._telemetry_wanted_s > NUDGE_WINDOW_S:
+            return
+
+        def patch() -> None:
+            try:
+                self.cluster.patch_node_annotations(node, {TELEMETRY_ANNOTATION: f"{self.clock():.0f}"})
+            except ClusterError as err:
+                log.info("node=%s not nudged: %s", node, err)
+
+        self.worker.submit(f"nudge/{node}", patch)
+
+    def _expire_local(self, mono: float) -> None:
+        """Local mode has no node list and no pod deletions: nodes silent for `kube.local_expiry_s`
+        are forgotten, and reservations whose pod no report mentioned that long are released."""
+        if mono - self._last_expiry_s < EXPIRY_EVERY_S:
+            return
+        self._last_expiry_s = mono
+        ttl = self.settings.kube.local_expiry_s
+        for node in self.ledger.expire_nodes(mono, ttl):
+            log.info("forgot node=%s (no report for %.0f s)", node, ttl)
+        for res in self.ledger.expire_unseen(mono, ttl):
+            log.info("released pod=%s (no report mentioned it for %.0f s)", res.key, ttl)
+            if isinstance(self.cluster, InMemoryCluster):
+                self.cluster.forget_pod(res.namespace, res.name)
 
     def predict(self, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
@@ -585,8 +722,8 @@ class Extender:
         except ProtocolError as err:
             log.debug("ignoring unparsable pod from the watch: %s", err)
             return
-        if deleted or pod.phase in ("Succeeded", "Failed"):
-            if self.state.release(pod.uid) is not None:
+        if deleted or pod.phase in TERMINAL_PHASES:
+            if self.ledger.release(pod.uid) is not None:
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return
         self._restore(pod)
@@ -598,26 +735,27 @@ class Extender:
                 pod = parse_pod(raw)
             except ProtocolError:
                 continue
-            if pod.phase in ("Succeeded", "Failed"):
+            if pod.phase in TERMINAL_PHASES:
                 continue
             alive.add(pod.uid)
             self._restore(pod)
-        recent = self.clock() - RELIST_GRACE_S
-        for res in self.state.reservations():
+        recent = self.mono() - RELIST_GRACE_S
+        for res in self.ledger.reservations():
             if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
-                self.state.release(res.pod_uid)
+                self.ledger.release(res.pod_uid)
                 log.info("released pod=%s (gone at relist)", res.key)
+        if self._synced_s is None:
+            self._expected_nodes = frozenset(self.ledger.nodes_with_reservations())
+            self._synced_s = self.mono()
 
     def on_nodes_listed(self, names: list[str]) -> None:
-        present = set(names)
-        for node in list(self.state.views):
-            if node not in present:
-                self.state.forget_node(node)
+        for node in self.ledger.set_known_nodes(names):
+            log.info("forgot node=%s (not in the cluster's node list)", node)
 
     def _restore(self, pod: PodInfo) -> None:
         """Rebuild a bound pod's reservation from the annotations written at bind."""
         gpus = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
-        if not gpus or not pod.node_name or self.state.reservation(pod.uid) is not None:
+        if not gpus or not pod.node_name or self.ledger.reservation(pod.uid) is not None:
             return
         try:
             admission = float(pod.annotations[ann.PREFIX + ann.ADMISSION_MEMORY])
@@ -626,7 +764,11 @@ class Extender:
             log.warning("pod=%s has %s but no usable %s: not restored", pod.key, ann.ASSIGNED_GPUS,
                         ann.ADMISSION_MEMORY)
             return
-        now = self.clock()
+        if not (math.isfinite(admission) and admission >= 0 and math.isfinite(predicted)):
+            log.warning("pod=%s: %s=%r is not a memory figure: not restored", pod.key, ann.ADMISSION_MEMORY,
+                        admission)
+            return
+        now, mono = self.clock(), self.mono()
         inputs = PriorityInputs()
         signature = ""
         try:
@@ -635,11 +777,9 @@ class Extender:
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("pod=%s restored with default priority: %s", pod.key, err)
         res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, tuple(gpus.split(",")), admission,
-                          admission, predicted, inputs, now, signature,
+                          admission, predicted, inputs, mono, signature,
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
-        if self.state.restore(res):
-            with self._lock:
-                self.demand.admit(admission, len(res.gpu_uuids))
+        if self.ledger.restore(res):
             log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
                      gpus, admission)
 
@@ -652,6 +792,7 @@ def create_app(
     predictor: DemandPredictor | None = None,
     clock: Callable[[], float] = time.time,
     cluster: Cluster | None = None,
+    monotonic: Callable[[], float] | None = None,
 ) -> Flask:
     """The WSGI app. `settings` default to defaults + `DEEPRES_*` env; `predictor` defaults to the
     shipped `predictor.runtime.Predictor.load()` (loaded in the background; /readyz waits for it);
@@ -662,10 +803,12 @@ def create_app(
         from extender.settings import SettingsError
 
         raise SettingsError(problems)
-    if cluster is None:
-        cluster = InMemoryCluster() if settings.kube.no_kube else KubeCluster(
-            settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s)
-    ext = Extender(settings, predictor, cluster, clock)
+    if cluster is None and settings.kube.no_kube:
+        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods)
+    elif cluster is None:
+        cluster = KubeCluster(settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
+                              api_timeout_s=settings.kube.api_timeout_s)
+    ext = Extender(settings, predictor, cluster, clock, monotonic)
     log.info("deepres extender settings: %s", describe(settings))
     ext.start()
 
@@ -717,7 +860,11 @@ def create_app(
         code = err.code or 400
         if code == 413:
             return respond({"error": f"request body larger than {settings.server.max_body_bytes} bytes"}, 413)
-        return respond({"error": f"{err.name}: {err.description}"}, code)
+        answer = respond({"error": f"{err.name}: {err.description}"}, code)
+        allowed = getattr(err, "valid_methods", None)  # a 405 names what the route takes (RFC 9110 15.5.6)
+        if allowed:
+            answer.headers["Allow"] = ", ".join(allowed)
+        return answer
 
     @app.errorhandler(Exception)
     def unexpected(err: Exception) -> Response:  # a bug: log it, never leak a traceback

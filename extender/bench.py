@@ -15,6 +15,7 @@ TARGETS: dict[str, str] = {
     "predictor": "predictor.bench",
     "extender": "extender.bench_extender",
     "agent": "extender.agent.bench",
+    "slowbody": "extender.bench_slowbody",
     "cluster": "extender.bench_cluster",
 }
 
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         target_parser.set_defaults(_bench_module=module_name)
         target_parser.add_argument("--json", action="store_true", help="print the figures as JSON")
         target_parser.add_argument("--out", default=f"reports/bench-{target}.json", help="where to write them")
+        # (a target may set another default --out, e.g. slowbody writes reports/adversarial-slowbody.json)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:

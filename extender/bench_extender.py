@@ -22,19 +22,17 @@ import json
 import multiprocessing
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from extender.cli import UsageError
+from extender.localserver import LocalServer
 
 GPU_MODELS = (("NVIDIA A100-SXM4-40GB", 40960.0), ("NVIDIA A100-SXM4-80GB", 81920.0), ("Tesla V100-SXM2-32GB", 32768.0),
               ("Tesla T4", 15360.0))
@@ -148,63 +146,32 @@ def _progress(message: str) -> None:
 
 
 class _Server:
-    """`deepres serve --no-kube` in a subprocess on a free loopback port."""
+    """`deepres serve --no-kube` in a subprocess on a free loopback port (extender/localserver.py),
+    with the bench's environment, CPU pinning and resource readings."""
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
-        self.tmp = tmp
         self.token = "bench-" + os.urandom(8).hex()
-        self.factory = args.predictor_factory
-        self.cpus: set[int] = getattr(args, "server_cpus", set())
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        cpus: set[int] = getattr(args, "server_cpus", set())
+        env = {"DEEPRES_TELEMETRY_TTL_S": "3600"}  # one report per node must last the bench
+        if args.predictor_factory:
+            env["DEEPRES_PREDICTOR_FACTORY"] = args.predictor_factory
+        # cwd inherited: the server imports the tree on PYTHONPATH (scripts/bench-extender-ab.py runs two)
+        self.local = LocalServer(tmp, token=self.token, env=env, ready_timeout_s=180, cwd=None,
+                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.port = self.local.port
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Server:
-        token_file = self.tmp / "token"
-        token_file.write_text(self.token)
-        env = {**os.environ, "DEEPRES_TELEMETRY_TTL_S": "3600"}  # one report per node must last the bench
-        if self.factory:
-            env["DEEPRES_PREDICTOR_FACTORY"] = self.factory
-        self.log = (self.tmp / "server.log").open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind", f"127.0.0.1:{self.port}",
-             "--telemetry-token-file", str(token_file), "--log-level", "warning"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
-            preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None,
-        )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except urllib.error.HTTPError as err:  # 503: still loading, or the predictor failed
-                waiting = json.loads(err.read() or b"{}").get("waiting_for", [])
-                failed = [w for w in waiting if "(" in w]
-                if failed:
-                    self.__exit__()
-                    raise UsageError(f"the extender cannot start: {failed[0]}; --predictor-factory picks "
-                                     "another predictor") from None
-                time.sleep(0.2)
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__()
-        tail = (self.tmp / "server.log").read_text()[-1500:]
-        raise UsageError(f"the extender did not become ready (is the predictor artifact there? "
-                         f"--predictor-factory picks another); server log: {tail}")
+        try:
+            self.local.start()
+        except RuntimeError as err:
+            raise UsageError(f"the extender did not become ready (is the predictor artifact there? "
+                             f"--predictor-factory picks another): {err}") from None
+        self.proc = self.local.proc
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.local.stop()
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

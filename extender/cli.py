@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("extender.agent.main", "run the node agent: sample GPUs, report to the extender, /metrics"),
     "predict": ("predictor.predict_cli", "predict the GPU demand of an annotated pod or JobSpec"),
     "dataset": ("predictor.dataset.generate", "generate the traced, calibrated training-job dataset"),
+    "profile": ("predictor.profile", "trace your own training step on the CPU; print the pod annotations to paste"),
     "train": ("predictor.train", "train the Transformer-BiGRU predictor and write the shipped artifact"),
     "evaluate": ("predictor.evaluate", "compare the predictor with the baselines; write reports/predictor.*"),
     "simulate": ("extender.simulate.main", "replay public GPU cluster traces through the policies"),

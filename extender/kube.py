@@ -10,23 +10,40 @@ so the extender parses a watched pod and a pod sent by kube-scheduler with one p
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
+import json
 import logging
+import os
+import random
 import threading
-import time
 import uuid as uuid_module
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 #: TokenReview's extra key carrying the node a projected ServiceAccount token is bound to.
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-TOKEN_CACHE_MAX = 10_000
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: Watch restarts back off exponentially from the first to the last figure (with jitter).
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+#: Local mode: pods learned from requests and not bound yet, at most this many (least recent dropped).
+LEARNED_MAX = 10_000
+
+
+def backoff_s(failures: int, rng: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after `failures` consecutive watch failures: 1, 2, 4... up to 60, +-20%."""
+    base = min(BACKOFF_FIRST_S * 2.0 ** max(failures - 1, 0), BACKOFF_MAX_S)
+    return float(base * (0.8 + 0.4 * rng()))
+
+
+class WatchExpired(RuntimeError):
+    """The API server ended a watch with an ERROR event (410 Gone: the resourceVersion is too old)."""
 
 
 class ClusterError(RuntimeError):
@@ -51,6 +68,7 @@ class ClusterHandlers:
     pods_listed: Callable[[list[dict[str, Any]]], None]
     node_deleted: Callable[[str], None]
     nodes_listed: Callable[[list[str]], None] = field(default=lambda names: None)
+    node_added: Callable[[str], None] = field(default=lambda name: None)
 
 
 class Cluster(Protocol):
@@ -65,6 +83,18 @@ class Cluster(Protocol):
     def stop(self) -> None: ...
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API server has it now (no cache): what bind and eviction check against.
+        None when it does not exist; raises ClusterError when the API cannot say."""
+
+    def learn_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod kube-scheduler sent: local mode keeps the first one seen per pod (there is no API
+        server to ask); a real cluster ignores it (the API server is the only truth)."""
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
+        """Set annotations on a Node (a Node update is a cluster event: kube-scheduler retries
+        the pods it could not place); raises ClusterError."""
 
     def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         """Set (or with None remove) annotations; raises ClusterError."""
@@ -91,12 +121,20 @@ def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
 class InMemoryCluster:
     """A cluster double: pods in a dict, Bindings set `spec.nodeName`, Events kept in a list.
 
-    Pods it has not seen are recorded when patched or bound (local mode learns pods from
-    kube-scheduler's requests). `fail_patch` / `fail_bind` make the next calls fail (tests).
+    With `learn_pods` (local mode), a pod it does not have is learned from the first request that
+    names it (`learn_pod`; later requests do not change it) and kept once bound; without it (a
+    stand-in for an API server in tests) only `add_pod` creates pods. `state_file` keeps the bound
+    pods across restarts. `fail_patch` / `fail_bind` make the next calls fail (tests).
     """
 
-    def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None) -> None:
+    def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None, *, learn_pods: bool = True,
+                 state_file: str = "", learned_max: int = LEARNED_MAX) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.learn_pods = learn_pods
+        self.learned_max = learned_max
+        self.state_file = state_file
+        self._learned: OrderedDict[tuple[str, str], Mapping[str, Any]] = OrderedDict()
+        self.node_annotations: dict[str, dict[str, str]] = {}
         self.events: list[tuple[str, str, str, bool]] = []  # (namespace/name, reason, message, warning)
         self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
         self.fail_patch = False
@@ -106,6 +144,32 @@ class InMemoryCluster:
         self._handlers: ClusterHandlers | None = None
         self._synced = False
         self._lock = threading.Lock()
+        if state_file and Path(state_file).is_file():
+            self._load(Path(state_file))
+
+    def _load(self, path: Path) -> None:
+        try:
+            saved = json.loads(path.read_text())
+            pods = [p for p in saved["pods"] if isinstance(p, dict)]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("state file %s not usable, starting empty: %s", path, err)
+            return
+        for pod in pods:
+            self.pods[pod_meta(pod)[:2]] = pod
+        log.info("state file %s: %d bound pods", path, len(pods))
+
+    def _save(self) -> None:
+        """Write the bound pods (lock held): to a temporary file, then renamed over the old one."""
+        if not self.state_file:
+            return
+        bound = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName")]
+        tmp = f"{self.state_file}.tmp"
+        try:
+            with open(tmp, "w") as out:
+                json.dump({"pods": bound}, out)
+            os.replace(tmp, self.state_file)
+        except OSError as err:
+            log.warning("state file %s not written: %s", self.state_file, err)
 
     def start(self, handlers: ClusterHandlers) -> None:
         self._handlers = handlers
@@ -127,15 +191,44 @@ class InMemoryCluster:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
-            pod = self.pods.get((namespace, name))
-            return copy.deepcopy(pod) if pod is not None else None
+            pod = self.pods.get((namespace, name)) or self._learned.get((namespace, name))
+            return copy.deepcopy(dict(pod)) if pod is not None else None
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get_pod(namespace, name)
+
+    def learn_pod(self, pod: Mapping[str, Any]) -> None:
+        if not self.learn_pods:
+            return
+        key = pod_meta(pod)[:2]
+        with self._lock:
+            if key in self.pods or key in self._learned:
+                return
+            self._learned[key] = pod  # copied when it is first changed (_stored): a filter costs no copy
+            while len(self._learned) > self.learned_max:
+                self._learned.popitem(last=False)
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
+        with self._lock:
+            self.node_annotations.setdefault(node, {}).update(annotations)
+
+    def _stored(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """The pod as this cluster has it (lock held): known, learned, or (learning) the one given."""
+        key = pod_meta(pod)[:2]
+        stored = self.pods.get(key)
+        if stored is None:
+            learned = self._learned.pop(key, None)
+            if learned is None and not self.learn_pods:
+                raise ClusterError(f"pod {key[0]}/{key[1]} not found")
+            stored = copy.deepcopy(dict(learned if learned is not None else pod))
+            self.pods[key] = stored
+        return stored
 
     def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         if self.fail_patch:
             raise ClusterError("patch pod annotations: injected failure")
-        ns, name, _ = pod_meta(pod)
         with self._lock:
-            stored = self.pods.setdefault((ns, name), copy.deepcopy(dict(pod)))
+            stored = self._stored(pod)
             meta = stored.setdefault("metadata", {})
             current = meta.get("annotations") or {}
             for key, value in annotations.items():
@@ -144,13 +237,14 @@ class InMemoryCluster:
                 else:
                     current[key] = value
             meta["annotations"] = current
+            self._save()
 
     def bind(self, pod: Mapping[str, Any], node: str) -> None:
         if self.fail_bind:
             raise ClusterError("create binding: injected failure")
         ns, name, uid = pod_meta(pod)
         with self._lock:
-            stored = self.pods.setdefault((ns, name), copy.deepcopy(dict(pod)))
+            stored = self._stored(pod)
             stored_uid = str((stored.get("metadata") or {}).get("uid") or "")
             if uid and stored_uid and stored_uid != uid:
                 raise ClusterError(f"create binding: pod {ns}/{name} has uid {stored_uid}, not {uid}")
@@ -159,6 +253,7 @@ class InMemoryCluster:
                 raise ClusterError(f"create binding: pod {ns}/{name} is already assigned to {spec['nodeName']}")
             spec["nodeName"] = node
             stored.setdefault("status", {})["phase"] = "Running"
+            self._save()
         handlers = self._handlers
         if handlers is not None:
             handlers.pod_changed(self.get_pod(ns, name) or {}, False)
@@ -166,6 +261,8 @@ class InMemoryCluster:
     def delete_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             pod = self.pods.pop((namespace, name), None)
+            self._learned.pop((namespace, name), None)
+            self._save()
         if pod is not None and self._handlers is not None:
             self._handlers.pod_changed(pod, True)
 
@@ -174,8 +271,16 @@ class InMemoryCluster:
             pod = self.pods[(namespace, name)]
             pod.setdefault("status", {})["phase"] = phase
             snapshot = copy.deepcopy(pod)
+            self._save()
         if self._handlers is not None:
             self._handlers.pod_changed(snapshot, False)
+
+    def forget_pod(self, namespace: str, name: str) -> None:
+        """Drop a pod without telling the handlers (local mode: its reservation expired)."""
+        with self._lock:
+            self.pods.pop((namespace, name), None)
+            self._learned.pop((namespace, name), None)
+            self._save()
 
     def delete_node(self, name: str) -> None:
         self.deleted_nodes.append(name)
@@ -206,7 +311,8 @@ class InMemoryCluster:
 class KubeCluster:
     """The real API server through the official client: in-cluster config, else ~/.kube/config."""
 
-    def __init__(self, scheduler_name: str, resync_s: float, token_cache_s: float, api_client: Any = None) -> None:
+    def __init__(self, scheduler_name: str, resync_s: float, token_cache_s: float, api_client: Any = None,
+                 api_timeout_s: float = 10.0) -> None:
         client: Any = importlib.import_module("kubernetes.client")
         if api_client is None:
             config: Any = importlib.import_module("kubernetes.config")
@@ -222,8 +328,8 @@ class KubeCluster:
         self.scheduler_name = scheduler_name
         self.resync_s = resync_s
         self.token_cache_s = token_cache_s
+        self.api_timeout_s = api_timeout_s
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._tokens: dict[str, tuple[float, TokenIdentity | None]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -242,23 +348,45 @@ class KubeCluster:
     def stop(self) -> None:
         self._stop.set()
 
+    def _watch_timeouts(self) -> dict[str, Any]:
+        """A watch ends on the server after resync_s; a silent one (dead connection, stuck proxy) is
+        cut by the client's read timeout a little later, and then relisted like any failure."""
+        return {"timeout_seconds": int(self.resync_s),
+                "_request_timeout": (self.api_timeout_s, self.resync_s + self.api_timeout_s)}
+
+    def _rewatch(self, what: str, err: Exception, failures: int) -> int:
+        """After a failed list or watch: 410 Gone relists at once, anything else backs off."""
+        if getattr(err, "status", None) == 410 or isinstance(err, WatchExpired):
+            log.info("%s watch expired (410 Gone): relisting", what)
+            return 0
+        failures += 1
+        delay = backoff_s(failures)
+        log.warning("%s watch failed (%d in a row), relisting in %.1f s: %s", what, failures, delay, _api_reason(err))
+        self._stop.wait(delay)
+        return failures
+
     def _watch_pods(self, handlers: ClusterHandlers) -> None:
         selector = f"spec.schedulerName={self.scheduler_name}"
+        failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_pod_for_all_namespaces(field_selector=selector)
+                listed = self._core.list_pod_for_all_namespaces(field_selector=selector,
+                                                                _request_timeout=self.api_timeout_s)
                 pods = [self._api.sanitize_for_serialization(p) for p in listed.items]
                 with self._lock:
                     self._pods = {pod_meta(p)[:2]: p for p in pods}
                 handlers.pods_listed(pods)
                 self._synced.set()
+                failures = 0
                 stream = self._watch.Watch().stream(
                     self._core.list_pod_for_all_namespaces, field_selector=selector,
-                    resource_version=listed.metadata.resource_version, timeout_seconds=int(self.resync_s),
+                    resource_version=listed.metadata.resource_version, **self._watch_timeouts(),
                 )
                 for event in stream:
                     if self._stop.is_set():
                         return
+                    if event.get("type") == "ERROR":
+                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
                     pod = self._api.sanitize_for_serialization(event["object"])
                     deleted = event["type"] == "DELETED"
                     with self._lock:
@@ -268,25 +396,29 @@ class KubeCluster:
                             self._pods[pod_meta(pod)[:2]] = pod
                     handlers.pod_changed(pod, deleted)
             except Exception as err:  # the watch must outlive any API hiccup: log, back off, relist
-                log.warning("pod watch failed, relisting in 5 s: %s", err)
-                self._stop.wait(5.0)
+                failures = self._rewatch("pod", err, failures)
 
     def _watch_nodes(self, handlers: ClusterHandlers) -> None:
+        failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_node()
+                listed = self._core.list_node(_request_timeout=self.api_timeout_s)
                 handlers.nodes_listed([n.metadata.name for n in listed.items])
+                failures = 0
                 stream = self._watch.Watch().stream(
                     self._core.list_node, resource_version=listed.metadata.resource_version,
-                    timeout_seconds=int(self.resync_s))
+                    **self._watch_timeouts())
                 for event in stream:
                     if self._stop.is_set():
                         return
+                    if event.get("type") == "ERROR":
+                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
                     if event["type"] == "DELETED":
                         handlers.node_deleted(event["object"].metadata.name)
+                    elif event["type"] == "ADDED":
+                        handlers.node_added(event["object"].metadata.name)
             except Exception as err:
-                log.warning("node watch failed, relisting in 5 s: %s", err)
-                self._stop.wait(5.0)
+                failures = self._rewatch("node", err, failures)
 
     # ---- calls ----
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -295,17 +427,38 @@ class KubeCluster:
         if cached is not None:
             return copy.deepcopy(cached)
         try:
-            pod = self._core.read_namespaced_pod(name, namespace)
+            pod = self._core.read_namespaced_pod(name, namespace, _request_timeout=self.api_timeout_s)
         except Exception as err:
             log.info("pod=%s/%s read failed: %s", namespace, name, err)
             return None
         result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
         return result
 
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            pod = self._core.read_namespaced_pod(name, namespace, _request_timeout=self.api_timeout_s)
+        except Exception as err:
+            if getattr(err, "status", None) == 404:
+                return None
+            raise ClusterError(f"read pod {namespace}/{name}: {_api_reason(err)}") from None
+        result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
+        return result
+
+    def learn_pod(self, pod: Mapping[str, Any]) -> None:
+        return None  # the API server is the only truth about pods
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
+        try:
+            self._core.patch_node(node, {"metadata": {"annotations": dict(annotations)}},
+                                  _request_timeout=self.api_timeout_s)
+        except Exception as err:
+            raise ClusterError(f"patch annotations of node {node}: {_api_reason(err)}") from None
+
     def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         ns, name, _ = pod_meta(pod)
         try:
-            self._core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": dict(annotations)}})
+            self._core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": dict(annotations)}},
+                                            _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"patch annotations of pod {ns}/{name}: {_api_reason(err)}") from None
 
@@ -317,7 +470,8 @@ class KubeCluster:
             target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:  # _preload_content=False: the client cannot deserialise a Binding response (target unset)
-            self._core.create_namespaced_binding(ns, body, _preload_content=False)
+            self._core.create_namespaced_binding(ns, body, _preload_content=False,
+                                                 _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"bind pod {ns}/{name} to {node}: {_api_reason(err)}") from None
 
@@ -332,7 +486,7 @@ class KubeCluster:
             source=c.V1EventSource(component="deepres-extender"), first_timestamp=now, last_timestamp=now, count=1,
         )
         try:
-            self._core.create_namespaced_event(ns, body)
+            self._core.create_namespaced_event(ns, body, _request_timeout=self.api_timeout_s)
         except Exception as err:
             log.info("pod=%s/%s event %s not recorded: %s", ns, name, reason, _api_reason(err))
 
@@ -343,35 +497,24 @@ class KubeCluster:
             delete_options=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid) if uid else None),
         )
         try:
-            self._core.create_namespaced_pod_eviction(name, namespace, body)
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
-        key = hashlib.sha256(token.encode("utf-8")).hexdigest()
-        now = time.monotonic()
-        with self._lock:
-            cached = self._tokens.get(key)
-            if cached is not None and cached[0] > now:
-                return cached[1]
+        """One TokenReview (extender/auth.py caches them and bounds how many run at once)."""
         c: Any = self._client
         review = c.V1TokenReview(spec=c.V1TokenReviewSpec(token=token, audiences=[audience]))
         try:
-            status = self._auth.create_token_review(review).status
+            status = self._auth.create_token_review(review, _request_timeout=self.api_timeout_s).status
         except Exception as err:
             log.warning("TokenReview failed: %s", _api_reason(err))
             return None
-        identity: TokenIdentity | None = None
-        if status is not None and status.authenticated and audience in (status.audiences or [audience]):
-            extra = (status.user.extra or {}) if status.user else {}
-            node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
-            identity = TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
-        with self._lock:
-            if len(self._tokens) >= TOKEN_CACHE_MAX:
-                self._tokens.clear()
-            # failures are cached briefly too, so a bad agent cannot make us hammer the API server
-            self._tokens[key] = (now + (self.token_cache_s if identity else min(self.token_cache_s, 5.0)), identity)
-        return identity
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        extra = status.user.extra or {}
+        node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
+        return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
 
 
 def _api_reason(err: Exception) -> str:

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.ledger import Ledger as ClusterState
 from extender.policy.columnar import FragmentationMemo
-from extender.state import ClusterState
 
 VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict")
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -46,7 +46,7 @@ class ExtenderMetrics:
                                           "Binds refused because the GPUs no longer had room.", registry=r)
         self.telemetry_reports = Counter("deepres_extender_telemetry_reports_total",
                                          "Telemetry reports by outcome (accepted, old_sequence, invalid, "
-                                         "unauthorized).", ["outcome"], registry=r)
+                                         "unauthorized, unknown_node).", ["outcome"], registry=r)
         self.binds = Counter("deepres_extender_binds_total", "Binds by outcome (bound, refused, failed).",
                              ["outcome"], registry=r)
         self.preemptions = Counter("deepres_extender_preemption_victims_total",
@@ -63,7 +63,7 @@ class _StateCollector(Collector):
         self.state = state
         self.clock = clock
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         ages = GaugeMetricFamily("deepres_extender_telemetry_age_seconds",
                                  "Seconds since the node's last accepted telemetry report.", labels=["node"])
         for node, age in sorted(self.state.telemetry_ages(self.clock()).items()):
@@ -82,8 +82,11 @@ class _StateCollector(Collector):
         yield reserved
         yield GaugeMetricFamily("deepres_extender_nodes_reporting", "Nodes with telemetry.",
                                 value=len(self.state.views))
+        yield CounterMetricFamily("deepres_extender_telemetry_gpus_refused",
+                                  "GPUs left out of a node's report because another node owns their UUID.",
+                                  value=self.state.gpus_refused)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return iter(())
 
 

@@ -59,7 +59,8 @@ SCHEMAS: dict[str, Any] = {
                                   "timestamp_s": {"type": "number"}, "agent_version": {"type": "string"},
                                   "source": {"type": "string", "enum": ["nvml", "simulated"]},
                                   "gpus": {"type": "array", "items": _OBJ}, "pods": {"type": "array", "items": _OBJ},
-                                  "interval_s": {"type": "number"}, "schema_version": {"type": "integer"}},
+                                  "interval_s": {"type": "number"}, "schema_version": {"type": "integer"},
+                                  "boot_id": {"type": "string", "maxLength": 64}},
                    "required": ["node", "sequence", "timestamp_s", "agent_version", "source", "gpus"]},
     "TelemetryResult": {"type": "object", "properties": {"accepted": {"type": "boolean"},
                                                           "outcome": {"type": "string"}}},
@@ -72,7 +73,7 @@ SCHEMAS: dict[str, Any] = {
         "demand": {"type": "object", "nullable": True, "properties": {
             "memory_mib": {"type": "number"}, "memory_mib_upper": {"type": "number"},
             "gflops_per_iteration": {"type": "number"}, "gpu_seconds": {"type": "number"},
-            "model_version": {"type": "string"}}},
+            "model_version": {"type": "string"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
         "admission_memory_mib": {"type": "number"}, "admission_source": {"type": "string"},
         "priority": {"type": "number"}, "criticality": {"type": "integer"},
         "predictor_version": {"type": "string"}}},
@@ -91,7 +92,13 @@ def _verb(summary: str, args: str, result: str) -> dict[str, Any]:
         "responses": {
             "200": {"description": "The answer; problems are reported in it (kube-scheduler treats non-200 as "
                                    "an error).", "content": _json(result)},
+            "403": {"description": "A caller that server.verbs_access does not admit (the verbs answer only the "
+                                   "scheduler: on loopback, or with its client certificate).",
+                    "content": _json("Error")},
+            "408": {"description": "Body not received within server.body_timeout_s.", "content": _json("Error")},
             "413": {"description": "Body too large.", "content": _json("Error")},
+            "503": {"description": "Too many request bodies held at once (server.body_buffer_bytes): retry.",
+                    "content": _json("Error")},
         },
     }}
 
@@ -117,10 +124,15 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "Accepted, or ignored as an old sequence.",
                             "content": _json("TelemetryResult")},
-                    "400": {"description": "Not a valid report.", "content": _json("Error")},
+                    "400": {"description": "Not a valid report, or of a node the cluster does not have.",
+                            "content": _json("Error")},
                     "401": {"description": "Missing or invalid token, or a token bound to another node.",
                             "content": _json("Error")},
+                    "408": {"description": "Body not received within server.body_timeout_s.",
+                            "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
+                    "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
+                            "content": _json("Error")},
                 }}},
             "/v1/predict": {"post": {
                 "summary": "The demand of an annotated pod or JobSpec.",

@@ -13,7 +13,7 @@ import math
 
 import msgspec
 
-from extender.telemetry import MAX_GPUS_PER_NODE, MAX_PODS_PER_NODE, MAX_PROCESSES_PER_GPU, NodeReport
+from extender.telemetry import MAX_BOOT_ID, MAX_GPUS_PER_NODE, MAX_PODS_PER_NODE, MAX_PROCESSES_PER_GPU, NodeReport
 
 _REPORT_DECODER = msgspec.json.Decoder(NodeReport)
 
@@ -24,7 +24,7 @@ def decode_report(data: bytes) -> NodeReport | None:
     ~150 us)."""
     try:
         report = _REPORT_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # ValidationError is a DecodeError
         return None
     return report if _well_formed(report) else None
 
@@ -34,7 +34,7 @@ def _well_formed(r: NodeReport) -> bool:
     finite = math.isfinite
     if (not r.node or r.source not in ("nvml", "simulated") or r.sequence < 0 or r.schema_version < 1
             or not (finite(r.timestamp_s) and r.timestamp_s >= 0 and finite(r.interval_s) and r.interval_s >= 0)
-            or len(r.gpus) > MAX_GPUS_PER_NODE or len(r.pods) > MAX_PODS_PER_NODE):
+            or len(r.gpus) > MAX_GPUS_PER_NODE or len(r.pods) > MAX_PODS_PER_NODE or len(r.boot_id) > MAX_BOOT_ID):
         return False
     for g in r.gpus:
         total, used = g.memory_total_mib, g.memory_used_mib

@@ -9,8 +9,11 @@ and the server refuses to start.
 Why granian by default: the single worker's Python thread is the extender's bottleneck, and
 granian parses HTTP and moves bytes in Rust outside the GIL. Measured here, an empty request costs
 the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread worker, which is
-most of the difference between the two in `deepres bench extender` (README, "Benchmark").
-gunicorn stays available (`--engine gunicorn`) for sites that standardise on it.
+most of the difference between the two in `deepres bench extender` (README, "Benchmark"). granian
+runs the app through its RSGI interface and `extender/rsgi.py`, which reads bodies on the event
+loop with a deadline (granian's WSGI interface reads them in request threads without one).
+gunicorn stays available (`--engine gunicorn`) for sites that standardise on it, and is the engine
+for `verbs_access: mtls` (the verbs see the client certificate through its socket).
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import ssl
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from extender.cli import UsageError
-from extender.settings import ENGINES, Settings, SettingsError, load_settings
+from extender.settings import ENGINES, VERBS_ACCESS, Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-token-file", metavar="FILE", help="shared agent token (local mode)")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: serve HTTPS")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM key for --tls-cert")
+    parser.add_argument("--tls-client-ca", metavar="FILE", help="PEM CA of the scheduler's client certificate")
+    parser.add_argument("--verbs-access", choices=VERBS_ACCESS,
+                        help="who may call the verbs: loopback (default), mtls, any (README: Threat model)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     parser.add_argument("--threads", type=int, help="request threads of the worker (default 8)")
     parser.add_argument("--engine", choices=ENGINES, help="WSGI server (default granian)")
@@ -47,6 +57,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "bind": args.bind, "no_kube": args.no_kube, "telemetry_token_file": args.telemetry_token_file,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "log_level": args.log_level,
         "threads": getattr(args, "threads", None), "engine": getattr(args, "engine", None),
+        "tls_client_ca": getattr(args, "tls_client_ca", None), "verbs_access": getattr(args, "verbs_access", None),
     }
     try:
         return load_settings(args.config, overrides=overrides)
@@ -75,6 +86,9 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
     if s.tls_cert:
         options["certfile"] = s.tls_cert
         options["keyfile"] = s.tls_key
+    if s.tls_client_ca:  # optional at the handshake: the verbs require it (auth.py), probes and agents do not
+        options["ca_certs"] = s.tls_client_ca
+        options["cert_reqs"] = ssl.CERT_OPTIONAL
     return options
 
 
@@ -89,9 +103,9 @@ def granian_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "address": host.strip("[]") or "0.0.0.0",
         "port": int(port),
-        "interface": Interfaces.WSGI,
+        "interface": Interfaces.RSGI,  # bodies read on the event loop (extender/rsgi.py says why)
         "workers": 1,
-        "blocking_threads": s.threads,
+        "blocking_threads": 1,  # the event loop's; the request threads are the bridge's pool
         "runtime_threads": 1,
         "http1_settings": HTTP1Settings(header_read_timeout=int(max(s.timeout_s, 1) * 1000), keep_alive=True),
         "log_level": LogLevels(s.log_level),
@@ -107,13 +121,57 @@ def granian_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def load_app(settings: Settings, target: str = "") -> Any:
-    """Build the WSGI app in the worker process (granian's loader passes its nominal target)."""
+def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
+    """Build the app in the worker process (granian's loader passes its nominal target): the WSGI
+    app, behind the RSGI bridge under granian. The worker dies with the server's main process."""
     from extender.app import create_app
 
     logging.getLogger().setLevel(settings.server.log_level.upper())
+    if main_pid:
+        die_with_parent(main_pid)
     keep_freed_memory()
-    return create_app(settings)
+    app = create_app(settings)
+    if settings.server.engine != "granian":
+        return app
+    from extender.rsgi import RsgiBridge
+    from extender.wsgi_verbs import VerbRoutes
+
+    routes = app.wsgi_app
+    s = settings.server
+    if not isinstance(routes, VerbRoutes):  # pragma: no cover - create_app always installs them
+        raise TypeError("create_app did not install the verb routes")
+    return RsgiBridge(app, threads=s.threads, body_timeout_s=s.body_timeout_s,
+                      max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes),
+                      buffer_budget_bytes=s.body_buffer_bytes, may_block=routes.may_block,
+                      body_limit=routes.body_limit, refusal=routes.refusal)
+
+
+#: How often a worker checks that the process that started it is still there (die_with_parent).
+PARENT_CHECK_S = 0.25
+
+
+def die_with_parent(main_pid: int, interval_s: float = PARENT_CHECK_S) -> threading.Thread:
+    """Exit the worker at once when the server's main process is gone.
+
+    A `kill -9` of granian's or gunicorn's main process leaves the worker orphaned and still serving
+    on the inherited socket; a restarted server then runs a second worker with its own ledger beside
+    it, and the two answer at random (4 binds on one 16 GiB GPU were seen). The worker polls its
+    parent pid (PR_SET_PDEATHSIG would fire when the parent's spawning *thread* ends, not only the
+    process, so it is not used) and leaves with os._exit: nothing of a ledger whose owner is gone
+    must answer again."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != main_pid:
+                log.error("the server's main process %d is gone: the worker exits", main_pid)
+                os._exit(70)
+            time.sleep(interval_s)
+
+    if os.getppid() != main_pid:
+        os._exit(70)
+    thread = threading.Thread(target=watch, name="deepres-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 #: glibc mallopt parameters and the values the worker sets (see keep_freed_memory).
@@ -148,7 +206,7 @@ class GranianServer:
         from granian.server import Server
 
         server = Server("extender.app:create_app", **granian_options(self.settings))
-        server.serve(target_loader=functools.partial(load_app, self.settings))
+        server.serve(target_loader=functools.partial(load_app, self.settings, os.getpid()))
 
 
 def make_server(settings: Settings) -> Any:
@@ -165,6 +223,7 @@ def make_gunicorn_server(settings: Settings) -> Any:
     class ExtenderServer(BaseApplication):  # type: ignore[misc]
         def __init__(self) -> None:
             self._options = gunicorn_options(settings)
+            self._main_pid = os.getpid()
             super().__init__()
 
         def load_config(self) -> None:
@@ -172,7 +231,7 @@ def make_gunicorn_server(settings: Settings) -> Any:
                 self.cfg.set(key, value)
 
         def load(self) -> Any:
-            return load_app(settings)
+            return load_app(settings, self._main_pid)
 
     return ExtenderServer()
 

@@ -9,6 +9,7 @@ nested (`policy: {telemetry_ttl_s: 30}`) or flat (`telemetry_ttl_s: 30`), and in
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -20,6 +21,9 @@ from typing import Any
 import yaml
 
 from extender.policy.types import CRITICALITIES, PolicyParams
+
+#: Who may call the verbs (server.verbs_access); extender/auth.py enforces each.
+VERBS_ACCESS = ("loopback", "mtls", "any")
 
 ENV_PREFIX = "DEEPRES_"
 #: The production WSGI servers `deepres serve` can run under (extender/server.py says why granian leads).
@@ -47,10 +51,22 @@ class ServerSettings:
     httpTimeout is 5 s by default."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
+    body_buffer_bytes: int = 256 * 1024 * 1024
+    """Bytes of request bodies held at once, received and not yet answered (granian; 503 above): with
+    `max_body_bytes` per request this bounds the memory that many concurrent senders can take."""
+    body_timeout_s: float = 10.0
+    """Time a client has to send a request's body once its headers are in (408 after): a client that
+    stalls mid-body must not hold the server. kube-scheduler sends its body at once."""
     tls_cert: str = ""
     """PEM certificate for HTTPS (with tls_key); empty: plain HTTP."""
     tls_key: str = ""
     """PEM private key for HTTPS."""
+    tls_client_ca: str = ""
+    """PEM CA bundle that signs the scheduler's client certificate (verbs_access mtls)."""
+    verbs_access: str = "loopback"
+    """Who may call /filter, /prioritize, /preempt and /bind (extender/auth.py): `loopback` (sidecar
+    mode: callers on 127.0.0.1/::1 only), `mtls` (a client certificate signed by tls_client_ca; needs
+    tls_cert and engine gunicorn) or `any` (no check: only behind a guard of your own)."""
     log_level: str = "info"
     """debug, info, warning or error."""
 
@@ -77,6 +93,10 @@ class PolicySettings:
     """Job size (GPU-seconds) that earns no size points in the priority."""
     peak_store_size: int = 10_000
     """Job signatures whose observed peaks are remembered (least recently used forgotten first)."""
+    correction_min_pods: int = 3
+    """Observed peaks of a job signature correct its admission once this many pods ran..."""
+    correction_min_nodes: int = 2
+    """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
     default_criticality_ceiling: str = "high"
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
@@ -91,6 +111,8 @@ class PolicySettings:
             usage_margin=self.usage_margin,
             min_reservation_mib=self.min_reservation_mib,
             size_scale_gpu_s=self.size_scale_gpu_s,
+            correction_min_pods=self.correction_min_pods,
+            correction_min_nodes=self.correction_min_nodes,
         )
 
     def ceiling(self, namespace: str) -> int:
@@ -108,15 +130,28 @@ class KubeSettings:
     token_audience: str = "deepres-extender"
     """Audience the agents' projected ServiceAccount tokens must carry (TokenReview)."""
     token_cache_s: float = 60.0
-    """How long a successful TokenReview is trusted before asking the API server again."""
+    """How long a successful TokenReview is trusted before asking the API server again (a refused
+    token: at most 5 s). Reviews are cached in a bounded LRU (extender/auth.py)."""
     agent_service_accounts: list[str] = field(default_factory=list)
-    """If set, only these ServiceAccounts (system:serviceaccount:NS:NAME) may post telemetry."""
+    """The ServiceAccounts (system:serviceaccount:NS:NAME) that may post telemetry in a cluster; empty:
+    none may (the chart names its agent's)."""
     self_preemption: bool = True
     """When no node fits a GPU pod, evict (Eviction API) the fewest strictly-lower-priority pods on
     the best node: kube-scheduler's own preemption dry run cannot see GPU memory, so it never asks
     the preempt verb unless the pods also conflict on resources it models."""
     preemption_grace_s: float = 120.0
     """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
+    api_timeout_s: float = 10.0
+    """Client timeout of every Kubernetes API call (a watch: this long beyond its own resync)."""
+    telemetry_quorum: float = 0.5
+    """After a restart the verbs wait until this share of the nodes holding reservations reported..."""
+    telemetry_grace_s: float = 30.0
+    """...or this long after the first pod list, whichever comes first."""
+    state_file: str = ""
+    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them)."""
+    local_expiry_s: float = 3600.0
+    """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
+    mentioned this long is released (there are no pod deletions to say so)."""
 
 
 @dataclass
@@ -141,8 +176,8 @@ class Settings:
     """`module:callable` returning a DemandPredictor to use instead of the shipped one (another model,
     or a stand-in for tests); empty: `predictor.runtime.Predictor.load(predictor_path)`."""
     recent_pods: int = 5_000
-    """Pods seen in filter/prioritize kept for bind to find (bounded, least recent dropped; bind
-    follows filter within seconds, and in a cluster a miss falls back to reading the pod)."""
+    """Local mode: pods learned from requests and not bound yet, at most this many (least recent
+    dropped). In a cluster bind reads the pod from the API server and keeps nothing."""
 
     def validate(self) -> list[str]:
         """Every problem, with its path; empty when the settings can be used."""
@@ -155,10 +190,24 @@ class Settings:
         if s.engine not in ENGINES:
             p.append(f"server.engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
         _positive(p, "server.timeout_s", s.timeout_s)
+        _positive(p, "server.body_timeout_s", s.body_timeout_s)
+        if s.body_buffer_bytes < s.max_body_bytes:
+            p.append(f"server.body_buffer_bytes must be >= server.max_body_bytes ({s.max_body_bytes}), "
+                     f"got {s.body_buffer_bytes}")
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
+        if s.verbs_access not in VERBS_ACCESS:
+            p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")
+        if s.verbs_access == "mtls":
+            if not (s.tls_cert and s.tls_client_ca):
+                p.append("server.verbs_access=mtls needs server.tls_cert, server.tls_key and server.tls_client_ca")
+            if s.engine != "gunicorn":
+                p.append("server.verbs_access=mtls needs server.engine=gunicorn (granian verifies client "
+                         "certificates for the whole port and cannot tell the verbs which caller presented one)")
+        if s.tls_client_ca and not s.tls_cert:
+            p.append("server.tls_client_ca needs server.tls_cert and server.tls_key (client certificates need TLS)")
         if bool(s.tls_cert) != bool(s.tls_key):
             p.append("server.tls_cert and server.tls_key must be given together")
-        for name in ("tls_cert", "tls_key"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
             value = getattr(s, name)
             if value and not Path(value).is_file():
                 p.append(f"server.{name} must be a readable file, got {value!r}")
@@ -188,6 +237,12 @@ class Settings:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)
         _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
+        _positive(p, "kube.api_timeout_s", k.api_timeout_s)
+        _positive(p, "kube.local_expiry_s", k.local_expiry_s)
+        _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)
+        _within(p, "kube.telemetry_grace_s", k.telemetry_grace_s, 0.0, math.inf)
+        _positive(p, "policy.correction_min_pods", pol.correction_min_pods)
+        _positive(p, "policy.correction_min_nodes", pol.correction_min_nodes)
         if k.token_cache_s < 0:
             p.append(f"kube.token_cache_s must be >= 0, got {k.token_cache_s}")
         if t.telemetry_token_file and not Path(t.telemetry_token_file).is_file():
@@ -351,6 +406,12 @@ def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
     if isinstance(hint, types.UnionType):  # pragma: no cover - no optional leaves today
         raise TypeError(f"unsupported setting type {hint}")
     raise TypeError(f"unsupported setting type {hint}")
+
+
+def _within(problems: list[str], path: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+        problems.append(f"{path} must be {bounds}, got {value}")
 
 
 def _positive(problems: list[str], path: str, value: float) -> None:

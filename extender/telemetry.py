@@ -3,7 +3,10 @@
 The agent builds a `NodeReport` and posts `report.to_dict()` as JSON to `POST /v1/telemetry`; the
 extender turns the body back with `parse_report`, which never raises anything but `ReportError`
 (naming the field path), so a malformed report from one node is refused with a clear message and
-never disturbs the others.
+never disturbs the others. One GPU's bad reading (used above total, a NaN, no UUID...) does not
+refuse its node's report: that GPU is kept as unhealthy and full, with the problem in its `error`
+("invalid reading: ..."), and the node's other GPUs are taken. The agent passes its own reports
+through the same parser before sending them (`checked`), so both sides apply one rule.
 
 Units are in the names: MiB for memory, ratios in [0, 1] for utilisation, Celsius, watts, seconds.
 `timestamp_s` is the agent's clock (Unix seconds); the extender measures staleness with its own clock
@@ -20,6 +23,7 @@ SCHEMA_VERSION = 1
 MAX_GPUS_PER_NODE = 64
 MAX_PROCESSES_PER_GPU = 1024
 MAX_PODS_PER_NODE = 1024
+MAX_BOOT_ID = 64
 
 
 class ReportError(ValueError):
@@ -85,6 +89,7 @@ class NodeReport:
     pods: tuple[PodUsage, ...] = ()
     interval_s: float = 5.0
     schema_version: int = SCHEMA_VERSION
+    boot_id: str = ""  # new at every agent start: the extender orders reports by sequence within it
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists, not tuples), the inverse of `parse_report`."""
@@ -99,13 +104,13 @@ def parse_report(body: Any) -> NodeReport:
     source = _str(obj, "source", "report")
     if source not in ("nvml", "simulated"):
         raise ReportError("report.source", f"must be 'nvml' or 'simulated', got {source!r}")
-    gpus = tuple(_gpu(g, f"report.gpus[{i}]") for i, g in enumerate(gpus_raw))
-    uuids = [g.uuid for g in gpus]
-    if len(set(uuids)) != len(uuids):
-        raise ReportError("report.gpus", "GPU uuids must be unique")
     node = _str(obj, "node", "report")
     if not node:
         raise ReportError("report.node", "must not be empty")
+    gpus = tuple(_gpu_or_invalid(g, f"report.gpus[{i}]", node, i) for i, g in enumerate(gpus_raw))
+    uuids = [g.uuid for g in gpus]
+    if len(set(uuids)) != len(uuids):
+        raise ReportError("report.gpus", "GPU uuids must be unique")
     return NodeReport(
         node=node,
         sequence=_int(obj, "sequence", "report", minimum=0),
@@ -116,7 +121,47 @@ def parse_report(body: Any) -> NodeReport:
         pods=tuple(_pod(p, f"report.pods[{i}]") for i, p in enumerate(pods_raw)),
         interval_s=_number(obj, "interval_s", "report", minimum=0.0, default=5.0),
         schema_version=_int(obj, "schema_version", "report", minimum=1, default=SCHEMA_VERSION),
+        boot_id=_boot_id(obj),
     )
+
+
+def checked(report: NodeReport) -> NodeReport:
+    """The report as the extender will read it (bad GPU readings demoted); raises ReportError for
+    what would refuse the whole report. The agent sends only what this returns."""
+    return parse_report(report.to_dict())
+
+
+#: Longest `error` kept for a GPU whose reading was refused.
+MAX_ERROR_CHARS = 300
+
+
+def _gpu_or_invalid(raw: Any, path: str, node: str, position: int) -> GpuReport:
+    """A GPU entry; one that breaks the schema becomes an unhealthy GPU reported as full (nothing
+    can be placed on it) that says why. Without a usable UUID it is named after its node and place."""
+    try:
+        return _gpu(raw, path)
+    except ReportError as err:
+        obj = raw if isinstance(raw, dict) else {}
+        uuid, index, model, total = obj.get("uuid"), obj.get("index"), obj.get("model"), obj.get("memory_total_mib")
+        if isinstance(total, bool) or not isinstance(total, int | float) or not math.isfinite(total) or total < 0:
+            total = 0.0
+        reason = f"invalid reading: {err}"
+        return GpuReport(
+            uuid=uuid if isinstance(uuid, str) and uuid else f"{node}/invalid-gpu-{position}",
+            index=index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position,
+            model=model if isinstance(model, str) else "",
+            memory_total_mib=float(total),
+            memory_used_mib=float(total),
+            healthy=False,
+            error=reason if len(reason) <= MAX_ERROR_CHARS else reason[:MAX_ERROR_CHARS] + "...",
+        )
+
+
+def _boot_id(obj: dict[str, Any]) -> str:
+    value = _str(obj, "boot_id", "report", default="")
+    if len(value) > MAX_BOOT_ID:
+        raise ReportError("report.boot_id", f"at most {MAX_BOOT_ID} characters, got {len(value)}")
+    return value
 
 
 def _gpu(raw: Any, path: str) -> GpuReport:

@@ -3,15 +3,24 @@
 Measures one uncached prediction (every call a JobSpec not seen before), one cached prediction
 (the same JobSpec again), batch throughput (`predict_many` over distinct JobSpecs, cache off) and
 the process's resident memory; prints them and writes `reports/bench-predictor.json`.
+
+`runtime_figures` (also run by `deepres evaluate`) measures what serving costs in a *fresh*
+process: whether importing the runtime and predicting pulls in torch, the p99 of an uncached
+prediction, and the wall time of a whole `deepres predict -f pod.yaml` command. It goes into
+`reports/predictor.json` under `runtime`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +32,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=5000, help="JobSpecs in the throughput batch")
     parser.add_argument("--artifact", type=Path, default=None, help="artifact directory (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic JobSpecs")
+    parser.add_argument("--report", type=Path, default=REPO_ROOT / "reports" / "predictor.json",
+                        help="also write the fresh-process runtime figures under `runtime` in this report "
+                             "(default: %(default)s; '' skips)")
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The pod `deepres predict` is timed on (the README's first example).
+EXAMPLE_POD = REPO_ROOT / "deploy" / "examples" / "cnn-small.yaml"
+
+_PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
+from predictor.bench import sample_specs
+from predictor.runtime import Predictor
+p = Predictor.load(sys.argv[1] or None, cache_size=0)
+load_s = time.perf_counter() - t0
+specs = sample_specs(int(sys.argv[2]), 7)
+for s in specs[:20]:
+    p.predict(s)
+samples, cpu = [], []
+for s in specs:
+    t, c = time.perf_counter(), time.thread_time()
+    p.predict(s)
+    samples.append(time.perf_counter() - t)
+    cpu.append(time.thread_time() - c)
+samples.sort()
+cpu.sort()
+at = min(len(samples) - 1, int(0.99 * len(samples)))
+print(json.dumps({"imports_torch": "torch" in sys.modules, "load_s": load_s,
+                  "p50_ms": samples[len(samples) // 2] * 1e3, "p99_ms": samples[at] * 1e3,
+                  "cpu_p99_ms": cpu[at] * 1e3}))
+"""
+
+
+def runtime_figures(artifact: Path | None = None, calls: int = 1000) -> dict[str, Any]:
+    """Serving measured in fresh processes: torch imported or not, p99 of an uncached prediction,
+    and the wall time of `deepres predict -f` on the example pod (import, load, parse, predict)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(artifact or ""), str(calls)], capture_output=True,
+                           text=True, env=env, timeout=600, check=False)
+    if probe.returncode != 0:
+        raise RuntimeError(f"the runtime probe failed: {probe.stderr.strip()[-500:]}")
+    figures: dict[str, Any] = json.loads(probe.stdout.strip().splitlines()[-1])
+    command = [sys.executable, "-m", "extender.cli", "predict", "-f", str(EXAMPLE_POD)]
+    if artifact is not None:
+        command += ["--artifact", str(artifact)]
+    walls = []
+    for _ in range(3):
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+        walls.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            raise RuntimeError(f"deepres predict failed: {done.stderr.strip()[-500:]}")
+    return {
+        "imports_torch": bool(figures["imports_torch"]),
+        "p50_ms": round(float(figures["p50_ms"]), 4),
+        "p99_ms": round(float(figures["p99_ms"]), 4),
+        # the CPU time of the same calls: what a prediction costs when the process is not descheduled
+        "cpu_p99_ms": round(float(figures["cpu_p99_ms"]), 4),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "load_s": round(float(figures["load_s"]), 3),
+        "predict_cli_wall_s": round(sorted(walls)[1], 3),  # the median of 3 runs
+        "calls": calls,
+    }
+
+
+def write_runtime_section(report: Path, figures: dict[str, Any]) -> None:
+    """Merge the runtime figures into reports/predictor.json (the rest of it stays as evaluate wrote it)."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data["runtime"] = figures
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def sample_specs(n: int, seed: int) -> list[JobSpec]:
@@ -95,11 +180,15 @@ def run(args: argparse.Namespace) -> int:
 
     u50, u99 = _percentiles_ms(uncached)
     c50, c99 = _percentiles_ms(cached)
-    figures = {
+    figures: dict[str, Any] = {
         "uncached_p50_ms": round(u50, 4), "uncached_p99_ms": round(u99, 4),
         "cached_p50_ms": round(c50, 5), "cached_p99_ms": round(c99, 5),
         "batch_per_s": round(len(batch_specs) / batch_seconds, 1), "rss_mib": round(_rss_mib(), 1),
     }
+    if str(args.report):
+        runtime = runtime_figures(args.artifact)
+        figures["fresh_process"] = runtime
+        write_runtime_section(Path(args.report), runtime)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=2) + "\n")
@@ -111,5 +200,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  cached:   p50 {c50 * 1000:.1f} µs  p99 {c99 * 1000:.1f} µs")
         print(f"  batch:    {figures['batch_per_s']:,.0f} predictions/s")
         print(f"  RSS:      {figures['rss_mib']:.0f} MiB")
-        print(f"wrote {out}")
+        if "fresh_process" in figures:
+            fresh = figures["fresh_process"]
+            print(f"  fresh process: imports torch {fresh['imports_torch']}, p99 {fresh['p99_ms']:.3f} ms, "
+                  f"`deepres predict -f` {fresh['predict_cli_wall_s']:.2f} s wall")
+            print(f"wrote {out} and the `runtime` section of {args.report}")
+        else:
+            print(f"wrote {out}")
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from predictor.dataset.templates import plan
+from predictor.sizing import plan
 from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, JobSpec
 
 FloatArray = npt.NDArray[np.float64]
@@ -122,7 +122,7 @@ def analytic_estimates(cols: Mapping[str, npt.NDArray[Any]]) -> dict[str, FloatA
     state and saved activations, and FLOPs per iteration.
 
     The realised architecture (width, stages, vocabulary, tokens) comes from the dataset's
-    templates (`predictor.dataset.templates.plan`, pure arithmetic on the JobSpec), so the
+    sizing plan (`predictor.sizing.plan`, pure arithmetic on the JobSpec), so the
     estimates describe the very network a JobSpec stands for. Activations are split into three
     terms that scale differently: linear in batch x tokens x width, quadratic in tokens (attention
     scores), and the vocabulary logits; the model learns how much of each really stays alive.

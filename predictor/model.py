@@ -13,84 +13,27 @@ predicted in log space jointly (memory and FLOPs), a wide linear path carries th
 estimates straight to the output, and a third head predicts an upper quantile of memory trained
 with the pinball loss (the admission bound `memory_mib_upper`).
 
-`TransformerBiGRURegressor` wraps the network as a scikit-learn-style estimator.
+`TransformerBiGRURegressor` wraps the network as a scikit-learn-style estimator. Training needs torch;
+serving does not: `predictor.inference` runs the saved weights in numpy.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import nn
 
+from predictor.inference import ModelConfig, NumpyNetwork
+
 FloatArray = npt.NDArray[np.float64]
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture and training settings of one Transformer-BiGRU."""
-
-    name: str = "tuned"
-    feature_set: str = "physics"
-    """Which `predictor.features` set the model reads (`seed` or `physics`)."""
-    tokens: bool = True
-    """True: each feature is a token of width `d_token`. False (paper): one time step, channels = features."""
-    d_token: int = 32
-    """Token embedding width (tokens=True only)."""
-    token_groups: tuple[tuple[int, ...], ...] = ()
-    """Numeric columns embedded together as one token each (tokens=True); empty: one token per column."""
-    max_positions: int = 512
-    """Size of the learned position embedding table (the paper's maximum position 512)."""
-    attention_layers: int = 2
-    heads: int = 4
-    key_channels: int = 32
-    """Query/key (and value) channels per head."""
-    gru_forward_units: int = 6
-    gru_backward_units: int = 10
-    dropout: float = 0.01
-    pool: str = "mean"
-    """How the sequence becomes one vector: `mean` over steps, or `flatten` (keeps each feature's slot)."""
-    head_hidden: int = 0
-    """Hidden units of the output MLP; 0 = the paper's single fully connected layer."""
-    wide: bool = False
-    """Add a linear path from the numeric inputs to the outputs (wide & deep)."""
-    log_targets: bool = False
-    """Learn log(target) (relative error) instead of the target itself."""
-    upper_quantile: float | None = None
-    """If set, a head for this quantile of the first target (memory), trained with the pinball loss."""
-    epochs: int = 200
-    batch_size: int = 256
-    learning_rate: float = 0.01
-    lr_schedule: str = "piecewise"
-    """`piecewise` (the paper: learning_rate, then `lr_after` from epoch `lr_drop_epoch`) or `cosine`."""
-    lr_drop_epoch: int = 80
-    lr_after: float = 0.001
-    weight_decay: float = 1e-3
-    """L2 regularisation (coupled, as MATLAB's L2Regularization) for `adam`; decoupled for `adamw`."""
-    optimizer: str = "adam"
-    grad_clip: float = 10.0
-    target_weights: tuple[float, ...] = field(default=())
-    """Loss weight per target (empty: all 1)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["target_weights"] = list(self.target_weights)
-        data["token_groups"] = [list(g) for g in self.token_groups]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        values = dict(data)
-        values["target_weights"] = tuple(values.get("target_weights", ()))
-        values["token_groups"] = tuple(tuple(g) for g in values.get("token_groups", ()))
-        return cls(**values)
 
 
 def paper_config() -> ModelConfig:
@@ -377,7 +320,8 @@ class TransformerBiGRURegressor:
             raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
         if engine == "numpy":
             if not hasattr(self, "numpy_forward_"):
-                self.numpy_forward_ = NumpyForward(self.module_)
+                weights, _ = self.get_state()
+                self.numpy_forward_ = NumpyNetwork(self.config_, self.n_features_in_, len(self.categorical), weights)
             return self.numpy_forward_(self._scale_x(X))
         with torch.inference_mode():
             out: torch.Tensor = self.module_(torch.as_tensor(self._scale_x(X), dtype=torch.float32))
@@ -394,7 +338,7 @@ class TransformerBiGRURegressor:
     def predict_with_upper(self, X: FloatArray, engine: str = "torch") -> tuple[FloatArray, FloatArray | None]:
         """Point predictions (n, n_targets) and the upper quantile of target 0 (n,), in one pass.
 
-        `engine="numpy"` runs the same weights through `NumpyForward` (for single requests).
+        `engine="numpy"` runs the same weights through `predictor.inference.NumpyNetwork` (for single requests).
         """
         out = self._raw(X, engine)
         point = self._unscale(out[:, : self.n_targets_], slice(0, self.n_targets_))
@@ -407,8 +351,9 @@ class TransformerBiGRURegressor:
         return self.predict_with_upper(X)[1]
 
     # -- persistence -------------------------------------------------------------------------
-    def get_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Weights and everything else needed to rebuild the fitted estimator (JSON-able)."""
+    def get_state(self) -> tuple[dict[str, FloatArray], dict[str, Any]]:
+        """Weights (state-dict names -> float32 arrays, for .npz) and everything else needed to rebuild
+        the fitted estimator (JSON-able); `predictor.inference.NumpyEstimator` reads the same pair."""
         self._check_fitted()
         meta = {
             "config": self.config_.to_dict(), "categorical": list(self.categorical),
@@ -417,10 +362,11 @@ class TransformerBiGRURegressor:
             "y_mean": self.y_mean_.tolist(), "y_scale": self.y_scale_.tolist(),
             "random_state": self.random_state,
         }
-        return dict(self.module_.state_dict()), meta
+        weights = {k: v.detach().cpu().numpy().copy() for k, v in self.module_.state_dict().items()}
+        return weights, meta
 
     @classmethod
-    def from_state(cls, weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> TransformerBiGRURegressor:
+    def from_state(cls, weights: Mapping[str, Any], meta: dict[str, Any]) -> TransformerBiGRURegressor:
         config = ModelConfig.from_dict(meta["config"])
         est = cls(config, tuple(meta["categorical"]), int(meta["random_state"]))
         est.config_ = config
@@ -432,90 +378,7 @@ class TransformerBiGRURegressor:
         est.y_scale_ = np.asarray(meta["y_scale"], dtype=np.float64)
         n_out = est.n_targets_ + (1 if config.upper_quantile is not None else 0)
         est.module_ = TransformerBiGRU(config, est.n_features_in_, est.categorical, n_out)
-        est.module_.load_state_dict(weights)
+        est.module_.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
         est.module_.eval()
         est.loss_curve_ = []
         return est
-
-
-class NumpyForward:
-    """The fitted network's forward pass in numpy (float64), for serving single requests.
-
-    A forward pass of this tiny network is a few hundred torch operator calls whose dispatch
-    overhead (10-20 µs each) dominates a one-row request; the same arithmetic in numpy costs a
-    fraction of that. It mirrors `TransformerBiGRU.forward` in eval mode line by line (dropout is
-    the identity) and is checked against it in the tests.
-    """
-
-    def __init__(self, module: TransformerBiGRU) -> None:
-        def arr(t: torch.Tensor) -> FloatArray:
-            return t.detach().double().numpy().copy()
-
-        self.config = module.config
-        self.n_numeric, self.steps = module.n_numeric, module.steps
-        if self.config.tokens:
-            self.groups = [(idx.numpy().copy(), arr(emb.get_parameter("weight")), arr(emb.get_parameter("bias")))
-                           for idx, emb in zip(module.group_index, module.group_embeddings, strict=True)]
-            self.cats = [arr(emb.get_parameter("weight")) for emb in module.cat_embeddings]
-        self.position = arr(module.position.weight)[: self.steps]
-        self.grus = [
-            tuple(arr(g.get_parameter(name)) for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"))
-            for g in (module.gru_forward, module.gru_backward)
-        ]
-        self.attention = []
-        for layer in module.attention:
-            a = cast(SelfAttention, layer)
-            self.attention.append((arr(a.qkv.weight), arr(a.qkv.bias), arr(a.out.weight), arr(a.out.bias),
-                                   arr(a.norm.weight), arr(a.norm.bias), int(a.heads), int(a.key_channels),
-                                   float(a.norm.eps)))
-        head = list(module.head) if isinstance(module.head, nn.Sequential) else [module.head]
-        self.head = [(arr(m.weight), arr(m.bias)) for m in head if isinstance(m, nn.Linear)]
-        self.wide = (arr(module.wide.weight), arr(module.wide.bias)) if module.wide is not None else None
-
-    @staticmethod
-    def _gru(seq: FloatArray, w_ih: FloatArray, w_hh: FloatArray, b_ih: FloatArray, b_hh: FloatArray) -> FloatArray:
-        batch, steps, _ = seq.shape
-        hidden = w_hh.shape[1]
-        gi = seq @ w_ih.T + b_ih  # (B, T, 3H), gates r, z, n as in torch.nn.GRU
-        h = np.zeros((batch, hidden))
-        out = np.empty((batch, steps, hidden))
-        for t in range(steps):
-            gh = h @ w_hh.T + b_hh
-            r = 1.0 / (1.0 + np.exp(-(gi[:, t, :hidden] + gh[:, :hidden])))
-            z = 1.0 / (1.0 + np.exp(-(gi[:, t, hidden : 2 * hidden] + gh[:, hidden : 2 * hidden])))
-            n = np.tanh(gi[:, t, 2 * hidden :] + r * gh[:, 2 * hidden :])
-            h = (1.0 - z) * n + z * h
-            out[:, t] = h
-        return out
-
-    def __call__(self, x: FloatArray) -> FloatArray:
-        if self.config.tokens:
-            tokens = [x[:, idx] @ w.T + b for idx, w, b in self.groups]
-            tokens += [table[x[:, self.n_numeric + i].astype(np.int64)] for i, table in enumerate(self.cats)]
-            seq = np.stack(tokens, axis=1)  # (B, T, C)
-        else:
-            seq = x[:, None, :]
-        seq = seq + self.position[None]
-        fwd = self._gru(seq, *self.grus[0])
-        bwd = self._gru(seq[:, ::-1], *self.grus[1])[:, ::-1]
-        h = np.concatenate([fwd, bwd], axis=2)  # (B, T, Uf+Ub)
-        batch, steps, _ = h.shape
-        for w_qkv, b_qkv, w_out, b_out, gamma, beta, heads, keys, eps in self.attention:
-            q, k, v = (h @ w_qkv.T + b_qkv).reshape(batch, steps, 3, heads, keys).transpose(2, 0, 3, 1, 4)
-            scores = q @ k.transpose(0, 1, 3, 2) * keys**-0.5  # (B, H, T, T)
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            attended = (scores / scores.sum(axis=-1, keepdims=True)) @ v  # (B, H, T, K)
-            y = h + attended.transpose(0, 2, 1, 3).reshape(batch, steps, heads * keys) @ w_out.T + b_out
-            mean = y.mean(axis=-1, keepdims=True)
-            var = y.var(axis=-1, keepdims=True)
-            h = (y - mean) / np.sqrt(var + eps) * gamma + beta
-        h = np.maximum(h, 0.0)
-        out = h.reshape(batch, -1) if self.config.pool == "flatten" else h.mean(axis=1)
-        for i, (w, b) in enumerate(self.head):
-            out = out @ w.T + b
-            if i < len(self.head) - 1:  # GELU (tanh approximation), as in the torch head
-                out = 0.5 * out * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (out + 0.044715 * out**3)))
-        if self.wide is not None:
-            out = out + x[:, : self.n_numeric] @ self.wide[0].T + self.wide[1]
-        result: FloatArray = out
-        return result

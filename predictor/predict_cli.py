@@ -89,7 +89,7 @@ def job_spec(annotations: Mapping[str, str], source: str) -> JobSpec:
     from extender.cli import UsageError
 
     raw = {k[len(PREFIX):]: v for k, v in annotations.items() if k.startswith(PREFIX)}
-    if "model-type" not in raw:
+    if "model-type" not in raw and "model" not in raw:
         override = raw.get("gpu-memory")
         hint = (f" (it sets {PREFIX}gpu-memory={override}, which deepres uses as is)" if override
                 else f": add {PREFIX}model-type and the other {PREFIX}* annotations to get a prediction")
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     name = _dig(document, ("metadata", "name")) if isinstance(document, Mapping) else None
     print(f"job: {name or source}")
     annotations = spec.to_annotations()
-    for key in JOB_KEYS:
+    for key in (k for k in JOB_KEYS if k in annotations):  # model / traced-peak-mib only when given
         mark = "   (default)" if key in spec.defaulted else ""
         print(f"  {PREFIX}{key:<18} {annotations[key]}{mark}")
     print(f"predicted peak GPU memory: {demand.memory_mib:,.0f} MiB ({demand.memory_mib / 1024:.2f} GiB) per GPU")
@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"compute:                   {demand.gflops_per_iteration:,.2f} GFLOPs per iteration")
     print(f"GPU time (reference A100): {_fmt_duration(demand.gpu_seconds)} for {spec.iterations:,} iterations")
     print(f"model: {demand.model_version}")
+    for warning in demand.warnings:
+        print(f"warning: {warning}")
     if demand.memory_mib_upper > 80 * 1024:
         print("note: the bound exceeds an 80 GB GPU: no single GPU can admit this job as it is", file=sys.stderr)
     return 0

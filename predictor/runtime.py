@@ -2,35 +2,49 @@
 
 The extender calls `predict` inside kube-scheduler's 5-second extender timeout for every pod it
 sees, often for the same JobSpec again (a pod is retried on every cluster event), so:
-- the artifact is loaded once (`Predictor.load`) and the network runs in inference mode on one
-  torch thread (a tiny network gains nothing from more, and the web server has its own threads);
+- the artifact (metadata.json + .npz weights) is loaded once (`Predictor.load`) and the network
+  runs in numpy (`predictor.inference`): no torch in the extender's process or image, and for one
+  row numpy beats torch's per-operator dispatch anyway;
 - results are cached by JobSpec (frozen, hashable; `defaulted` does not take part) in a bounded LRU;
-- a lock guards the cache only; inference itself needs no lock (no state changes in eval mode).
+- a lock guards the cache only; inference itself needs no lock (nothing changes after loading).
+
+The admission bound is the model's upper quantile times a margin calibrated on architectures held
+out by group (per family where the calibration had enough of them). A JobSpec outside the sizes
+the model was trained on for its family gets a wider bound and a warning in its Demand.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
+import math
 import threading
+import zipfile
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from predictor import exact
 from predictor import features as feats
-from predictor.model import TransformerBiGRURegressor
+from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
 METADATA_FILE = "metadata.json"
-WEIGHTS_FILE = "transformer_bigru_tuned.pt"
+WEIGHTS_FILE = "transformer_bigru_tuned.npz"
 DEFAULT_CACHE_SIZE = 4096
-#: torch intra-op threads for inference: one, so a request never contends with the server's threads.
-INFERENCE_THREADS = 1
+#: JobSpec sizes whose training range is recorded per family (annotation keys in the warnings).
+INPUT_RANGE_COLUMNS: tuple[str, ...] = ("params_millions", "batch_size", "input_dim", "num_layers")
+#: Outside the trained range the bound grows by 2^(OUT_OF_RANGE_SLOPE x how many doublings out),
+#: at least OUT_OF_RANGE_MIN_FACTOR and at most OUT_OF_RANGE_MAX_FACTOR: errors of a regressor
+#: grow with the distance it extrapolates, and a generous bound costs less than an OOM.
+OUT_OF_RANGE_SLOPE = 0.5
+OUT_OF_RANGE_MIN_FACTOR = 1.25
+OUT_OF_RANGE_MAX_FACTOR = 4.0
+#: A family absent from the training data (no range at all).
+UNSEEN_FAMILY_FACTOR = 2.0
 
 
 class ArtifactError(RuntimeError):
@@ -40,12 +54,18 @@ class ArtifactError(RuntimeError):
 class Predictor:
     """The embedded demand predictor (`predictor.spec.DemandPredictor`)."""
 
-    def __init__(self, estimator: TransformerBiGRURegressor, metadata: dict[str, Any],
+    def __init__(self, estimator: NumpyEstimator, metadata: dict[str, Any],
                  cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self._estimator = estimator
         self.metadata = metadata
         self.version: str = str(metadata["version"])
         self._memory_shift = float(metadata.get("memory_upper_shift", 0.0))
+        self._family_shifts = {str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()}
+        self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
+        self._ranges: dict[str, dict[str, tuple[float, float]]] = {
+            str(family): {col: (float(lo), float(hi)) for col, (lo, hi) in cols.items()}
+            for family, cols in metadata.get("input_ranges", {}).items()
+        }
         self._cache: OrderedDict[JobSpec, Demand] = OrderedDict()
         self._cache_size = max(0, cache_size)
         self._lock = threading.Lock()
@@ -64,9 +84,10 @@ class Predictor:
             )
         try:
             metadata = json.loads(meta_path.read_text())
-            weights = torch.load(weights_path, map_location="cpu", weights_only=True)
-            estimator = TransformerBiGRURegressor.from_state(weights, metadata["estimator"])
-        except (OSError, ValueError, KeyError, RuntimeError, TypeError, pickle.UnpicklingError) as err:
+            with np.load(weights_path, allow_pickle=False) as archive:
+                weights = {name: archive[name] for name in archive.files}
+            estimator = NumpyEstimator(metadata["estimator"], weights)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
             raise ArtifactError(f"the predictor artifact in {directory} is unreadable ({err}): "
                                 f"rebuild it with `deepres train`") from None
         if metadata.get("feature_set") != "physics" or metadata.get("feature_names") != list(
@@ -74,7 +95,6 @@ class Predictor:
         ):
             raise ArtifactError(f"the predictor artifact in {directory} was built for other features: "
                                 f"rebuild it with `deepres train`")
-        torch.set_num_threads(INFERENCE_THREADS)
         return cls(estimator, metadata, cache_size)
 
     def with_cache_size(self, cache_size: int) -> Predictor:
@@ -129,21 +149,75 @@ class Predictor:
 
     def _compute(self, specs: Sequence[JobSpec]) -> list[Demand]:
         x = feats.physics_features(feats.columns_from_specs(specs)).values
-        # numpy: at these sizes torch operator dispatch, not arithmetic, would dominate
-        points, upper = self._estimator.predict_with_upper(x, engine="numpy")
+        points, upper = self._estimator.predict_with_upper(x)
         memory = points[:, 0]
-        bound = upper if upper is not None else memory
-        bound = np.maximum(bound * np.exp(self._memory_shift), memory)
+        base = upper if upper is not None and not self._point_base else memory
         demands = []
-        for spec, mem, mem_upper, gflops in zip(specs, memory, bound, points[:, 1], strict=True):
-            demands.append(Demand(
+        for spec, mem, raw_upper, gflops in zip(specs, memory, base, points[:, 1], strict=True):
+            shift = self._family_shifts.get(spec.model_type, self._memory_shift)
+            factor, warnings = out_of_range(spec, self._ranges)
+            mem_upper = max(float(raw_upper) * math.exp(shift) * factor, float(mem))
+            demands.append(exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
                 memory_mib=round(float(mem), 1),
-                memory_mib_upper=round(float(mem_upper), 1),
+                memory_mib_upper=round(mem_upper, 1),
                 gflops_per_iteration=_significant(float(gflops)),
                 gpu_seconds=_significant(estimate_gpu_seconds(float(gflops), spec.iterations, spec.precision)),
                 model_version=self.version,
-            ))
+                warnings=warnings,
+            )))
         return demands
+
+
+_KEYS = {"params_millions": "params-millions", "batch_size": "batch-size", "input_dim": "input-dim",
+         "num_layers": "num-layers"}
+
+
+Ranges = Mapping[str, Mapping[str, tuple[float, float]]]
+
+
+def out_of_range(spec: JobSpec, ranges: Ranges) -> tuple[float, tuple[str, ...]]:
+    """(bound factor, warnings) for a JobSpec against the per-family training ranges (`range_factor`)."""
+    return range_factor(spec.model_type, {col: float(getattr(spec, col)) for col in INPUT_RANGE_COLUMNS}, ranges)
+
+
+def range_factor(family: str, values: Mapping[str, float], ranges: Ranges) -> tuple[float, tuple[str, ...]]:
+    """(bound factor, warnings) for one job's sizes against the per-family training ranges.
+
+    Inside every range: (1.0, ()). Otherwise the factor grows with the largest distance outside, in
+    doublings (see OUT_OF_RANGE_SLOPE), and one warning names each value, the range and the factor.
+    A family with no range at all was never trained on: UNSEEN_FAMILY_FACTOR. With no ranges
+    recorded (an artifact without them) nothing is flagged. `deepres evaluate` scores the bound
+    with this same rule, so the report measures what is served.
+    """
+    if not ranges:
+        return 1.0, ()
+    family_ranges = ranges.get(family)
+    if family_ranges is None:
+        return UNSEEN_FAMILY_FACTOR, (
+            f"model-type={family}: the predictor was trained on no job of this family; "
+            f"the bound is widened x{UNSEEN_FAMILY_FACTOR:g}",)
+    excess: dict[str, float] = {}
+    for col, (low, high) in family_ranges.items():
+        value = float(values[col])
+        if value > high > 0:
+            excess[col] = math.log2(value / high)
+        elif 0 < value < low:
+            excess[col] = math.log2(low / value)
+    if not excess:
+        return 1.0, ()
+    factor = 2.0 ** (OUT_OF_RANGE_SLOPE * max(excess.values()))
+    factor = min(OUT_OF_RANGE_MAX_FACTOR, max(OUT_OF_RANGE_MIN_FACTOR, factor))
+    warnings = tuple(
+        f"{_KEYS.get(col, col)}={_fmt(float(values[col]))} is outside {_fmt(family_ranges[col][0])}.."
+        f"{_fmt(family_ranges[col][1])}, the range the predictor was trained on for {family}: "
+        f"less reliable, the bound is widened x{factor:.2f}"
+        for col in excess
+    )
+    return factor, warnings
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
 
 
 def _significant(value: float, digits: int = 6) -> float:

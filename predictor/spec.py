@@ -59,6 +59,7 @@ INPUT_DIM_RANGE = (1, 10_000_000)
 NUM_LAYERS_RANGE = (1, 10_000)
 ITERATIONS_RANGE = (1, 10**12)
 LEARNING_RATE_RANGE = (0.0, 100.0)
+TRACED_PEAK_RANGE_MIB = (0.0, 16.0 * 1024 * 1024)  # 0 means "not given"; 16 TiB is a typo
 
 _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
@@ -98,9 +99,16 @@ class JobSpec:
     learning_rate: float = DEFAULT_LEARNING_RATE
     regularization: bool = False
     data_augmentation: bool = False
+    model: str = ""  # exact architecture (`timm/resnet50`...): its traced curve wins over the family fields
+    traced_peak_mib: float = 0.0  # the user's own traced peak (`deepres profile`); 0: none
     defaulted: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.model:
+            from predictor import exact  # the table is read once, only when a model name is given
+
+            object.__setattr__(self, "model", exact.resolve(self.model))
+        _check_range("traced-peak-mib", self.traced_peak_mib, TRACED_PEAK_RANGE_MIB)
         family = MODEL_ALIASES.get(str(self.model_type).strip().lower())
         if family is None:
             raise SpecError("model-type", self.model_type, _one_of(sorted(MODEL_ALIASES)))
@@ -126,14 +134,28 @@ class JobSpec:
 
         Unknown keys are ignored here: the caller decides what else its mapping may hold.
         """
+        values: dict[str, Any] = {}
+        defaulted: set[str] = set()
+        if "model" in raw:  # the exact architecture fills what the user left out, by the README's rule
+            from predictor import exact
+
+            name = exact.resolve(raw["model"])
+            known = exact.entry(name)
+            default_input = str(known["default_input"])
+            traced = known["inputs"]
+            at_input = traced.get(raw.get("input-dim", "").strip()) or traced.get(default_input) or next(
+                iter(traced.values()))
+            values["model"] = name
+            raw = {"model-type": known["family"], "input-dim": default_input,
+                   "params-millions": str(at_input["params_millions"]),
+                   "num-layers": str(at_input["num_layers"]), **raw}
         if "model-type" not in raw:
             raise SpecError("model-type", None, _one_of(sorted(MODEL_ALIASES)))
-        values: dict[str, Any] = {"model_type": raw["model-type"].strip()}
-        defaulted: set[str] = set()
+        values["model_type"] = raw["model-type"].strip()
         for key, attr, parser in _PARSERS:
             if key in raw:
                 values[attr] = parser(key, raw[key])
-            else:
+            elif key not in _OPTIONAL_KEYS:
                 defaulted.add(key)
         try:
             return cls(**values, defaulted=frozenset(defaulted))
@@ -145,6 +167,8 @@ class JobSpec:
         out = {"model-type": self.model_type}
         for key, attr, _ in _PARSERS:
             value = getattr(self, attr)
+            if key in _OPTIONAL_KEYS and not value:
+                continue
             out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
 
@@ -164,6 +188,8 @@ class Demand:
 
     `memory_mib` is the peak GPU memory as nvidia-smi shows it (tensors at the peak + allocator
     overhead + CUDA context); `memory_mib_upper` is a calibrated upper bound used for admission.
+    `warnings` says when the prediction is less sure than usual (inputs outside what the model was
+    trained on, for which the bound was widened): shown to the user, never silently dropped.
     """
 
     memory_mib: float
@@ -171,9 +197,12 @@ class Demand:
     gflops_per_iteration: float
     gpu_seconds: float
     model_version: str
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        return data
 
 
 class DemandPredictor(Protocol):
@@ -260,7 +289,11 @@ _PARSERS: tuple[tuple[str, str, Any], ...] = (
     ("learning-rate", "learning_rate", _parse_float),
     ("regularization", "regularization", _parse_bool),
     ("data-augmentation", "data_augmentation", _parse_bool),
+    ("model", "model", lambda key, text: text.strip()),
+    ("traced-peak-mib", "traced_peak_mib", _parse_float),
 )
+#: Keys written by `to_annotations` only when set.
+_OPTIONAL_KEYS = frozenset({"model", "traced-peak-mib"})
 
 #: The annotation keys (without prefix) that describe the job to the predictor.
 JOB_KEYS: tuple[str, ...] = ("model-type", *(key for key, _, _ in _PARSERS))

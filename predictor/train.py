@@ -1,11 +1,14 @@
 """`deepres train`: fit the tuned Transformer-BiGRU and write the shipped artifact.
 
-The artifact is the model the report measures: it is fitted on the random split's training rows
-(less a 15% calibration fold that sets the admission margin of `memory_mib_upper`), and its
-metadata carries the metrics on the random split's test rows. `deepres evaluate` runs the very same
-`fit_model` for every model and split, so the artifact's figures and the report's agree.
+The artifact is fitted by the recipe the report measures (`fit_model`: grouped cross-validation
+sets the admission margin of `memory_mib_upper` per family, split conformal, then the model is
+fitted on all its rows), on every row of the dataset's default subset (`--split all`, the
+default); `deepres evaluate` measures the same recipe on architectures held out by group.
+`--split grouped` fits on the grouped split's training rows and reports its test rows instead.
 
-Everything is seeded (`--seed`): the same dataset and seed give the same weights on this CPU.
+Weights are written as .npz (numpy arrays under the module's state-dict names): serving reads them
+with `predictor.inference` and never imports torch. Everything is seeded (`--seed`): the same
+dataset and seed give the same weights on this CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +31,32 @@ from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import over_reservation, regression_metrics, under_rate, upper_margin
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
-from predictor.splits import Split, calibration_split, random_split
+from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, range_factor
+from predictor.splits import Split, grouped_calibration_split, grouped_folds, grouped_split
 
 log = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "jobs.csv"
+DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "real_jobs.csv.gz"
 DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
-WEIGHTS_FILE = "transformer_bigru_tuned.pt"
-METADATA_FILE = "metadata.json"
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
 #: Coverage the memory upper bound is calibrated to on the calibration fold (the admission bound
-#: should under-estimate at most 5% of jobs). 98%: a first run at 97% gave 4.1% under-estimates on
-#: the random split's test set (the calibration fold is only ~600 jobs), too close to the limit.
-UPPER_COVERAGE = 0.98
-CALIBRATION_FRACTION = 0.15
+#: should under-estimate at most 5% of jobs of architectures it never saw). 97%: the conformal
+#: guarantee holds for jobs exchangeable with the calibration fold; unseen groups vary more than
+#: that assumes, so a little headroom over the 95% target.
+UPPER_COVERAGE = 0.97
+#: Share of a training set's architecture groups held out to calibrate the bound.
+CALIBRATION_FRACTION = 0.2
+#: A family gets its own margin when the calibration fold holds at least this many of its jobs;
+#: others use the margin of all families together.
+MIN_FAMILY_CALIBRATION = 30
+MIN_FAMILY_GROUPS = 3
+#: Rows used by default (a seeded subset): the CPU budget of `deepres train` / `evaluate` on 2 cores.
+DEFAULT_MAX_ROWS = 4000
+#: Grouped cross-validation folds that calibrate the bound (`fit_model`); below 2: one held-out fold.
+CV_FOLDS = 5
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
@@ -64,6 +76,10 @@ class Dataset:
     y: FloatArray  # (n, 2): memory_mib, gflops_per_iteration
     sha256: str
     path: Path
+    groups: npt.NDArray[np.str_]
+    """Architecture group per row (the `group` column; else `arch`; else the row itself)."""
+    report_families: npt.NDArray[np.str_]
+    """Family per row for the per-family tables and leave-family-out (the `family` column, else model_type)."""
 
     @property
     def n_rows(self) -> int:
@@ -74,8 +90,10 @@ class Dataset:
         return self.cols["model_type"]
 
 
-def load_dataset(path: Path = DEFAULT_DATA) -> Dataset:
-    """Read jobs.csv, keep `status == ok` rows with positive targets, build both feature sets."""
+def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: int = 0) -> Dataset:
+    """Read the dataset (.csv or .csv.gz), keep `status == ok` rows with positive targets, build both
+    feature sets. `max_rows`: a seeded random subset of that many usable rows (CPU budget; every
+    model and split then sees the same subset); the sha256 names the subset too."""
     import pandas as pd
 
     if not path.is_file():
@@ -86,30 +104,67 @@ def load_dataset(path: Path = DEFAULT_DATA) -> Dataset:
     if missing:
         raise DatasetError(f"{path} lacks the columns {', '.join(missing)} (see docs/CONTRACTS.md 'Dataset')")
     ok = frame[(frame["status"] == "ok") & (frame[list(TARGETS)] > 0).all(axis=1)].reset_index(drop=True)
+    digest = hashlib.sha256(raw).hexdigest()
+    if max_rows is not None and len(ok) > max_rows:
+        keep = np.sort(np.random.default_rng(seed).choice(len(ok), max_rows, replace=False))
+        ok = ok.iloc[keep].reset_index(drop=True)
+        digest = hashlib.sha256(f"{digest}:{max_rows}:{seed}".encode()).hexdigest()
     if len(ok) < 20:
         raise DatasetError(f"{path} has only {len(ok)} usable rows (status ok, positive targets): need at least 20")
     cols = feats.columns_from_frame(ok)
+    if "group" in ok.columns:
+        groups = ok["group"].astype(str).to_numpy()
+    elif "arch" in ok.columns:
+        groups = (ok["model_type"].astype(str) + ":" + ok["arch"].astype(str)).to_numpy()
+    else:
+        groups = np.asarray([f"row{i}" for i in range(len(ok))])
+    families = ok["family"].astype(str).to_numpy() if "family" in ok.columns else cols["model_type"].astype(str)
     return Dataset(
         cols=cols, seed_x=feats.seed_features(cols), physics_x=feats.physics_features(cols),
-        y=ok[list(TARGETS)].to_numpy(dtype=np.float64), sha256=hashlib.sha256(raw).hexdigest(), path=path,
+        y=ok[list(TARGETS)].to_numpy(dtype=np.float64), sha256=digest, path=path,
+        groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
     )
 
 
 @dataclass
 class FittedModel:
-    """One model fitted on a split's fit rows, with its calibrated memory margin (log scale)."""
+    """One model fitted on a split's fit rows, with its calibrated memory margins (log scale).
+
+    `memory_shift` is the margin of all families together; `family_shifts` those of the families
+    with enough calibration jobs (keyed by model_type, what a JobSpec names at request time).
+    """
 
     name: str
     estimators: list[Any]  # one multi-target estimator, or one per target (paper)
     feature_set: str
     memory_shift: float = 0.0
+    family_shifts: dict[str, float] = field(default_factory=dict)
+    ranges: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """Per family, the [min, max] of each sized input over the training rows (`input_ranges`)."""
+    bound_source: str = "quantile"
+    """What the margin multiplies: the quantile head (`quantile`, where the model has one) or the
+    point prediction (`point`); chosen on the calibration scores (`set_margins`)."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
-        """(points (n, 2), memory upper bound (n,)) for the given rows."""
+        """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
+        serves it: calibrated margin, then widened outside the training ranges (`range_factor`)."""
         x = (data.physics_x if self.feature_set == "physics" else data.seed_x).values[rows]
-        return self.predict_matrix(x)
+        points, upper = self.predict_matrix(x, data.families[rows])
+        ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols.items()} for f, cols in self.ranges.items()}
+        factors = np.asarray([
+            range_factor(str(data.families[r]), {c: float(data.cols[c][r]) for c in INPUT_RANGE_COLUMNS}, ranges)[0]
+            for r in rows
+        ], dtype=np.float64)
+        return points, upper * factors
 
-    def predict_matrix(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def raw(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(points, uncalibrated memory bound): the quantile head (if any and chosen), else the point."""
+        points, quantile = self.raw_both(x)
+        base = quantile if quantile is not None and self.bound_source == "quantile" else np.maximum(points[:, 0], 1.0)
+        return points, base
+
+    def raw_both(self, x: FloatArray) -> tuple[FloatArray, FloatArray | None]:
+        """(points, the quantile head's memory bound or None)."""
         upper_raw: FloatArray | None = None
         if len(self.estimators) == 1:
             est = self.estimators[0]
@@ -119,9 +174,76 @@ class FittedModel:
                 points = est.predict(x)
         else:
             points = np.column_stack([est.predict(x)[:, 0] for est in self.estimators])
-        base = upper_raw if upper_raw is not None else np.maximum(points[:, 0], 1.0)
-        upper = np.maximum(base * np.exp(self.memory_shift), points[:, 0])
+        return points, upper_raw
+
+    def predict_matrix(self, x: FloatArray, families: npt.NDArray[Any]) -> tuple[FloatArray, FloatArray]:
+        points, base = self.raw(x)
+        shift = np.asarray([self.family_shifts.get(str(f), self.memory_shift) for f in families], dtype=np.float64)
+        upper = np.maximum(base * np.exp(shift), points[:, 0])
         return points, upper
+
+
+def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64], coverage: float) -> None:
+    """Set the model's margins on a calibration fold (rows of groups it did not fit)."""
+    x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
+    points, quantile = model.raw_both(x)
+    set_margins(model, data, cal_rows, points[:, 0], quantile, coverage)
+
+
+def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], point: FloatArray,
+                quantile: FloatArray | None, coverage: float) -> None:
+    """Split conformal margins from held-out predictions of `rows` (point, and the quantile head's
+    bound where the model has one): overall, and per family (model_type) where the rows hold
+    MIN_FAMILY_CALIBRATION jobs of at least MIN_FAMILY_GROUPS groups (one architecture's residuals
+    say little about the next one's). With a quantile head, the base (head or point) whose calibrated
+    bound reserves less on these same held-out rows is kept: both cover `coverage` of them."""
+    truth = data.y[rows, 0]
+    families = data.families[rows]
+    groups = data.groups[rows]
+    candidates = {"point": np.maximum(point, 1.0)}
+    if quantile is not None:
+        candidates["quantile"] = quantile
+    best: tuple[float, str, float, dict[str, float]] | None = None
+    for source, base in candidates.items():
+        shift = upper_margin(truth, base, coverage)
+        family_shifts: dict[str, float] = {}
+        for family in sorted(set(families.tolist())):
+            mask = families == family
+            if mask.sum() >= MIN_FAMILY_CALIBRATION and len(set(groups[mask].tolist())) >= MIN_FAMILY_GROUPS:
+                family_shifts[str(family)] = upper_margin(truth[mask], base[mask], coverage)
+        margins = np.asarray([family_shifts.get(str(f), shift) for f in families])
+        reserved = float(np.mean(base * np.exp(margins) / truth))
+        if best is None or reserved < best[0]:
+            best = (reserved, source, shift, family_shifts)
+    assert best is not None
+    _, model.bound_source, model.memory_shift, model.family_shifts = best
+
+
+def _fit_estimators(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
+                    settings: dict[str, Any] | None, progress: Callable[[int, float], None] | None) -> FittedModel:
+    """Model `name` fitted on `rows`, without margins."""
+    torch.set_num_threads(TRAIN_THREADS)
+    if name == "transformer_bigru_paper":
+        config = paper_config()
+        epochs = max(1, round(config.epochs * epochs_scale))
+        x = data.seed_x.values
+        # the paper predicts one target per network: one network per target
+        estimators: list[Any] = [
+            TransformerBiGRURegressor(config, (), seed, epochs=epochs, progress=progress).fit(
+                x[rows], data.y[rows, k : k + 1]
+            )
+            for k in range(len(TARGETS))
+        ]
+        return FittedModel(name, estimators, "seed")
+    if name == "transformer_bigru_tuned":
+        config = tuned_config()
+        epochs = max(1, round(config.epochs * epochs_scale))
+        est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
+        return FittedModel(name, [est.fit(data.physics_x.values[rows], data.y[rows])], "physics")
+    if name in BASELINES:
+        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[rows], data.y[rows])
+        return FittedModel(name, [est_b], "physics")
+    raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 
 
 def fit_model(
@@ -133,35 +255,39 @@ def fit_model(
     epochs_scale: float = 1.0,
     settings: dict[str, Any] | None = None,
     progress: Callable[[int, float], None] | None = None,
+    coverage: float = UPPER_COVERAGE,
+    cv_folds: int = CV_FOLDS,
 ) -> FittedModel:
-    """Fit model `name` on the split's training rows less a calibration fold, then calibrate the
-    memory upper bound on that fold (the same procedure for every model)."""
-    fit_rows, cal_rows = calibration_split(split.train, CALIBRATION_FRACTION, seed)
-    torch.set_num_threads(TRAIN_THREADS)
-    if name == "transformer_bigru_paper":
-        config = paper_config()
-        epochs = max(1, round(config.epochs * epochs_scale))
-        x = data.seed_x.values
-        # the paper predicts one target per network: one network per target
-        estimators: list[Any] = [
-            TransformerBiGRURegressor(config, (), seed, epochs=epochs, progress=progress).fit(
-                x[fit_rows], data.y[fit_rows, k : k + 1]
-            )
-            for k in range(len(TARGETS))
-        ]
-        model = FittedModel(name, estimators, "seed")
-    elif name == "transformer_bigru_tuned":
-        config = tuned_config()
-        epochs = max(1, round(config.epochs * epochs_scale))
-        est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        model = FittedModel(name, [est.fit(data.physics_x.values[fit_rows], data.y[fit_rows])], "physics")
-    elif name in BASELINES:
-        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[fit_rows], data.y[fit_rows])
-        model = FittedModel(name, [est_b], "physics")
+    """Fit model `name` on the split's training rows and calibrate its memory bound on architecture
+    groups it did not fit (the same procedure for every model).
+
+    `cv_folds` >= 2 (and at least that many groups): grouped cross-validation, i.e. `cv_folds` fits
+    each without one fold of whole groups give an out-of-fold raw bound for every training row, the
+    margins come from all of them, and the model itself is then fitted on every training row (the
+    CV+ recipe: more calibration architectures than a single held-out fold, none lost to fitting).
+    Otherwise a single calibration fold of CALIBRATION_FRACTION of the groups is held out.
+    """
+    train = split.train
+    n_groups = len(set(data.groups[train].tolist()))
+    if cv_folds >= 2 and n_groups >= cv_folds:
+        point = np.empty(len(train))
+        quantile: FloatArray | None = None
+        for fold in grouped_folds(train, data.groups, cv_folds, seed):
+            inner = _fit_estimators(name, data, np.setdiff1d(train, fold), seed, epochs_scale, settings, None)
+            x = (data.physics_x if inner.feature_set == "physics" else data.seed_x).values[fold]
+            at = np.searchsorted(train, fold)
+            points, upper = inner.raw_both(x)
+            point[at] = points[:, 0]
+            if upper is not None:
+                quantile = np.empty(len(train)) if quantile is None else quantile
+                quantile[at] = upper
+        model = _fit_estimators(name, data, train, seed, epochs_scale, settings, progress)
+        set_margins(model, data, train, point, quantile, coverage)
     else:
-        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
-    _, upper = model.predict(data, cal_rows)
-    model.memory_shift = upper_margin(data.y[cal_rows, 0], upper, UPPER_COVERAGE)
+        fit_rows, cal_rows = grouped_calibration_split(train, data.groups, CALIBRATION_FRACTION, seed)
+        model = _fit_estimators(name, data, fit_rows, seed, epochs_scale, settings, progress)
+        calibrate(model, data, cal_rows, coverage)
+    model.ranges = input_ranges(data, train)
     return model
 
 
@@ -174,28 +300,47 @@ def score(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64]) -> dic
     return {"memory": memory, "flops": regression_metrics(data.y[rows, 1], points[:, 1])}
 
 
+def input_ranges(data: Dataset, rows: npt.NDArray[np.int64]) -> dict[str, dict[str, list[float]]]:
+    """Per family (model_type), the [min, max] of each sized input over the training rows: the
+    runtime widens the bound and warns outside them."""
+    out: dict[str, dict[str, list[float]]] = {}
+    families = data.families[rows]
+    for family in sorted(set(families.tolist())):
+        sub = rows[families == family]
+        out[str(family)] = {col: [float(data.cols[col][sub].min()), float(data.cols[col][sub].max())]
+                            for col in INPUT_RANGE_COLUMNS}
+    return out
+
+
 def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
-                  metrics: dict[str, dict[str, float]], train_seconds: float) -> Path:
-    """Write weights + metadata (version, data hash, normalisation, margin, metrics)."""
+                  metrics: dict[str, dict[str, float]], train_seconds: float, *,
+                  train_rows: npt.NDArray[np.int64] | None = None, split: str = "grouped") -> Path:
+    """Write weights (.npz) + metadata (version, data hash, normalisation, margins, ranges, metrics)."""
     est = model.estimators[0]
     if not isinstance(est, TransformerBiGRURegressor):
         raise TypeError("only the Transformer-BiGRU is shipped")
     weights, meta = est.get_state()
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, out_dir / WEIGHTS_FILE)
+    np.savez(out_dir / WEIGHTS_FILE, **weights)  # type: ignore[arg-type]
+    (out_dir / "transformer_bigru_tuned.pt").unlink(missing_ok=True)  # the torch-format weights of old releases
+    rows = train_rows if train_rows is not None else np.arange(data.n_rows, dtype=np.int64)
     metadata = {
         "version": f"tbgru-{data.sha256[:10]}-s{seed}",
         "model": model.name,
         "data_sha256": data.sha256,
         "data_rows": data.n_rows,
         "seed": seed,
+        "split": split,
         "feature_set": model.feature_set,
         "feature_names": list(data.physics_x.names),
         "targets": list(TARGETS),
         "memory_upper_shift": model.memory_shift,
+        "memory_upper_shift_by_family": model.family_shifts,
+        "memory_upper_base": model.bound_source,
         "upper_coverage": UPPER_COVERAGE,
+        "input_ranges": model.ranges or input_ranges(data, rows),
         "estimator": meta,
-        "metrics_random_split_test": metrics,
+        "metrics_test": metrics,
         "train_seconds": round(train_seconds, 1),
         "torch_version": torch.__version__,
     }
@@ -208,21 +353,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the dataset (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact directory (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the split, the initialisation and shuffling")
+    parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
+                        help="train on a seeded random subset of this many rows (CPU budget; 0: all; "
+                             "default %(default)s)")
+    parser.add_argument("--cv-folds", type=int, default=CV_FOLDS,
+                        help="grouped cross-validation folds that calibrate the bound (< 2: one held-out "
+                             "calibration fold; default %(default)s)")
     parser.add_argument("--epochs-scale", type=float, default=1.0, help="scale the configured epochs (quick runs)")
+    parser.add_argument("--split", choices=("grouped", "all"), default="all",
+                        help="fit on every row (default: the shipped artifact) or on the grouped split's "
+                             "training rows, reporting its test rows")
 
 
 def run(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
     try:
-        data = load_dataset(args.data)
+        data = load_dataset(args.data, args.max_rows or None, args.seed)
     except DatasetError as err:
         raise UsageError(str(err)) from None
     if args.epochs_scale <= 0:
         raise UsageError(f"--epochs-scale must be > 0, got {args.epochs_scale}")
-    split = random_split(data.n_rows, 0.3, args.seed)
+    if args.split == "grouped":
+        split = grouped_split(data.groups, 0.3, args.seed)
+    else:
+        split = Split("all", np.arange(data.n_rows, dtype=np.int64), np.zeros(0, dtype=np.int64))
     epochs = max(1, round(tuned_config().epochs * args.epochs_scale))
-    print(f"training transformer_bigru_tuned on {len(split.train)} of {data.n_rows} jobs "
+    print(f"training transformer_bigru_tuned on {len(split.train)} of {data.n_rows} jobs ({args.split} split) "
           f"({data.path.name} sha256 {data.sha256[:12]}), {epochs} epochs", flush=True)
     started = time.perf_counter()
 
@@ -231,13 +388,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"  epoch {epoch}/{epochs}  loss {loss:.4f}  {time.perf_counter() - started:.0f}s", flush=True)
 
     model = fit_model("transformer_bigru_tuned", data, split, args.seed, epochs_scale=args.epochs_scale,
-                      progress=progress)
+                      progress=progress, cv_folds=args.cv_folds)
     seconds = time.perf_counter() - started
-    metrics = score(model, data, split.test)
-    path = save_artifact(model, data, args.out, args.seed, metrics, seconds)
+    metrics = score(model, data, split.test) if len(split.test) else {}
+    path = save_artifact(model, data, args.out, args.seed, metrics, seconds, train_rows=split.train, split=args.split)
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
-    mem, flops = metrics["memory"], metrics["flops"]
-    print(f"test ({len(split.test)} jobs): memory R² {mem['r2']:.4f} MAPE {mem['mape']:.2f}% "
-          f"under-rate {mem['under_rate']:.3f}; FLOPs R² {flops['r2']:.4f} MAPE {flops['mape']:.2f}%")
+    if metrics:
+        mem, flops = metrics["memory"], metrics["flops"]
+        print(f"{args.split} test ({len(split.test)} jobs of unseen architectures): memory median "
+              f"|rel err| {mem['median_abs_rel_err']:.3f}, p90 {mem['p90_abs_rel_err']:.3f}, "
+              f"under-rate {mem['under_rate']:.3f}, over-reservation {mem['over_reservation']:.3f}; "
+              f"FLOPs median |rel err| {flops['median_abs_rel_err']:.3f}")
     print(f"wrote {path.parent} ({size / 1024:.0f} KiB) in {seconds:.0f}s")
     return 0

@@ -8,8 +8,10 @@ alternates short rounds between them, so each figure's ratio is free of the VM's
     git worktree add /tmp/deepres-old <rev>
     .venv/bin/python scripts/bench-extender-ab.py /tmp/deepres-old . --rounds 3
 
-Prints the medians per build and mode and writes them to reports/bench-extender-ab.json. Each
-server imports the tree given (PYTHONPATH, run from a neutral directory), so both use this venv.
+`--clients 1` plays kube-scheduler's serial scheduling cycle (one pod at a time: per-call latency
+is what counts there); the default, 4 clients, measures throughput. Prints the medians per build
+and mode and writes them to reports/bench-extender-ab.json (or --out). Each server imports the tree
+given (PYTHONPATH, run from a neutral directory), so both use this venv.
 """
 
 from __future__ import annotations
@@ -33,13 +35,19 @@ def main() -> None:
     parser.add_argument("trees", nargs=2, type=Path, help="two source trees (A, then B)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=4,
+                        help="scheduler clients per server (1: kube-scheduler's serial cycle, one pod at a time)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="servers and load share every CPU (default: servers on the first CPU, load on the rest)")
     parser.add_argument("--out", default="reports/bench-extender-ab.json")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     trees = [tree.resolve() for tree in args.trees]  # before leaving the working directory
     cpus = sorted(os.sched_getaffinity(0))
-    load = argparse.Namespace(predictor_factory="", server_cpus=set(cpus[:1]), clients=4, duration_s=args.duration_s)
-    if len(cpus) >= 2:
+    pinned = len(cpus) >= 2 and not args.no_pin
+    load = argparse.Namespace(predictor_factory="", server_cpus=set(cpus[:1]) if pinned else set(),
+                              clients=args.clients, duration_s=args.duration_s)
+    if pinned:
         os.sched_setaffinity(0, set(cpus[1:]))
     os.chdir(tempfile.gettempdir())  # `python -m` puts the working directory first on sys.path
     rng = random.Random(0)
@@ -65,13 +73,15 @@ def main() -> None:
                     reporter.start()
                     run["under_telemetry"].append(bench._scheduler_load(server, bodies["names"], load))
                     reporter.stop()
+            rss = [round(server.rss_mib(), 1) for server in servers]
         finally:
             for server in servers:
                 server.__exit__()
-    results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s}
-    for label, tree, run in zip("AB", trees, runs, strict=True):
-        results[label] = {"tree": str(tree), **{m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS}
-                                                for m in MODES}}
+    results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s, "clients": args.clients,
+                               "server_pinned_to_one_cpu": pinned}
+    for label, tree, run, rss_mib in zip("AB", trees, runs, rss, strict=True):
+        medians = {m: {k: statistics.median(r[k] for r in run[m]) for k in bench.KEYS} for m in MODES}
+        results[label] = {"tree": str(tree), "rss_mib": rss_mib, **medians}
     for mode in MODES:
         a, b = results["A"][mode], results["B"][mode]
         print(f"{mode:<16} A {a['pods_per_s']:7.1f} pods/s p99 {a['filter_p99_ms']:5.1f}/{a['prioritize_p99_ms']:5.1f}"

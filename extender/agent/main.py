@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class AgentSettings:
     request_timeout_s: float = 5.0
     ca_file: str = ""
     seed: int = 0
+    report_failure_grace_s: float = 60.0  # /healthz turns 503 when reports have failed this long
 
     def problems(self) -> list[str]:
         """Every invalid setting, each with the flag, the value and what is accepted."""
@@ -103,7 +105,8 @@ class AgentSettings:
                             ("--free-threshold-mib", self.free_threshold_mib),
                             ("--annotate-min-interval-s", self.annotate_min_interval_s),
                             ("--forget-pods-after-s", self.forget_pods_after_s),
-                            ("--request-timeout-s", self.request_timeout_s)):
+                            ("--request-timeout-s", self.request_timeout_s),
+                            ("--report-failure-grace-s", self.report_failure_grace_s)):
             if not value >= 0:
                 found.append(f"{flag} must be >= 0, got {value:g}")
         return found
@@ -147,6 +150,7 @@ class Agent:
         self.trigger = FreeMemoryTrigger(settings.free_threshold_mib, settings.annotate_min_interval_s)
         # sequence numbers start from the wall clock in ms so they keep increasing across restarts
         self.next_sequence = int(clock() * 1000)
+        self.boot_id = uuid.uuid4().hex  # a new epoch per start: the extender orders reports within it
         self.last_sent: NodeReport | None = None
         self._last_sent_s = float("-inf")
 
@@ -166,6 +170,7 @@ class Agent:
             gpus=gpus,
             pods=self.tracker.update(gpus, now_s),
             interval_s=self.settings.interval_s,
+            boot_id=self.boot_id,
         )
         done = self.monotonic()
         self.metrics.sample_seconds.observe(done - started)
@@ -229,6 +234,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=5.0, help="timeout of one report POST")
     parser.add_argument("--extender-ca-file", default="", help="CA bundle for an https:// extender")
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the simulated source")
+    parser.add_argument("--report-failure-grace-s", type=float, default=60.0,
+                        help="/healthz answers 503 once reports have kept failing this long (/livez does not)")
 
 
 def settings_from_args(args: argparse.Namespace) -> AgentSettings:
@@ -261,6 +268,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         request_timeout_s=args.request_timeout_s,
         ca_file=args.extender_ca_file,
         seed=args.seed,
+        report_failure_grace_s=args.report_failure_grace_s,
     )
     problems.extend(settings.problems())
     if problems:
@@ -301,12 +309,19 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no token in %s: reports go without one (the extender will refuse them if it wants one)",
                     settings.token_file)
     metrics = AgentMetrics()
+    health = Health(max_age_s=max(3 * settings.interval_s, 15.0), delivery_grace_s=settings.report_failure_grace_s)
+
+    def on_result(result: str) -> None:
+        metrics.count_report(result)
+        delivery = reporter.last_delivery  # set before the callback (not for "superseded", which is ignored)
+        health.record_delivery(result, delivery.detail if delivery is not None else "", time.monotonic())
+
     reporter = Reporter(
         HttpPoster(settings.extender_url, settings.request_timeout_s, settings.ca_file or None),
         token,
-        on_result=metrics.count_report,
+        on_result=on_result,
     ).start()
-    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics)
+    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics, health=health)
     host, port = parse_listen(settings.listen)
     try:
         server, _ = serve(make_app(metrics, agent.health), host, port)

@@ -127,17 +127,32 @@ class AgentMetrics:
 
 @dataclass
 class Health:
-    """/healthz: 503 when the source stopped answering or sampling stalled (a hung NVML call)."""
+    """/healthz: 503 when the source stopped answering, sampling stalled (a hung NVML call), or the
+    reports have kept failing (not delivered, refused, or not even valid) for `delivery_grace_s`.
+    /livez asks only about sampling: the chart's liveness probe, so that an extender outage does
+    not restart every agent, while readiness (/healthz) shows the agent is not being heard."""
 
     max_age_s: float
     last_sample_s: float | None = None  # time.monotonic() of the last completed sample
     responsive: bool = True
     error: str = ""
+    delivery_grace_s: float = 60.0
+    failing_since: float | None = None  # time.monotonic() of the first failure since the last delivery
+    failure: str = ""
 
     def record(self, responsive: bool, error: str, now_s: float) -> None:
         self.last_sample_s, self.responsive, self.error = now_s, responsive, error
 
-    def check(self, now_s: float) -> tuple[bool, str]:
+    def record_delivery(self, result: str, detail: str, now_s: float) -> None:
+        """One report's outcome (reporter.RESULTS); `superseded` says nothing about delivery."""
+        if result == "ok":
+            self.failing_since, self.failure = None, ""
+        elif result in ("error", "unauthorized", "rejected"):
+            if self.failing_since is None:
+                self.failing_since = now_s
+            self.failure = (f"{result}: {detail}" if detail else result)[:300]
+
+    def check(self, now_s: float, *, deliveries: bool = True) -> tuple[bool, str]:
         if self.last_sample_s is None:
             return False, "no sample yet"
         age = now_s - self.last_sample_s
@@ -145,11 +160,13 @@ class Health:
             return False, f"last sample {age:.0f}s ago (limit {self.max_age_s:.0f}s): GPU source not answering"
         if not self.responsive:
             return False, self.error or "GPU source not answering"
+        if deliveries and self.failing_since is not None and now_s - self.failing_since >= self.delivery_grace_s:
+            return False, f"reports failing for {now_s - self.failing_since:.0f}s (last: {self.failure})"
         return True, "ok"
 
 
 def make_app(metrics: AgentMetrics, health: Health, clock: Callable[[], float] = time.monotonic) -> WsgiApp:
-    """WSGI app: GET /metrics (Prometheus text), GET /healthz (200 ok / 503 with the reason)."""
+    """WSGI app: GET /metrics (Prometheus text), GET /healthz and /livez (200 ok / 503 with the reason)."""
     metrics_app = make_wsgi_app(metrics.registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -157,12 +174,12 @@ def make_app(metrics: AgentMetrics, health: Health, clock: Callable[[], float] =
         if path == "/metrics":
             body: Iterable[bytes] = metrics_app(environ, start_response)
             return body
-        if path == "/healthz":
-            ok, message = health.check(clock())
+        if path in ("/healthz", "/livez"):
+            ok, message = health.check(clock(), deliveries=path == "/healthz")
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [message.encode() + b"\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: try /metrics or /healthz\n"]
+        return [b"not found: try /metrics, /healthz or /livez\n"]
 
     return app
 

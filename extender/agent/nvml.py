@@ -1,4 +1,4 @@
-"""The production GPU source: NVML through pynvml.
+"""The production GPU source: NVML through nvidia-ml-py (NVIDIA's binding, imported as `pynvml`).
 
 Figures per device (each MIG instance is its own device with its own memory and processes):
 memory total/used/reserved, utilisation, temperature, power and the compute processes.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +74,7 @@ def describe_init_failure(err: Exception) -> str:
 
 
 class NvmlSource:
-    """Samples every GPU through a pynvml-shaped module (the real `pynvml`, or a fake in tests)."""
+    """Samples every GPU through a pynvml-shaped module (nvidia-ml-py's `pynvml`, or a fake in tests)."""
 
     name = "nvml"
 
@@ -91,11 +90,9 @@ class NvmlSource:
         """Initialise NVML or raise SourceUnavailable with a message a person can act on."""
         if nvml is None:
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)  # "the pynvml package is deprecated"
-                    nvml = importlib.import_module("pynvml")
+                nvml = importlib.import_module("pynvml")  # provided by nvidia-ml-py
             except ImportError as err:
-                raise SourceUnavailable(f"NVML could not start: the pynvml package is missing ({err})") from err
+                raise SourceUnavailable(f"NVML could not start: nvidia-ml-py is missing ({err})") from err
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as err:

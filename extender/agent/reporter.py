@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from extender.agent import AGENT_VERSION
-from extender.telemetry import NodeReport
+from extender.telemetry import NodeReport, ReportError, checked
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,10 @@ def _short(raw: bytes, limit: int = 300) -> str:
 
 
 def encode_report(report: NodeReport) -> bytes:
-    """The wire body: compact JSON of the shared schema."""
-    return json.dumps(report.to_dict(), separators=(",", ":")).encode("utf-8")
+    """The wire body: compact JSON of the shared schema, as the extender will read it (`checked`: a
+    GPU with a bad reading goes as unhealthy, never as a NaN that would make the whole body invalid
+    JSON). Raises ReportError when the extender would refuse the whole report."""
+    return json.dumps(checked(report).to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class ReportSink(Protocol):
@@ -211,7 +213,12 @@ class Reporter:
             report = self._next()
             if report is None:
                 return
-            delivery = self._post(encode_report(report), self._token.get())
+            try:
+                body = encode_report(report)
+            except ReportError as err:  # a bug in sampling: say so (health, log); the next round may do better
+                delivery = Delivery("rejected", 0, f"invalid report, not sent: {err}")
+            else:
+                delivery = self._post(body, self._token.get())
             self.last_delivery = delivery
             self._on_result(delivery.result)
             if delivery.result in ("ok", "rejected"):

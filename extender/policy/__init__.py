@@ -2,8 +2,8 @@
 no globals. The extender's HTTP layer and the trace simulator call exactly these.
 
 Records (frozen dataclasses, `extender.policy.types`)
-    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True)
-        derived: free_mib = capacity - max(used, reserved) (-1 when unhealthy); empty
+    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True, foreign_mib=0)
+        derived: free_mib = capacity - usage.occupied_mib(used, reserved, foreign) (-1 when unhealthy)
     NodeView(name, gpus: tuple[GpuView, ...], received_s)
         derived once: healthy, free_desc, capacity_desc (build one per node and telemetry/ledger
         change, then reuse it for every call: the filter is O(1) per node)
@@ -23,13 +23,25 @@ Functions
     score_nodes(pod, names, nodes, params) -> list[(name, score 0..10)]
     score_node(pod, node | None, params) -> int
     choose_gpus(pod, node, params) -> tuple[GpuView, ...] | None     (bind uses the same rule)
+    gpus_fit(free_desc, gpus, need_mib) -> bool    (THE fit test; columnar.fits_rows its vectorised twin)
+    is_fresh(received_s, now_s, params) -> bool    (telemetry trusted; columnar.fresh_rows its twin)
+    spreads(pod, params) -> bool                   (THE spread rule)
+    gpu_key(free, utilization, empty, need, spread) -> float   (THE GPU choice order; columnar.gpu_keys)
+    packs_by_mix(pod, params) -> bool; choose_gpus_for(pod, node, params, mix=None, ...) -> GPUs | None
+        (which placement rule a pod gets, and the GPUs bind takes under it: `placement`)
+    effective_free_mib(capacity, occupied, healthy) / occupied_mib(used, reserved, foreign)
+        (GPU free memory: the one home of the formula, in `usage`)
     priority_of(inputs: PriorityInputs, now_s, params) -> float      (0..45, formula in .priority)
     criticality_level(name) -> int; cap_criticality(level, ceiling) -> int;
     criticality_from_priority_class(value) -> int
     follow_usage(reservation, peak_mib_per_gpu, now_s, params) -> Reservation
+    observe_usage(reservation, peak_mib_per_gpu, now_s, params, peaks) -> Reservation
+        (one report's peak: the usage rule, and the signature's peak recorded after the warm-up)
     PeakStore(capacity).record(signature, peak_mib) / .get(signature) -> Correction | None
     corrected_admission(predicted_upper_mib, correction | None, params) -> float
     plan_victims(pod, node, reservations_on_node, now_s, params, evicted=()) -> tuple[uid, ...] | None
+    choose_preemption(pod, [(node, reservations_on_node), ...], now_s, params)
+        -> (node name, victims) | None   (THE preemption node choice: self-preemption and the replay)
 
 Fragmentation-aware packing score (`extender.policy.fragmentation`), for low-priority pods:
     DemandShape(memory_mib, gpus, probability, cpu_milli=0); DemandMix(shapes);
@@ -53,7 +65,7 @@ Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = pri
 the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
 """
 
-from extender.policy.filtering import filter_nodes, node_failure
+from extender.policy.filtering import filter_nodes, gpus_fit, is_fresh, node_failure
 from extender.policy.fragmentation import (
     DemandMix,
     DemandShape,
@@ -66,9 +78,10 @@ from extender.policy.fragmentation import (
     score_nodes_fragaware,
     scores_from_merits,
 )
-from extender.policy.preemption import plan_victims
+from extender.policy.placement import choose_gpus_for, packs_by_mix
+from extender.policy.preemption import choose_preemption, plan_victims
 from extender.policy.priority import cap_criticality, criticality_from_priority_class, criticality_level, priority_of
-from extender.policy.scoring import choose_gpus, score_node, score_nodes, spreads
+from extender.policy.scoring import choose_gpus, gpu_key, score_node, score_nodes, spreads
 from extender.policy.types import (
     CRITICALITIES,
     FilterResult,
@@ -79,7 +92,16 @@ from extender.policy.types import (
     PriorityInputs,
     Reservation,
 )
-from extender.policy.usage import Correction, PeakStore, corrected_admission, follow_usage
+from extender.policy.usage import (
+    Correction,
+    PeakStore,
+    corrected_admission,
+    effective_free_mib,
+    follow_usage,
+    observe_usage,
+    occupied_mib,
+    warmed_up,
+)
 
 __all__ = [
     "CRITICALITIES",
@@ -97,17 +119,26 @@ __all__ = [
     "Reservation",
     "cap_criticality",
     "choose_gpus",
+    "choose_gpus_for",
     "choose_gpus_fragaware",
+    "choose_preemption",
     "corrected_admission",
     "criticality_from_priority_class",
     "criticality_level",
     "demand_mix",
+    "effective_free_mib",
     "filter_nodes",
     "follow_usage",
     "fragmentation",
     "fragmentation_delta",
+    "gpu_key",
+    "gpus_fit",
+    "is_fresh",
     "merit_from_delta",
     "node_failure",
+    "observe_usage",
+    "occupied_mib",
+    "packs_by_mix",
     "plan_victims",
     "priority_of",
     "score_node",
@@ -115,4 +146,5 @@ __all__ = [
     "score_nodes_fragaware",
     "scores_from_merits",
     "spreads",
+    "warmed_up",
 ]

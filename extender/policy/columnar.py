@@ -20,9 +20,9 @@ from itertools import compress, repeat
 import numpy as np
 import numpy.typing as npt
 
-from extender.policy.filtering import PASSED, node_failure
+from extender.policy.filtering import PASSED, is_fresh, node_failure
 from extender.policy.fragmentation import DEFAULT_SHARPNESS, MAX_MERIT, DemandMix, merits_from_deltas
-from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node
+from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node, spreads
 from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
 
 F64 = npt.NDArray[np.float64]
@@ -177,6 +177,27 @@ class NodeMatrix:
         return row
 
 
+def fits_rows(a: _Arrays, rows: I64, gpus: int, need_mib: float) -> B:
+    """`filtering.gpus_fit` for the given rows at once (its vectorised twin, property-tested)."""
+    count = max(gpus, 1)
+    if count > a.free_desc.shape[1]:
+        return np.zeros(len(rows), dtype=bool)
+    fits: B = (a.healthy[rows] >= count) & (a.free_desc[rows, count - 1] >= need_mib)
+    return fits
+
+
+def fresh_rows(a: _Arrays, rows: I64, now_s: float, params: PolicyParams) -> B:
+    """`filtering.is_fresh` for the given rows at once (a free row, received -inf, is never fresh)."""
+    fresh: B = now_s - a.received[rows] <= params.telemetry_ttl_s
+    return fresh
+
+
+def gpu_keys(free: F64, util: F64, empty: F64, need_mib: float, spread: bool) -> F64:
+    """`scoring.gpu_key` over arrays (same constants; a property test holds the choices equal)."""
+    keys: F64 = util * _UTILISATION_SCALE - free if spread else free - need_mib + empty * _WHOLE_PENALTY_MIB
+    return keys
+
+
 def filter_matrix(
     pod: PodRequest,
     names: Iterable[str],
@@ -194,15 +215,10 @@ def filter_matrix(
     a = matrix.arrays  # one reference: a concurrent grow swaps the whole set
     known = rows >= 0
     safe = np.where(known, rows, 0)
-    ok = known & (a.received[safe] >= now_s - params.telemetry_ttl_s)
     if not pod.gpu_job:  # not a GPU job: every node passes, telemetry or not
-        ok[:] = True
+        ok = np.ones(len(unique), dtype=bool)
     else:
-        count = max(pod.gpus, 1)
-        if count > a.free_desc.shape[1]:
-            ok[:] = False
-        else:
-            ok &= (a.healthy[safe] >= count) & (a.free_desc[safe, count - 1] >= pod.admission_mib)
+        ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
@@ -214,7 +230,7 @@ def filter_matrix(
     for i in np.flatnonzero(~ok).tolist():  # only the failures need words
         name = unique[i]
         node = nodes.get(name)
-        if (pod.gpu_job and node is not None and now_s - node.received_s <= params.telemetry_ttl_s
+        if (pod.gpu_job and node is not None and is_fresh(node.received_s, now_s, params)
                 and len(node.capacity_desc) >= count and node.capacity_desc[count - 1] < pod.admission_mib):
             size = node.capacity_desc[count - 1]
             if size not in too_large:
@@ -258,16 +274,15 @@ def score_matrix(
     known = rows >= 0
     safe = np.where(known, rows, 0)
     need = pod.admission_mib
-    ok = known & (a.healthy[safe] >= 1) & (a.free_desc[safe, 0] >= need)
+    ok = known & fits_rows(a, safe, 1, need)
     scores = np.zeros(len(unique), dtype=np.int64)
     sub = safe[ok]
     if len(sub):
-        spread = pod.priority >= params.spread_priority
+        spread = spreads(pod, params)
         weight = min(max(params.fragmentation_weight, 0.0), 1.0)
         free = a.free[sub]
-        # the scalar keys of scoring._pick_one, for every candidate at once
-        key = a.util[sub] * _UTILISATION_SCALE - free if spread else free - need + a.empty[sub] * _WHOLE_PENALTY_MIB
-        key = np.where(free >= need, key, np.inf)
+        # scoring.gpu_key for every candidate's GPUs at once
+        key = np.where(free >= need, gpu_keys(free, a.util[sub], a.empty[sub], need, spread), np.inf)
         col = key.argmin(axis=1)
         at = np.arange(len(sub))
         f = free[at, col]
@@ -313,9 +328,7 @@ def score_matrix_fragaware(
     known = rows >= 0
     safe = np.where(known, rows, 0)
     count, need = max(pod.gpus, 1), pod.admission_mib
-    if count > a.free_desc.shape[1]:
-        return [(n, 0) for n in unique]
-    ok = known & (a.healthy[safe] >= count) & (a.free_desc[safe, count - 1] >= need)
+    ok = known & fits_rows(a, safe, count, need)
     members = np.flatnonzero(ok)
     member_rows = safe[members]
     versions = a.version[member_rows]  # read before the rows: a row rewritten meanwhile is not reused later
@@ -370,9 +383,9 @@ class FragmentationMemo:
     mix is the key by content (DemandWindow rebuilds it every MIX_REBUILD admissions). Bounded: the
     MEMO_KEYS most recent keys, one int64 per matrix row each. Safe without a lock (see MERIT_BITS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock | None = None) -> None:
         self._entries: OrderedDict[tuple[object, ...], I64] = OrderedDict()
-        self._lock = threading.Lock()  # the verbs run on several threads
+        self._lock = lock if lock is not None else threading.Lock()  # the owner's (the ledger's) lock
         self.computed = 0
         self.reused = 0
 

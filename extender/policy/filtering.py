@@ -8,7 +8,7 @@ GPUs) are "unresolvable", which also keeps kube-scheduler from preempting there 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from extender.policy.types import FilterResult, NodeView, PodRequest, PolicyParams
 
@@ -28,6 +28,19 @@ def gib(mib: float) -> str:
     return f"{mib / MIB_PER_GIB:.1f} GiB"
 
 
+def gpus_fit(free_desc: Sequence[float], gpus: int, need_mib: float) -> bool:
+    """THE fit test: at least `gpus` (>= 1) healthy GPUs each with effective free memory >= `need_mib`,
+    `free_desc` being the healthy GPUs' free memory, largest first. Filter, score, bind, preemption
+    and the simulator all ask this (columnar.fits_rows is its vectorised twin, property-tested)."""
+    count = max(gpus, 1)
+    return len(free_desc) >= count and free_desc[count - 1] >= need_mib
+
+
+def is_fresh(received_s: float, now_s: float, params: PolicyParams) -> bool:
+    """Whether a node's telemetry received at `received_s` may still be trusted at `now_s`."""
+    return now_s - received_s <= params.telemetry_ttl_s
+
+
 def node_failure(
     pod: PodRequest, node: NodeView | None, now_s: float, params: PolicyParams
 ) -> tuple[str, str, bool] | None:
@@ -39,9 +52,8 @@ def node_failure(
         return None
     if node is None:
         return NO_REPORT, "no agent report", True
-    age = now_s - node.received_s
-    if age > params.telemetry_ttl_s:
-        return STALE, f"telemetry stale ({age:.0f}s old)", True
+    if not is_fresh(node.received_s, now_s, params):
+        return STALE, f"telemetry stale ({now_s - node.received_s:.0f}s old)", True
     need_gpus = max(pod.gpus, 1)
     free = node.free_desc
     if len(free) < need_gpus:
@@ -50,7 +62,7 @@ def node_failure(
         extra = f" ({unhealthy} unhealthy)" if unhealthy else ""
         return TOO_FEW_GPUS, f"needs {need_gpus} GPU(s), node has {have} healthy{extra}", True
     need = pod.admission_mib
-    if free[need_gpus - 1] >= need:
+    if gpus_fit(free, need_gpus, need):
         return None
     if node.capacity_desc[need_gpus - 1] < need:
         largest = gib(node.capacity_desc[need_gpus - 1])
@@ -75,20 +87,11 @@ def filter_nodes(
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
     seen: set[str] = set()
-    oldest = now_s - params.telemetry_ttl_s
-    need_gpus, need = max(pod.gpus, 1), pod.admission_mib
-    gpu_job = pod.gpu_job
     for name in names:
         if name in seen:
             continue
         seen.add(name)
-        node = nodes.get(name)
-        # fast path (what node_failure decides, inlined): fresh, and the pod's GPUs fit
-        if not gpu_job or (node is not None and node.received_s >= oldest and
-                           len(node.free_desc) >= need_gpus and node.free_desc[need_gpus - 1] >= need):
-            passed.append(name)
-            continue
-        failure = node_failure(pod, node, now_s, params)
+        failure = node_failure(pod, nodes.get(name), now_s, params)
         if failure is None:
             passed.append(name)
             continue

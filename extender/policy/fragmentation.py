@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from extender.policy.filtering import node_failure
+from extender.policy.filtering import gpus_fit, node_failure
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams
 
 MAX_SCORE = 10
@@ -116,9 +116,9 @@ def fragmentation_delta(
         return float(both[1] - both[0]), ()
     need = pod.admission_mib
     count = max(pod.gpus, 1)
-    fitting = [g for g in gpus if g.free_mib >= need]
-    if len(fitting) < count:
+    if not gpus_fit(node.free_desc, count, need):
         return None
+    fitting = [g for g in gpus if g.free_mib >= need]
     position = {g.uuid: k for k, g in enumerate(gpus)}
     options: list[tuple[GpuView, ...]]
     if count == 1:

@@ -4,14 +4,20 @@ Only pods of strictly lower DeepRes priority (evaluated at `now_s`) are ever vic
 added lowest priority first (largest memory first within a priority) until the pod fits; then any
 victim whose eviction turns out unnecessary is dropped again, so the set is minimal by inclusion.
 Evicting a pod frees its reservation and, as an estimate, the same amount of observed use.
+
+When no node fits, the node to preempt on (`choose_preemption`, used by the extender's
+self-preemption and the simulator's replay alike) is the one whose victims have the lowest highest
+priority, then the fewest victims, then the least memory evicted, then the first name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from extender.policy.filtering import gpus_fit
 from extender.policy.priority import priority_of
 from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation
+from extender.policy.usage import effective_free_mib, occupied_mib
 
 
 def plan_victims(
@@ -52,15 +58,38 @@ def plan_victims(
     return tuple(r.pod_uid for r in chosen)
 
 
+def choose_preemption(
+    pod: PodRequest,
+    candidates: Iterable[tuple[NodeView, Sequence[Reservation]]],
+    now_s: float,
+    params: PolicyParams,
+) -> tuple[str, tuple[Reservation, ...]] | None:
+    """(node, victims) to evict on the best candidate for `pod`, or None when no candidate has a
+    victim set (`plan_victims`) that makes the pod fit. Candidates: the nodes the filter failed for
+    memory, each with the reservations on it. Best: the lowest highest victim priority, then the
+    fewest victims, then the least memory evicted, then the first node name."""
+    best: tuple[tuple[float, int, float, str], tuple[Reservation, ...]] | None = None
+    for node, on_node in candidates:
+        victims = plan_victims(pod, node, on_node, now_s, params)
+        if not victims:
+            continue
+        by_uid = {r.pod_uid: r for r in on_node}
+        chosen = tuple(by_uid[uid] for uid in victims)
+        top = max(priority_of(r.priority_inputs, now_s, params) for r in chosen)
+        key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node.name)
+        if best is None or key < best[0]:
+            best = (key, chosen)
+    return None if best is None else (best[0][3], best[1])
+
+
 def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation]) -> bool:
+    """The fit test (`gpus_fit`) on the node as it would be without `victims`."""
     freed: dict[str, float] = {}
     for res in victims:
         for uuid in res.gpu_uuids:
             freed[uuid] = freed.get(uuid, 0.0) + res.memory_mib
-    fitting = 0
-    for g in node.healthy:
-        gain = freed.get(g.uuid, 0.0)
-        occupied = max(g.used_mib - gain, g.reserved_mib - gain, 0.0)
-        if g.capacity_mib - occupied >= pod.admission_mib:
-            fitting += 1
-    return fitting >= max(pod.gpus, 1)
+    free = sorted((effective_free_mib(g.capacity_mib, occupied_mib(g.used_mib - freed.get(g.uuid, 0.0),
+                                                                     g.reserved_mib - freed.get(g.uuid, 0.0),
+                                                                     g.foreign_mib))
+                   for g in node.healthy), reverse=True)
+    return gpus_fit(free, pod.gpus, pod.admission_mib)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from extender.policy.filtering import gpus_fit
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, is_partly_used
 
 MAX_SCORE = 10
@@ -26,7 +27,8 @@ MIN_SCORE = 0
 
 
 def spreads(pod: PodRequest, params: PolicyParams) -> bool:
-    """Whether the pod is placed by the spread rule (high priority) rather than packed."""
+    """THE spread rule: whether the pod is placed by spreading (high priority) rather than packed.
+    Score, GPU choice, the choice of the packing score (`placement`) and the simulator ask this."""
     return pod.priority >= params.spread_priority
 
 
@@ -37,6 +39,16 @@ _UTILISATION_SCALE = 1.0e9
 _WHOLE_PENALTY_MIB = 0.5
 
 
+def gpu_key(free_mib: float, utilization: float, empty: bool, need_mib: float, spread: bool) -> float:
+    """THE GPU choice order (smaller first) of a GPU with `free_mib` >= `need_mib`: spread, least
+    utilised then most free; pack, smallest leftover, a whole GPU after a partly used one with the
+    same leftover. Ties keep the lower position. (columnar.score_matrix computes it vectorised from
+    the same constants; a property test holds the two equal.)"""
+    if spread:
+        return utilization * _UTILISATION_SCALE - free_mib
+    return free_mib - need_mib + (_WHOLE_PENALTY_MIB if empty else 0.0)
+
+
 def _pick_one(node: NodeView, need: float, spread: bool) -> GpuView | None:
     best: GpuView | None = None
     best_key = 0.0
@@ -44,34 +56,25 @@ def _pick_one(node: NodeView, need: float, spread: bool) -> GpuView | None:
         free = g.free_mib
         if free < need:
             continue
-        if spread:
-            key = g.utilization * _UTILISATION_SCALE - free
-        else:
-            key = free - need + (_WHOLE_PENALTY_MIB if g.empty else 0.0)
+        key = gpu_key(free, g.utilization, g.empty, need, spread)
         if best is None or key < best_key:
             best, best_key = g, key
     return best
 
 
 def choose_gpus(pod: PodRequest, node: NodeView, params: PolicyParams) -> tuple[GpuView, ...] | None:
-    """The GPUs the pod would get on `node`, or None when fewer than `pod.gpus` fit.
-
-    Spread: least utilised first (then most free). Pack: smallest leftover first, and at equal
-    leftover a partly used GPU before a whole one. Ties end on the GPU index, so it is deterministic.
-    """
+    """The GPUs the pod would get on `node`, or None when fewer than `pod.gpus` fit: the `gpu_key`
+    order, ties ending on the GPU index (deterministic). Bind takes these; the score rates them."""
     need = pod.admission_mib
     count = max(pod.gpus, 1)
-    if len(node.free_desc) < count or node.free_desc[count - 1] < need:
+    if not gpus_fit(node.free_desc, count, need):
         return None
-    spread = pod.priority >= params.spread_priority
+    spread = spreads(pod, params)
     if count == 1:  # the common case: one pass, no sorting
         best = _pick_one(node, need, spread)
         return (best,) if best is not None else None
     fitting = [g for g in node.healthy if g.free_mib >= need]
-    if spread:
-        fitting.sort(key=lambda g: (g.utilization * _UTILISATION_SCALE - g.free_mib, g.index))
-    else:
-        fitting.sort(key=lambda g: (g.free_mib - need + (_WHOLE_PENALTY_MIB if g.empty else 0.0), g.index))
+    fitting.sort(key=lambda g: (gpu_key(g.free_mib, g.utilization, g.empty, need, spread), g.index))
     return tuple(fitting[:count])
 
 
@@ -101,7 +104,7 @@ def score_node(pod: PodRequest, node: NodeView | None, params: PolicyParams) -> 
     if not chosen:
         return MIN_SCORE
     weight = min(max(params.fragmentation_weight, 0.0), 1.0)
-    return _value(chosen, node, pod.admission_mib, pod.priority >= params.spread_priority, weight)
+    return _value(chosen, node, pod.admission_mib, spreads(pod, params), weight)
 
 
 def score_nodes(
@@ -121,14 +124,14 @@ def score_nodes(
                 out.append((name, neutral))
         return out
     need, count = pod.admission_mib, max(pod.gpus, 1)
-    spread = pod.priority >= params.spread_priority
+    spread = spreads(pod, params)
     weight = min(max(params.fragmentation_weight, 0.0), 1.0)
     for name in names:
         if name in seen:
             continue
         seen.add(name)
         node = nodes.get(name)
-        if node is None or len(node.free_desc) < count or node.free_desc[count - 1] < need:
+        if node is None or not gpus_fit(node.free_desc, count, need):
             out.append((name, MIN_SCORE))
             continue
         if count == 1:

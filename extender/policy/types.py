@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from extender.policy.usage import effective_free_mib, occupied_mib
+
 #: A GPU whose occupied memory is at most this is "whole" (nothing placed on it): an idle GPU shows
 #: a few MiB used, a CUDA context alone is ~300 MiB.
 EMPTY_SLACK_MIB = 128.0
@@ -27,8 +29,9 @@ def is_partly_used(occupied_mib: float, capacity_mib: float) -> bool:
 class GpuView:
     """One GPU as the policies see it: capacity, observed use, and the sum of reservations on it.
 
-    `free_mib` (derived) is the effective free memory, capacity - max(observed used, reserved), and
-    -1 for an unhealthy GPU so that nothing ever fits on it.
+    `free_mib` (derived) is the effective free memory, capacity - `usage.occupied_mib` (reservations
+    + foreign use, at least the observed use), and -1 for an unhealthy GPU so nothing ever fits on it.
+    `foreign_mib` is memory used by processes deepres did not place.
     """
 
     uuid: str
@@ -38,14 +41,14 @@ class GpuView:
     reserved_mib: float = 0.0
     utilization: float = 0.0  # ratio 0..1, from the last telemetry
     healthy: bool = True
+    foreign_mib: float = 0.0
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        occupied = max(self.used_mib, self.reserved_mib, 0.0)
-        free = max(self.capacity_mib - occupied, 0.0) if self.healthy else -1.0
-        object.__setattr__(self, "free_mib", free)
+        occupied = occupied_mib(self.used_mib, self.reserved_mib, self.foreign_mib)
+        object.__setattr__(self, "free_mib", effective_free_mib(self.capacity_mib, occupied, self.healthy))
         object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
         object.__setattr__(self, "partly", self.healthy and is_partly_used(occupied, self.capacity_mib))
 
@@ -168,6 +171,10 @@ class PolicyParams:
     """Job size (GPU-seconds) that earns no size points in the priority; smaller jobs earn up to 5."""
     deadline_floor_s: float = 60.0
     """Time left below this counts as this, so urgency stays finite near and past the deadline."""
+    correction_min_pods: int = 3
+    """Observed peaks of a job signature move its admission only once this many pods were seen..."""
+    correction_min_nodes: int = 2
+    """...on at least this many nodes (one node's agent must not steer the whole cluster)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,28 +1,78 @@
-"""Usage rule: reservations follow what jobs really use, and what was seen corrects predictions.
+"""Usage rule: reservations follow what jobs really use, what was seen corrects predictions, and
+memory deepres did not place is never counted as free.
 
-1. After `usage_warmup_s` since bind, a running pod's reservation per GPU becomes its observed peak
+1. Occupied memory of a GPU (`occupied_mib`, the one home of the formula): the sum of reservations
+   plus the memory of processes deepres did not place ("foreign": a process of no pod, or of a pod
+   that holds no reservation on that GPU), and never less than the memory the GPU reports used.
+   Effective free = capacity - occupied.
+2. After `usage_warmup_s` since bind, a running pod's reservation per GPU becomes its observed peak
    per GPU x `usage_margin` (never below `min_reservation_mib`), down as well as up. Before the
    warm-up the admitted reservation holds: start-up peaks (cuDNN autotuning, first allocations) are
-   not yet representative, and a lower early peak must not free memory the job will soon take.
-2. Observed peaks are kept per job signature in a bounded store (least recently used signatures
-   are forgotten first); a later pod of the same signature is admitted with the largest observed
-   peak x margin instead of the predictor's upper bound, in either direction.
+   not yet representative, and a lower early peak must not free memory the job will soon take. A
+   peak of 0 is no observation (NVML without per-process memory reports 0), and a peak is bounded
+   by the GPU's capacity.
+3. Observed peaks are kept per job signature in a bounded store (least recently used signatures
+   are forgotten first), per node. A later pod of the same signature is admitted from them only
+   once `correction_min_pods` pods on `correction_min_nodes` nodes were seen, and then so that no
+   single node moves it alone: admission goes down only to the largest peak any node saw, and up
+   only to the second largest node's peak (`corrected_admission`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from extender.policy.types import PolicyParams, Reservation
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # types.py imports occupied_mib from here
+    from extender.policy.types import PolicyParams, Reservation
+
+F64 = npt.NDArray[np.float64]
 
 #: Below this change (MiB) a reservation is left as is, so a steady job does not churn the ledger.
 FOLLOW_DEADBAND_MIB = 1.0
+#: Nodes and pods remembered per signature (enough to count to the thresholds and keep the maxima).
+NODES_PER_SIGNATURE = 16
+PODS_PER_SIGNATURE = 16
+
+
+def occupied_mib(used_mib: float, reserved_mib: float, foreign_mib: float = 0.0) -> float:
+    """Memory of a GPU that is not free: reservations + foreign use, at least what is used now."""
+    return max(used_mib, reserved_mib + foreign_mib, 0.0)
+
+
+def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = True) -> float:
+    """Effective free memory of a GPU with `occupied` MiB occupied (`occupied_mib`): capacity -
+    occupied, and -1 for an unhealthy GPU so that nothing ever fits on it. `GpuView.free_mib` and
+    preemption's what-if read it; the simulator through GpuView."""
+    return max(capacity_mib - occupied, 0.0) if healthy else -1.0
+
+
+def occupied_mib_array(used_mib: F64, reserved_mib: F64, foreign_mib: F64 | float = 0.0) -> F64:
+    """`occupied_mib` over arrays (the simulator's columnar cluster): the same formula."""
+    out: F64 = np.maximum(np.maximum(used_mib, reserved_mib + foreign_mib), 0.0)
+    return out
+
+
+def observed_peak(peak_mib_per_gpu: float | None, capacity_mib: float) -> float | None:
+    """A pod's reported per-GPU peak as an observation: None when there is none (0, missing, not
+    finite), else bounded by the GPU's capacity (an agent cannot claim more than the GPU has)."""
+    if peak_mib_per_gpu is None or not peak_mib_per_gpu > 0.0 or peak_mib_per_gpu != peak_mib_per_gpu:
+        return None
+    return min(float(peak_mib_per_gpu), capacity_mib)
+
+
+def warmed_up(res: Reservation, now_s: float, params: PolicyParams) -> bool:
+    """Whether a bound pod's observed peaks are representative yet (`usage_warmup_s` since bind)."""
+    return now_s - res.bound_s >= params.usage_warmup_s
 
 
 def follow_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams) -> Reservation:
     """The reservation after applying the usage rule to an observed per-GPU peak at `now_s`."""
-    if now_s - res.bound_s < params.usage_warmup_s or peak_mib_per_gpu <= 0.0:
+    if not warmed_up(res, now_s, params) or not peak_mib_per_gpu > 0.0:
         return res
     target = max(peak_mib_per_gpu * params.usage_margin, params.min_reservation_mib)
     if abs(target - res.memory_mib) < FOLLOW_DEADBAND_MIB:
@@ -30,49 +80,111 @@ def follow_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params
     return replace(res, memory_mib=target)
 
 
+def observe_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams,
+                  peaks: PeakStore) -> Reservation:
+    """One observation (`observed_peak`) of a bound pod's per-GPU peak, from a telemetry report: the
+    reservation after the usage rule, and once the warm-up has passed the peak recorded for the pod's
+    job signature on its node. The extender's ledger calls this on every report, the simulator's
+    replay on its usage events."""
+    updated = follow_usage(res, peak_mib_per_gpu, now_s, params)
+    if res.signature and warmed_up(res, now_s, params):
+        peaks.record(res.signature, peak_mib_per_gpu, res.pod_uid, res.node)
+    return updated
+
+
 @dataclass(frozen=True, slots=True)
 class Correction:
-    """What was observed for a job signature: the largest per-GPU peak over `observations` runs."""
+    """What was observed for a job signature: the largest per-GPU peak a node saw (`peak_mib`), the
+    second largest node's (`second_mib`, = peak_mib with one node), over `observations` pods on
+    `nodes` nodes."""
 
     peak_mib: float
     observations: int
+    nodes: int = 1
+    second_mib: float = -1.0  # < 0: the same as peak_mib
+
+    @property
+    def runner_up_mib(self) -> float:
+        return self.peak_mib if self.second_mib < 0 else self.second_mib
+
+
+class _Seen:
+    __slots__ = ("by_node", "count", "pods")
+
+    def __init__(self) -> None:
+        self.by_node: OrderedDict[str, float] = OrderedDict()
+        self.pods: OrderedDict[str, None] = OrderedDict()
+        self.count = 0
+
+    def correction(self) -> Correction:
+        top = sorted(self.by_node.values(), reverse=True)[:2]
+        return Correction(top[0], self.count, len(self.by_node), top[1] if len(top) > 1 else top[0])
 
 
 class PeakStore:
-    """Bounded map job signature -> Correction (LRU). No I/O, no clock; not thread-safe by itself
-    (the extender's state holds it under its lock)."""
+    """Bounded map job signature -> per-node peaks (LRU). No I/O, no clock; not thread-safe by itself
+    (the extender's ledger holds it under its lock)."""
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = max(capacity, 1)
-        self._items: OrderedDict[str, Correction] = OrderedDict()
+        self._items: OrderedDict[str, _Seen] = OrderedDict()
+        self._anonymous = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def record(self, signature: str, peak_mib: float) -> Correction:
-        """Record one observed per-GPU peak; returns the signature's updated correction."""
-        old = self._items.pop(signature, None)
-        new = Correction(peak_mib, 1) if old is None else Correction(max(old.peak_mib, peak_mib), old.observations + 1)
-        self._items[signature] = new
+    def record(self, signature: str, peak_mib: float, pod_uid: str | None = None,
+               node: str | None = None) -> Correction:
+        """Record one observed per-GPU peak of pod `pod_uid` on `node`; returns the signature's
+        updated correction. The live ledger names both; a caller that is its own ground truth (the
+        simulator) may leave them out, and each record then counts as a pod on a node of its own."""
+        if pod_uid is None or node is None:
+            self._anonymous += 1
+            pod_uid = pod_uid if pod_uid is not None else f"#{self._anonymous}"
+            node = node if node is not None else f"#{self._anonymous}"
+        seen = self._items.pop(signature, None) or _Seen()
+        self._items[signature] = seen
+        if pod_uid not in seen.pods:
+            seen.count += 1
+        seen.pods[pod_uid] = None
+        seen.pods.move_to_end(pod_uid)
+        while len(seen.pods) > PODS_PER_SIGNATURE:
+            seen.pods.popitem(last=False)
+        seen.by_node[node] = max(seen.by_node.get(node, 0.0), peak_mib)
+        seen.by_node.move_to_end(node)
+        while len(seen.by_node) > NODES_PER_SIGNATURE:
+            seen.by_node.popitem(last=False)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
-        return new
+        return seen.correction()
 
     def get(self, signature: str) -> Correction | None:
-        correction = self._items.get(signature)
-        if correction is not None:
-            self._items.move_to_end(signature)
-        return correction
+        seen = self._items.get(signature)
+        if seen is None:
+            return None
+        self._items.move_to_end(signature)
+        return seen.correction()
 
     def items(self) -> list[tuple[str, Correction]]:
-        return list(self._items.items())
+        return [(sig, seen.correction()) for sig, seen in self._items.items()]
 
 
 def corrected_admission(
     predicted_upper_mib: float, correction: Correction | None, params: PolicyParams
 ) -> float:
-    """The admission memory per GPU: the observed peak x margin when the signature was seen, else the
-    predictor's upper bound."""
-    if correction is None or correction.observations <= 0:
+    """The admission memory per GPU: the predictor's upper bound U, corrected by observed peaks once
+    `correction_min_pods` pods on `correction_min_nodes` nodes were seen, as
+    min(largest node peak x margin, max(U, second node peak x margin)): lower only when every node
+    saw less, higher only when two nodes saw more."""
+    if correction is None or correction.observations < params.correction_min_pods \
+            or correction.nodes < params.correction_min_nodes:
         return predicted_upper_mib
-    return max(correction.peak_mib * params.usage_margin, params.min_reservation_mib)
+    down = correction.peak_mib * params.usage_margin
+    up = correction.runner_up_mib * params.usage_margin
+    return max(min(down, max(predicted_upper_mib, up)), params.min_reservation_mib)
+
+
+def is_corrected(predicted_upper_mib: float, correction: Correction | None, params: PolicyParams) -> bool:
+    """Whether observed peaks decided the admission (for the metrics and the pod's event)."""
+    return correction is not None and corrected_admission(predicted_upper_mib, correction, params) \
+        != predicted_upper_mib

@@ -14,12 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import secrets
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -31,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from extender.localserver import LocalServer
 from extender.simulate.adapters import capacity_mib
 from extender.simulate.packing import DeepResPolicy, NodeView
 from extender.simulate.traces import Node, Pod, build_workload, node_list_path, pod_list_path, read_nodes, read_pods
 
-REPO = Path(__file__).resolve().parents[2]
 #: A real pod asks one absolute amount of memory: the share is taken of this model's GPU on every node.
 REFERENCE_MODEL = "T4"
 _BOUND = re.compile(r"bound pod=openb/(\S+) node=(\S+) gpus=(\S+)")
@@ -65,12 +61,6 @@ class Comparison:
                 "mismatches": self.mismatches[:10]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _call(url: str, body: Any, token: str | None = None, timeout: float = 30.0) -> Any:
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
@@ -86,43 +76,15 @@ def _call(url: str, body: Any, token: str | None = None, timeout: float = 30.0) 
 
 @contextlib.contextmanager
 def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
-    """`deepres serve --no-kube` on a free loopback port; yields (url, log path); stops it after."""
-    token_file = workdir / "token"
-    token_file.write_text(token + "\n")
-    port = _free_port()
-    log_path = workdir / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DEEPRES_TELEMETRY_TTL_S": "86400",
+    """`deepres serve --no-kube` on a free loopback port (extender/localserver.py); yields (url, log
+    path); stops it after."""
+    env = {"DEEPRES_TELEMETRY_TTL_S": "86400",
            # the server learns its demand mix from its own binds, the simulator takes the trace's typical
            # pods: compare the shared filter / score / GPU-choice functions with the best-fit packing rule
            # (the fragmentation-aware rule is checked against the same functions in the unit tests)
            "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false"}
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--no-kube", "--bind",
-                                 f"127.0.0.1:{port}", "--telemetry-token-file", str(token_file),
-                                 "--log-level", "info"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {log_path.read_text()[-1500:]}")
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after 90 s: {log_path.read_text()[-1500:]}")
-            time.sleep(0.2)
-        yield url, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with LocalServer(workdir, token=token, env=env, log_level="info") as server:  # ready: the verbs wait for it
+        yield server.url, server.log_path
 
 
 def pod_body(pod: Pod, model_of_admission: str, uid: str) -> dict[str, Any]:

@@ -7,10 +7,20 @@ that fit the smallest GPU the pod may use). Policies:
 
 - static: whole GPUs per pod, FIFO (what `nvidia.com/gpu` gives without sharing);
 - request: the trace's gpu_milli as the declared share of GPU memory, binpack, FIFO (HAMi-style);
-- deepres: the live `extender.policy` functions: admission = the predictor's upper bound (or a job
-  signature's observed peak x margin), filter/score/GPU choice, priority order (LS = high
-  criticality, BE = low, others normal; LS jobs have a deadline of arrival + 2 x run time), the usage
-  rule after the warm-up, and preemption of strictly lower priority for high-priority pods.
+- deepres (and its ablations deepres-pack, deepres-nofrag): the live `extender.policy` functions with
+  the live defaults (`PolicySettings().params()`): admission = the predictor's upper bound (or a job
+  signature's observed peak x margin, `corrected_admission`), the filter (`filter_nodes`), the score
+  and GPU choice (`packs_by_mix`, `score_nodes_fragaware` / `score_nodes`, `choose_gpus_for`),
+  priority order (LS = high criticality, BE = low, others normal; LS jobs have a deadline of arrival
+  + 2 x run time), the usage rule (`observe_usage`: the reservation follows the observed peak and the
+  signature's peak is recorded once the warm-up has passed), and the extender's self-preemption
+  (`choose_preemption` over the nodes the filter failed for memory, strictly lower priority victims
+  only, at most once per pod per `preemption_grace_s`).
+
+What the live extender does that the replay does not model: kube-scheduler's own preemption for CPU
+and host memory (by PriorityClass; the trace has none), and eviction taking time (victims leave at
+once). A job's true use is its peak from the start, so the usage rule applied at every report gives
+the same reservation as applied at the first report after the warm-up: the replay applies it then.
 
 Memory actually used is the sum of the running jobs' true peaks (from their start). A placement
 that makes a GPU's true use exceed its capacity kills the job that allocated last (the newcomer):
@@ -41,17 +51,17 @@ from extender.policy import (
     PolicyParams,
     PriorityInputs,
     Reservation,
-    choose_gpus,
-    choose_gpus_fragaware,
+    choose_gpus_for,
+    choose_preemption,
     corrected_admission,
     filter_nodes,
-    follow_usage,
-    plan_victims,
+    observe_usage,
+    packs_by_mix,
     priority_of,
     score_nodes,
     score_nodes_fragaware,
-    spreads,
 )
+from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
 from extender.simulate.traces import MILLI, Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods
@@ -64,10 +74,7 @@ BACKOFF_S = (10.0, 300.0)
 MAX_RESTARTS = 20
 DEADLINE_FACTOR = 2.0
 SAMPLE_EVERY_S = 600.0
-PREEMPT_CANDIDATES = 64
 CRITICALITY = {"LS": 2, "BE": 0}
-#: Pods from this DeepRes priority on (high criticality and above) may preempt strictly lower ones.
-PREEMPTING_PRIORITY = 20.0
 POLICIES = ("static", "request", "deepres", "deepres-pack", "deepres-nofrag")
 
 FloatArray = npt.NDArray[np.float64]
@@ -197,12 +204,15 @@ class Strategy:
     """How one policy orders the queue, finds a place, and reacts (hooks are no-ops by default)."""
 
     name = ""
+    follows_usage = False
+    """Whether the policy applies the usage rule (a usage event after the warm-up of every run)."""
 
     def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
         self.c = cluster
         self.jobs = jobs
         self.params = params
         self.preemptions = 0
+        self.usage_followed = 0  # reservations the usage rule moved (the report checks every ablation's)
 
     def admission(self, job: Job) -> float:
         return 0.0
@@ -222,8 +232,6 @@ class Strategy:
     def on_usage(self, job: Job, now: float) -> bool:
         return False
 
-    def on_oom(self, job: Job) -> None:
-        return None
 
 
 class Static(Strategy):
@@ -267,11 +275,14 @@ class DeepRes(Strategy):
 
     name = "deepres"
     frag_aware = True
+    follows_usage = True
 
     def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
         super().__init__(cluster, jobs, params)
         self.demand = DemandWindow()
-        self.peaks = PeakStore()
+        self.peaks = PeakStore(PolicySettings().peak_store_size)
+        self.grace_s = KubeSettings().preemption_grace_s
+        self._preempting: dict[int, float] = {}  # job -> no self-preemption for it before this time
         self._views: dict[int, tuple[int, NodeView]] = {}
         self._priority: dict[int, tuple[float, float]] = {}  # job -> (computed at, value)
 
@@ -282,19 +293,22 @@ class DeepRes(Strategy):
         cached = self._priority.get(job.idx)
         if cached is not None and now - cached[0] < SAMPLE_EVERY_S:
             return cached[1]
-        inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
-                                gpu_seconds=job.duration, gpus=job.pod.num_gpu)
-        value = priority_of(inputs, now, self.params)
+        value = priority_of(self.inputs(job), now, self.params)
         self._priority[job.idx] = (now, value)
         return value
 
     def order_key(self, job: Job, now: float) -> tuple[float, ...]:
         return (-self.priority(job, now), job.arrival, job.idx)
 
+    def inputs(self, job: Job) -> PriorityInputs:
+        return PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
+                              gpu_seconds=job.duration, gpus=job.pod.num_gpu)
+
     def request(self, job: Job, now: float) -> PodRequest:
+        """The pod as the extender's filter sees it at `now` (its priority evaluated then, as live)."""
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
-                          priority=self.priority(job, now))
+                          priority=priority_of(self.inputs(job), now, self.params))
 
     def view(self, i: int, now: float) -> NodeView:
         cached = self._views.get(i)
@@ -309,39 +323,33 @@ class DeepRes(Strategy):
         self._views[i] = (int(self.c.version[i]), nv)
         return nv
 
-    def candidates(self, job: Job) -> npt.NDArray[np.int64]:
-        """Nodes kube-scheduler would send (CPU, memory, GPU model) that can also pass DeepRes's filter:
-        a vectorised pre-check of the filter's own rule; the live filter then decides."""
-        free = np.where(self.c.present, self.c.cap - np.maximum(self.c.used, self.c.reserved), -1.0)
-        ok = self.c.base_mask(job.pod) & ((free >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu)
-        return np.flatnonzero(ok)
+    def filtered(self, job: Job, now: float) -> tuple[PodRequest, dict[str, NodeView], list[str], list[str]]:
+        """(the pod, the views of the nodes kube-scheduler would send: CPU, memory and GPU model fit,
+        the names the live filter passes, the names it fails for memory: where preemption may help)."""
+        pod = self.request(job, now)
+        views = {self.c.names[i]: self.view(i, now) for i in np.flatnonzero(self.c.base_mask(job.pod)).tolist()}
+        result = filter_nodes(pod, list(views), views, 0.0, self.params)
+        return pod, views, list(result.passed), list(result.failed)
 
     def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
-        hits = self.candidates(job)
-        if not len(hits):
-            return None
-        pod = self.request(job, now)
-        views = {self.c.names[int(i)]: self.view(int(i), now) for i in hits}
-        names = list(views)
-        passed = filter_nodes(pod, names, views, 0.0, self.params).passed
+        pod, views, passed, _ = self.filtered(job, now)
         if not passed:
             return None
-        if self.frag_aware and not spreads(pod, self.params):
-            mix = self.demand.mix()
+        mix = self.demand.mix() if self.frag_aware and packs_by_mix(pod, self.params) else None
+        if mix is not None and len(mix):
             reps = self.representatives(passed)
             cpu = {name: float(self.c.cpu_left[self._index[name]]) for name in reps}
             pod_cpu = float(job.pod.cpu_milli)
             scores = score_nodes_fragaware(pod, reps, views, self.params, mix, cpu, pod_cpu)
             best = max(scores, key=lambda ns: ns[1])[0]  # the node given 10: first top merit by name
-            chosen = choose_gpus_fragaware(pod, views[best], mix, cpu[best], pod_cpu)
+            chosen = choose_gpus_for(pod, views[best], self.params, mix, cpu[best], pod_cpu)
         else:
             scores = score_nodes(pod, passed, views, self.params)
             best = max(scores, key=lambda ns: ns[1])[0]  # first of the highest: ties to the lowest rank
-            chosen = choose_gpus(pod, views[best], self.params)
+            chosen = choose_gpus_for(pod, views[best], self.params)
         if not chosen:
             return None
-        i = self.c.names.index(best) if best not in self._index else self._index[best]
-        return i, [g.index for g in chosen], job.admission_mib
+        return self._index[best], [g.index for g in chosen], job.admission_mib
 
     def representatives(self, passed: Sequence[str]) -> list[str]:
         """The first-named node of each distinct node state (GPU capacity, use, reservations and jobs,
@@ -363,51 +371,30 @@ class DeepRes(Strategy):
         return self._name_index
 
     def preempt(self, job: Job, now: float) -> list[int] | None:
-        """Victims for a high-priority pod: `plan_victims` (GPU memory, strictly lower DeepRes priority) on a
-        node, plus further strictly-lower-priority pods while the node's CPU or memory is short (what
-        kube-scheduler's own preemption adds; the extender's /preempt only keeps lower-priority victims).
-        The node with the fewest victims wins, ties to the lowest rank; at most PREEMPT_CANDIDATES nodes
-        with lower-priority pods are examined."""
-        pod = self.request(job, now)
-        if pod.priority < PREEMPTING_PRIORITY:  # only high-criticality pods preempt
+        """The extender's self-preemption (`app.Extender.self_preempt`): when no node passes the filter,
+        `choose_preemption` over the nodes it failed for memory (strictly lower priority victims only),
+        at most once per pod per `preemption_grace_s`."""
+        if self._preempting.get(job.idx, -math.inf) > now:
             return None
-        spec_ok = self.c.base_mask(Pod(job.pod.name, 0, 0, job.pod.num_gpu, job.pod.gpu_milli, job.pod.spec))
-        big = (self.c.cap >= job.admission_mib).sum(axis=1) >= job.pod.num_gpu
-        best: tuple[int, int, list[int]] | None = None
-        looked = 0
-        for i in np.flatnonzero(spec_ok & big).tolist():
+        pod, views, passed, failed = self.filtered(job, now)
+        if passed or not failed:
+            return None
+        self._preempting[job.idx] = now + self.grace_s
+        candidates = []
+        for name in failed:
+            i = self._index[name]
             residents = sorted({j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]})
-            lower = [j for j in residents if self.priority(self.jobs[j], now) < pod.priority]
-            if not lower:
-                continue
-            looked += 1
-            reservations = [r for j in residents if (r := self.jobs[j].reservation) is not None]
-            planned = plan_victims(pod, self.view(i, now), reservations, now, self.params)
-            if planned is None:
-                continue
-            victims = [int(v) for v in planned]
-            cpu = int(self.c.cpu_left[i]) + sum(self.jobs[v].pod.cpu_milli for v in victims)
-            mem = int(self.c.mem_left[i]) + sum(self.jobs[v].pod.memory_mib for v in victims)
-            extra = sorted((j for j in lower if j not in victims),
-                           key=lambda j: (self.priority(self.jobs[j], now), -self.jobs[j].pod.cpu_milli, j))
-            for j in extra:
-                if cpu >= job.pod.cpu_milli and mem >= job.pod.memory_mib:
-                    break
-                victims.append(j)
-                cpu += self.jobs[j].pod.cpu_milli
-                mem += self.jobs[j].pod.memory_mib
-            fits = bool(victims) and cpu >= job.pod.cpu_milli and mem >= job.pod.memory_mib
-            if fits and (best is None or len(victims) < best[0]):
-                best = (len(victims), i, victims)
-            if looked >= PREEMPT_CANDIDATES or (best is not None and best[0] == 1):
-                break
-        return None if best is None else best[2]
+            candidates.append((views[name], [r for j in residents if (r := self.jobs[j].reservation) is not None]))
+        found = choose_preemption(pod, candidates, now, self.params)
+        if found is None:
+            self._preempting.pop(job.idx, None)
+            return None
+        return [int(r.pod_uid) for r in found[1]]
 
     def on_bind(self, job: Job, now: float) -> None:
         self.demand.admit(job.admission_mib, job.pod.num_gpu, job.pod.cpu_milli)
         node = self.c.names[job.node]
-        inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
-                                gpu_seconds=job.duration, gpus=job.pod.num_gpu)
+        inputs = self.inputs(job)
         job.reservation = Reservation(pod_uid=str(job.idx), namespace="openb", name=job.pod.name, node=node,
                                       gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
                                       memory_mib=job.reserved_mib, admission_mib=job.admission_mib,
@@ -417,17 +404,14 @@ class DeepRes(Strategy):
     def on_usage(self, job: Job, now: float) -> bool:
         if job.reservation is None:
             return False
-        self.peaks.record(job.spec_key, job.true_mib)
-        updated = follow_usage(job.reservation, job.true_mib, now, self.params)
+        updated = observe_usage(job.reservation, job.true_mib, now, self.params, self.peaks)
         if updated is job.reservation:
             return False
+        self.usage_followed += 1
         freed = updated.memory_mib < job.reservation.memory_mib
         job.reservation = updated
         self.c.set_reservation(job, updated.memory_mib)
         return freed
-
-    def on_oom(self, job: Job) -> None:
-        self.peaks.record(job.spec_key, job.true_mib)
 
 
 class DeepResNoFrag(DeepRes):
@@ -515,8 +499,8 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             push(now + OOM_AFTER_S, "oom", job.idx, job.run_id)
         else:
             push(now + job.duration, "finish", job.idx, job.run_id)
-            if strat.name == "deepres":
-                push(now + params.usage_warmup_s, "usage", job.idx, job.run_id)
+            if strat.follows_usage:  # the first report after the warm-up (see the module docstring)
+                push(now + strat.params.usage_warmup_s, "usage", job.idx, job.run_id)
 
     def stop(job: Job) -> None:
         cluster.release(job)
@@ -549,7 +533,6 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 freed |= strat.on_usage(job, now)
             elif kind == "oom":
                 stop(job)
-                strat.on_oom(job)
                 freed = True
                 if job.ooms >= MAX_RESTARTS:
                     job.failed = True
@@ -619,7 +602,7 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
         "mean_queue_s": round(statistics.fmean(queue), 1) if queue else math.nan,
         "p95_queue_s": round(_p95(queue), 1),
         "oom_kills": float(ooms), "oom_rate": round(ooms / max(len(jobs), 1), 5),
-        "preemptions": float(strat.preemptions),
+        "preemptions": float(strat.preemptions), "usage_followed": float(strat.usage_followed),
         "deadline_miss_rate": round(misses / max(len(ls), 1), 4), "jain": round(jain, 4),
         "mean_alloc": round(statistics.fmean(series_alloc), 4) if series_alloc else math.nan,
         "mean_mem_use": round(statistics.fmean(series_mem), 4) if series_mem else math.nan,
@@ -650,7 +633,7 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
         return min(caps[m] for m in models)
 
     jobs = build_jobs(pods, pool, predictor, seed, min_cap, limit)
-    params = PolicyParams()
+    params = PolicySettings().params()  # the live extender's defaults
     classes: dict[str, type[Strategy]] = {"static": Static, "request": Request, "deepres": DeepRes,
                                           "deepres-pack": DeepResPack, "deepres-nofrag": DeepResNoFrag}
     outcomes = {}
@@ -668,6 +651,14 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              f"predictor: {predictor_note}; its upper bound is below the true peak for {under} jobs "
              f"({100 * under / max(len(jobs), 1):.1f} %)",
              f"GPU memory per model (GB): {GPU_MEMORY_GB} (G2, G3 undisclosed: assumed)",
+             "DeepRes and its ablations run the extender's rules with its default settings "
+             "(`PolicySettings().params()`): the usage rule (`observe_usage`) at the first report after the "
+             f"{params.usage_warmup_s:.0f} s warm-up (a job's true use is its peak from the start, so later reports "
+             "change nothing), admission corrected by observed peaks only after "
+             f"{params.correction_min_pods} pods on {params.correction_min_nodes} nodes (`corrected_admission`), "
+             "and the extender's self-preemption (`choose_preemption`: any pod, strictly lower-priority victims, "
+             "on the nodes the filter failed for memory); kube-scheduler's own preemption for CPU and memory "
+             "(by PriorityClass) is not modelled",
              f"OOM: the newcomer is killed after {OOM_AFTER_S:.0f} s and restarts after a back-off; "
              f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
              "(waiting plus work lost to OOM kills and preemptions)"]

@@ -66,6 +66,9 @@ def write_report(out: Path, records: Sequence[RunRecord], replays: Sequence[Repl
         if static is not None and deepres is not None and static.metrics["mean_jct_s"] > 0:
             gain = 1.0 - deepres.metrics["mean_jct_s"] / static.metrics["mean_jct_s"]
             doc["replay"]["deepres_vs_static"] = {"mean_jct_improvement": round(gain, 4)}
+        followed = ablations_follow_usage(replays)
+        if followed is not None:
+            doc["replay"]["ablations_follow_usage"] = followed
     lines = _markdown(table, records, reference, replays, doc, timings, out)
     if write_files:
         out.mkdir(parents=True, exist_ok=True)
@@ -73,6 +76,20 @@ def write_report(out: Path, records: Sequence[RunRecord], replays: Sequence[Repl
         _plots(out, records, reference, replay)
         (out / "simulation.md").write_text("\n".join(lines) + "\n")
     return {**doc, "_text": "\n".join(lines[: _validation_end(lines)])}
+
+
+#: The DeepRes ablations of the replay: each must apply the usage rule as DeepRes does.
+ABLATIONS = ("deepres-pack", "deepres-nofrag")
+
+
+def ablations_follow_usage(replays: Sequence[ReplayExperiment]) -> bool | None:
+    """Whether, in every replay that ran them, DeepRes and each ablation had reservations moved by the
+    usage rule (None when no ablation ran): a check over the runs, so a policy that silently stops
+    following observed peaks turns the report's key false."""
+    runs = [o for r in replays for name, o in r.outcomes.items() if name in ABLATIONS]
+    if not runs:
+        return None
+    return all(o.metrics.get("usage_followed", 0.0) > 0 for o in runs)
 
 
 def _finite(value: Any) -> Any:
@@ -286,9 +303,10 @@ def _findings(replay: ReplayExperiment) -> list[str]:
         lines.append(
             f"- the mean is dominated by a few long, large pods: {burst['jobs']:.0f} Burstable pods (up to 120 cores "
             f"and 720 GB of host memory) wait {burst['mean_queue_s']:.0f} s on average under DeepRes, because "
-            "denser GPU sharing uses up the nodes' CPU and memory and these normal-priority pods may not preempt "
-            "(only high priority does). Aging (urgency for long-waiting pods) or reserving a node for the oldest "
-            "pending large pod would address it; neither is in the policy today.")
+            "denser GPU sharing uses up the nodes' CPU and memory, and the extender's preemption frees GPU memory "
+            "only (kube-scheduler's own preemption for CPU and memory goes by PriorityClass, which the trace "
+            "lacks). Aging (urgency for long-waiting pods) or reserving a node for the oldest pending large pod "
+            "would address it; neither is in the policy today.")
     pack = o.get("deepres-pack")
     if pack is not None:
         gain = 1 - pack["mean_jct_s"] / st["mean_jct_s"]
@@ -383,16 +401,21 @@ def _replay_markdown(replay: ReplayExperiment, doc: dict[str, Any]) -> list[str]
              "contend (at most ~1 % of the GPUs are busy at once), so every policy gives every job its trace "
              "run time; a slice of the cluster is the same workload at a load where the policies differ "
              "(sweep below).", ""]
-    lines += [f"- {note}" for note in replay.notes] + [""]
+    lines += [f"- {note}" for note in replay.notes]
+    lines += ["- usage-rule moves: reservations the usage rule changed (`observe_usage`, the extender's rule); "
+              "DeepRes and both ablations apply it (`replay.ablations_follow_usage` in the JSON: every ablation, "
+              "on every slice, moved some)", ""]
     lines += ["| policy | jobs (never placed) | mean JCT (s) | p95 JCT (s) | mean queue (s) | p95 queue (s) | "
-              "OOM kills | OOM rate | preemptions | LS deadline misses | Jain | mean alloc | mean mem use |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "OOM kills | OOM rate | preemptions | usage-rule moves | LS deadline misses | Jain | mean alloc | "
+              "mean mem use |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, o in replay.outcomes.items():
         m = o.metrics
         lines.append(f"| {name} | {m['jobs']:.0f} ({m['never_placed']:.0f}) | {m['mean_jct_s']:.0f} | "
                      f"{m['p95_jct_s']:.0f} | {m['mean_queue_s']:.0f} | {m['p95_queue_s']:.0f} | "
                      f"{m['oom_kills']:.0f} | "
-                     f"{100 * m['oom_rate']:.2f} % | {m['preemptions']:.0f} | {100 * m['deadline_miss_rate']:.1f} % | "
+                     f"{100 * m['oom_rate']:.2f} % | {m['preemptions']:.0f} | {m.get('usage_followed', 0):.0f} | "
+                     f"{100 * m['deadline_miss_rate']:.1f} % | "
                      f"{m['jain']:.3f} | {100 * m['mean_alloc']:.1f} % | {100 * m['mean_mem_use']:.1f} % |")
     lines += ["", "Per qos (mean JCT / mean queue, seconds):", "", "| policy | " + " | ".join(
         q for q in replay.qos_order) + " |", "|---|" + "---|" * len(replay.qos_order)]
@@ -408,7 +431,8 @@ def _replay_markdown(replay: ReplayExperiment, doc: dict[str, Any]) -> list[str]
     if claim is not None and deepres is not None:
         holds = claim >= 0.35 and deepres.metrics["oom_rate"] <= 0.005
         lines += ["", f"**Claim tested**: DeepRes mean JCT >= 35 % better than static with OOM kills <= 0.5 % of "
-                  f"jobs. Measured: {100 * claim:.1f} % better, OOM rate {100 * deepres.metrics['oom_rate']:.2f} %: "
+                  f"jobs. Measured: {abs(100 * claim):.1f} % {'better' if claim >= 0 else 'worse'}, OOM rate "
+                  f"{100 * deepres.metrics['oom_rate']:.2f} %: "
                   f"the claim {'holds' if holds else 'does NOT hold'} on this replay."]
     lines += _findings(replay)
     lines += ["", "![JCT CDF](simulation-replay-jct.png)", "", "![utilisation](simulation-replay-utilisation.png)", ""]

@@ -48,6 +48,8 @@ CACHE_PATH = WORK_DIR / "calibration_traces.csv"
 HOLDOUT_FRACTION = 0.3
 ASSUMED_OPTIMIZER = "adam"
 ASSUMED_PRECISION = "fp32"
+#: The admission bound covers this share of the fit runs' under-prediction (checked on held-out runs).
+BOUND_QUANTILE = 0.975
 
 _ACTIVATIONS: dict[str, Callable[[int, int], nn.Module]] = {
     "ReLU": lambda units, n: nn.ReLU(),
@@ -233,7 +235,17 @@ def run_calibration(jobs: int = 1, seed: int = 0, source_dir: Path = SOURCE_DIR,
     # the fit is used far beyond these small MLPs: show how the error grows with the traced size
     top_cut = percentile([traced[i] for i in hold_idx], 90)
     top = [e for e, i in zip(errors, hold_idx, strict=True) if traced[i] >= top_cut]
+    # the admission bound's margin: the 97.5th percentile of under-prediction on the fit split
+    # (one-sided: reserving too little is what hurts), checked on the held-out runs
+    under_fit = [measured[i] / fit.predict(traced[i]) - 1.0 for i in fit_idx]
+    margin = max(0.0, percentile(under_fit, BOUND_QUANTILE * 100))
+    upper_hold = [fit.predict(traced[i]) * (1.0 + margin) for i in hold_idx]
     report = {
+        "bound_rel": round(margin, 5),
+        "bound_under_rate": round(sum(u < measured[i] for u, i in zip(upper_hold, hold_idx, strict=True))
+                                  / len(hold_idx), 5),
+        "bound_over_reservation": round(sum(u / measured[i] - 1.0 for u, i in zip(upper_hold, hold_idx, strict=True))
+                                        / len(hold_idx), 5),
         "median_abs_rel_err": round(percentile(errors, 50), 5),
         "p90_abs_rel_err": round(percentile(errors, 90), 5),
         "top_decile_traced_min_mib": round(top_cut, 1),
@@ -255,6 +267,8 @@ def run_calibration(jobs: int = 1, seed: int = 0, source_dir: Path = SOURCE_DIR,
         "factor": report["factor"],
         "holdout_median_abs_rel_err": report["median_abs_rel_err"],
         "holdout_p90_abs_rel_err": report["p90_abs_rel_err"],
+        "bound_rel": report["bound_rel"],
+        "holdout_bound_under_rate": report["bound_under_rate"],
         "n_fit": report["n_fit"],
         "n_holdout": report["n_holdout"],
         "source": "GPUMemNet (itu-rad/GPUMemNet, Datasets/MLP mlp_data_step1.csv + mlp_data_step2.csv): "

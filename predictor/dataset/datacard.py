@@ -70,6 +70,9 @@ def write_datacard(path: Path, rows: list[dict[str, str]], args: argparse.Namesp
     lines = [
         "# Data card: predictor/data/jobs.csv",
         "",
+        "These jobs run on home-made architecture templates. The real architectures (timm, torchvision,",
+        "Hugging Face configs, torch.nn stacks) are in `real_jobs.csv.gz`: see DATACARD-real.md.",
+        "",
         "Traced, calibrated GPU demand of deep-learning training jobs: one row per job, the JobSpec that",
         "describes it (the 11 feature columns of the seed papers' dataset, plus its family), the model we",
         "built for it, and two targets: peak GPU memory (`memory_mib`) and compute per iteration",

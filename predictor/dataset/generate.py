@@ -341,6 +341,9 @@ def finalize(rows: dict[int, dict[str, str]], n: int, out: Path, fit: calibratio
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mode", nargs="?", choices=("templates", "real"), default="templates",
+                        help="templates: sampled jobs on the architecture templates (jobs.csv); real: real "
+                             "architectures (timm, torchvision, HF configs, torch.nn), predictor/dataset/real.py")
     parser.add_argument("--n", type=int, default=DEFAULT_N, help=f"number of jobs (default {DEFAULT_N})")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--jobs", type=int, default=calibration.default_jobs(),
@@ -358,11 +361,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data card to write (default DATACARD.md beside --out)")
     parser.add_argument("--max-params-millions", type=float, default=2000.0, help="sampler limit (smoke runs)")
     parser.add_argument("--max-layers", type=int, default=96, help="sampler limit (smoke runs)")
+    from predictor.dataset import real
+
+    real.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
+    if getattr(args, "mode", "templates") == "real":
+        from predictor.dataset import real
+
+        return real.run(args)
     if args.n < 1 or args.jobs < 1 or args.timeout_s <= 0:
         raise UsageError("--n, --jobs and --timeout-s must be positive")
     if args.max_params_millions < 0.2 or args.max_layers < 1:

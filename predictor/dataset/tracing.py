@@ -37,7 +37,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ from torch.utils.flop_counter import flop_registry
 from predictor.dataset import templates
 from predictor.spec import JobSpec
 
+_SCALAR = torch.ops.aten._local_scalar_dense.default
 CATEGORIES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "temporaries")
 MIB = float(1 << 20)
 
@@ -133,6 +134,8 @@ class LiveTensorTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.current -= entry[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _SCALAR and args[0].device.type == "meta" and args[0].dtype == torch.bool:
+            return True  # a data-dependent check (`torch.isfinite(x).all()`): as on healthy data
         out, flops = self._run(func, args, kwargs or {})
         self.flops += flops
         category = "activations" if self.phase == "forward" else "temporaries"
@@ -301,6 +304,104 @@ def trace_training_step(
             tracker.phase = "optimizer"
             tracker.transient("temporaries", step_extra)
     return Trace(tracker.peak, dict(tracker.peak_breakdown), tracker.flops, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class StepComponents:
+    """One traced forward+backward, from which the step's peak under any optimizer follows exactly.
+
+    The optimizer's state is alive during the whole iteration (a constant `state` bytes on top of
+    everything), and its step runs after backward, when only parameters, gradients and the targets
+    are left (`end_bytes`), allocating `step` bytes of temporaries. So for every optimizer:
+    peak = max(fb_peak + state, end + state + step). One trace per (precision, input, batch) thus
+    serves all six optimizers (tests/unit/test_real_dataset.py checks it against full traces).
+    """
+
+    fb_peak_bytes: int
+    fb_breakdown: dict[str, int]
+    end_bytes: int
+    end_breakdown: dict[str, int]
+    flops: int
+    numel_by_dtype: dict[str, int]  # trainable parameter elements per dtype name ("float32", ...)
+    seconds: float
+
+    def peak_for(self, state_bytes: int, step_bytes: int) -> tuple[int, dict[str, int]]:
+        """(peak bytes, breakdown at the peak) with an optimizer of that state and step size."""
+        during = self.fb_peak_bytes + state_bytes
+        after = self.end_bytes + state_bytes + step_bytes
+        if during >= after:
+            parts = dict(self.fb_breakdown)
+        else:
+            parts = dict(self.end_breakdown)
+            parts["temporaries"] += step_bytes
+        parts["optimizer"] += state_bytes
+        return max(during, after), parts
+
+
+def trace_components(
+    model: nn.Module,
+    make_batch: Callable[[torch.dtype], tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    precision: str = "fp32",
+) -> StepComponents:
+    """Trace forward, loss and backward of a model already on the meta device, in the precision's
+    dtype (fp32 for amp), without an optimizer; see `StepComponents`. The model can be reused."""
+    started = time.perf_counter()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    numel: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).removeprefix("torch.")
+        numel[key] = numel.get(key, 0) + p.numel()
+    with torch.device("meta"):
+        tracker = LiveTensorTracker()
+        seen: set[int] = set()
+        for p in params:
+            tracker.classify(p, "params")
+            seen.add(id(p))
+        for t in (*model.parameters(), *model.buffers()):  # frozen parameters and buffers too
+            if id(t) not in seen:
+                tracker.classify(t, "params")
+        with _grad_classifier(params, tracker), tracker:
+            x, y = make_batch(torch.float16 if precision == "amp" else _DTYPES[precision])
+            if precision == "amp":
+                # functional_call restores a module shared under two names with the cast copy
+                # (timm's CoaT): put every original back ourselves
+                saved = [(m, kind, name, t) for m in model.modules() for kind in ("_parameters", "_buffers")
+                         for name, t in getattr(m, kind).items()]
+                state = {n: _half(t) for n, t in (*model.named_parameters(), *model.named_buffers())}
+                out = functional_call(model, state, (x,)).float()
+                del state
+                for m, kind, name, t in saved:
+                    getattr(m, kind)[name] = t
+                del saved
+            else:
+                out = model(x)
+            loss = loss_fn(out, y)
+            del x, out
+            tracker.phase = "backward"
+            loss.backward()  # type: ignore[no-untyped-call]
+            del loss
+            components = StepComponents(
+                tracker.peak, dict(tracker.peak_breakdown), tracker.current, dict(tracker.totals),
+                tracker.flops, numel, 0.0)
+        del y
+    for p in params:
+        p.grad = None
+    return replace(components, seconds=time.perf_counter() - started)
+
+
+def optimizer_cost(name: str, numel_by_dtype: dict[str, int], learning_rate: float = 1e-3,
+                   weight_decay: float = 0.0) -> tuple[int, int]:
+    """(state bytes, step temporaries bytes) of `name` over parameters of these sizes and dtypes."""
+    flats = [nn.Parameter(torch.empty(n, dtype=getattr(torch, d), device="meta"))
+             for d, n in sorted(numel_by_dtype.items()) if n > 0]
+    if not flats:
+        return 0, 0
+    step, state = _optimizer_step_profile(name, flats, learning_rate, weight_decay)
+    return sum(t.untyped_storage().nbytes() for t in state), step
 
 
 def _optimizer_step_profile(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,15 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from extender.localserver import LocalServer, free_port
+
 ENTRY = "import sys; from extender.cli import main; sys.exit(main())"
 NODE = "sim-node-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -66,25 +60,16 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 
 @pytest.fixture(scope="module")
 def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    token = tmp_path_factory.mktemp("extender") / "token"
-    token.write_text("shared-agent-token\n")
-    url = f"http://127.0.0.1:{_free_port()}"
-    process = subprocess.Popen(
-        [sys.executable, "-c", ENTRY, "serve", "--no-kube", "--telemetry-token-file", str(token),
-         "--bind", url.removeprefix("http://"), "--threads", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait(lambda: _get(url + "/healthz")[0] == 200 or process.poll() is not None, "the extender to start")
-        if process.poll() is not None:
-            pytest.fail(f"deepres serve exited with {process.returncode}")
-        yield url, token
-    finally:
-        _stop(process)
+    workdir = tmp_path_factory.mktemp("extender")
+    # ready: predictor loaded and first sync applied (the verbs answer "not ready" before)
+    with LocalServer(workdir, token="shared-agent-token", args=["--threads", "2"]) as server:
+        token = workdir / "agent-token"
+        token.write_text("shared-agent-token\n")
+        yield server.url, token
 
 
 def _agent(extender_url: str, token: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-c", ENTRY, "agent", "--source", "simulated", "--simulated-gpus", "2xA100-40GB",
          "--no-kube", "--node-name", NODE, "--extender-url", extender_url, "--token-file", str(token),
@@ -115,6 +100,7 @@ def test_simulated_node_appears_in_the_extender(extender: tuple[str, Path]) -> N
         failed = {**refused["FailedNodes"], **refused["FailedAndUnresolvableNodes"]}  # type: ignore[dict-item]
         assert refused["NodeNames"] == [] and NODE in failed
         _wait(lambda: _agent_count(metrics_port, "ok") >= 1, "the agent to count a delivered report")
+        assert _get(f"http://127.0.0.1:{metrics_port}/healthz") == (200, "ok\n")
     finally:
         assert _stop(agent) == 0
 
@@ -123,10 +109,15 @@ def test_wrong_token_is_refused_and_counted(extender: tuple[str, Path], tmp_path
     url, _ = extender
     wrong = tmp_path / "wrong"
     wrong.write_text("not-the-token")
-    agent, metrics_port = _agent(url, wrong, "--node-name", "intruder-node")
+    agent, metrics_port = _agent(url, wrong, "--node-name", "intruder-node", "--report-failure-grace-s", "1")
     try:
         _wait(lambda: _agent_count(metrics_port, "unauthorized") >= 1, "a 401 counted by the agent")
         assert 'node="intruder-node"' not in _get(url + "/metrics")[1]
+        # reports that keep failing make the agent unready (issue 13 item 13); sampling itself is alive
+        _wait(lambda: _get(f"http://127.0.0.1:{metrics_port}/healthz")[0] == 503, "/healthz to say 503")
+        _, text = _get(f"http://127.0.0.1:{metrics_port}/healthz")
+        assert "reports failing for" in text and "unauthorized" in text
+        assert _get(f"http://127.0.0.1:{metrics_port}/livez")[0] == 200
     finally:
         assert _stop(agent) == 0
 

@@ -4,16 +4,16 @@ the pod list + watch on the node (field selector, resource versions) and the Nod
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from extender.agent.kube import FREE_MIB_ANNOTATION, KubeNodeAnnotator, KubePods
+from tests.fixtures.kube.loopback import Loopback
 
 
 def pod(uid: str, name: str, version: str) -> dict[str, Any]:
@@ -60,17 +60,13 @@ class ApiStub:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.loopback = Loopback(Handler)
 
     def api(self) -> client.CoreV1Api:
-        config = client.Configuration()
-        config.host = f"http://127.0.0.1:{self.server.server_address[1]}"
-        return client.CoreV1Api(client.ApiClient(config))
+        return client.CoreV1Api(self.loopback.api_client())
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.loopback.close()
 
 
 @pytest.fixture()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from extender.app import create_app
@@ -58,3 +60,14 @@ def test_the_local_walk_through_answers_as_documented() -> None:
     assert f"`memory_mib` {demand['memory_mib']}, `memory_mib_upper` {demand['memory_mib_upper']}" in section
     assert f"{demand['gflops_per_iteration']} GFLOP/iteration, {demand['gpu_seconds']:.0f} GPU-seconds" in section
     assert f"priority {decided['priority']:.1f}" in section
+
+
+def test_the_data_scientist_example_is_what_deepres_predict_prints() -> None:
+    """The `deepres predict -f deploy/examples/cnn-small.yaml` output the README shows, verbatim."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "extender.cli", "predict", "-f", "deploy/examples/cnn-small.yaml"],
+                          cwd=root, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    section = README[README.index("## For the data scientist"):]
+    shown = section.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert done.stdout.rstrip("\n") == shown

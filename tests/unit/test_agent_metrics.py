@@ -93,3 +93,25 @@ def test_healthz() -> None:
     status, body = call(app, "/healthz")
     assert status.startswith("503") and b"16s ago" in body
     assert call(app, "/nope")[0].startswith("404")
+
+
+def test_healthz_turns_503_when_reports_keep_failing_and_livez_does_not() -> None:
+    """Issue 13 item 13: an agent whose reports do not get through says so (readiness), without
+    being restarted for it (liveness)."""
+    now = [100.0]
+    health = Health(max_age_s=15, delivery_grace_s=60)
+    app = make_app(AgentMetrics(), health, clock=lambda: now[0])
+    health.record(True, "", 100.0)
+    health.record_delivery("error", "connection refused", 100.0)
+    health.record_delivery("superseded", "", 101.0)  # says nothing about delivery
+    now[0] = 159.0
+    health.record(True, "", 159.0)
+    assert call(app, "/healthz") == ("200 OK", b"ok\n")  # within the grace
+    health.record_delivery("rejected", 'HTTP 400 {"error": "report.node: must not be empty"}', 159.0)
+    now[0] = 160.0
+    health.record(True, "", 160.0)
+    status, body = call(app, "/healthz")
+    assert status.startswith("503") and b"reports failing for 60s" in body and b"report.node" in body
+    assert call(app, "/livez") == ("200 OK", b"ok\n")
+    health.record_delivery("ok", "", 161.0)
+    assert call(app, "/healthz") == ("200 OK", b"ok\n")

@@ -72,6 +72,8 @@ def test_rfc3339_deadline() -> None:
         ({"gpu-memory": "24"}, "deepres.io/gpu-memory", "24Gi"),
         ({"gpu-memory": "10Ki"}, "deepres.io/gpu-memory", "64Mi to 4Ti"),
         ({"model-type": "cnn", "batchsize": "3"}, "deepres.io/batchsize", "deepres.io/batch-size"),
+        ({"model-type": "cnn", "input-dim": "0"}, "deepres.io/input-dim", "from 1 to 10,000,000"),
+        ({"model-type": "gpt", "num-layers": "0.0"}, "deepres.io/num-layers", "leave the key out"),
     ],
 )
 def test_errors_name_key_value_and_accepted_values(annotations: dict[str, str], key: str, accepted_part: str) -> None:

@@ -168,7 +168,7 @@ def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> No
 
 
 def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
-    client, _, clock = make(usage_warmup_s=60.0)
+    client, _, clock = make(usage_warmup_s=60.0, correction_min_pods=1, correction_min_nodes=1)
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     p1 = pod("p1", CNN_ANNOTATIONS)
     client.post("/filter", json=extender_args(p1, names=["a"]))
@@ -178,7 +178,7 @@ def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
     clock.now += 120
     send_report(client, "a", 2, [(NEED * 1.5, 400.0)], clock, pods=usage)
     state = extender_of(client.application).state
-    assert state.reserved_mib("a-gpu0") == pytest.approx(440.0)
+    assert state.reserved_mib("a", "a-gpu0") == pytest.approx(440.0)
     p2 = pod("p2", CNN_ANNOTATIONS)  # same signature: admitted with the observed peak, not the prediction
     out = client.post("/filter", json=extender_args(p2, names=["a"])).get_json()
     assert out["NodeNames"] == ["a"]
@@ -223,7 +223,7 @@ def test_cluster_tokens_are_bound_to_their_node() -> None:
         "tok-unbound": TokenIdentity("system:serviceaccount:deepres:agent", "", ("deepres-extender",)),
         "tok-aud": TokenIdentity("system:serviceaccount:deepres:agent", "a", ("other",)),
     })
-    client, _, clock = make(cluster, local=False)
+    client, _, clock = make(cluster, local=False, agent_service_accounts=["system:serviceaccount:deepres:agent"])
     assert send_report(client, "a", 1, [(1000.0, 0.0)], clock, token="tok-a").status_code == 200
     wrong = send_report(client, "b", 1, [(1000.0, 0.0)], clock, token="tok-a")
     assert wrong.status_code == 401 and "bound to node a" in wrong.get_json()["error"]
@@ -311,11 +311,12 @@ def test_extender_evicts_strictly_lower_priority_itself() -> None:
         assert client.post("/bind", json=binding_args(p, n)).get_json() == {"Error": ""}
     equal = pod("equal", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
     client.post("/filter", json=extender_args(equal, names=["b"]))
-    assert cluster.evictions == []  # the same priority is never a victim
+    worker = extender_of(client.application).worker
+    assert worker.drain() and cluster.evictions == []  # the same priority is never a victim
     high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
     out = client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()
     assert out["NodeNames"] == [] and set(out["FailedNodes"]) == {"a", "b"}
-    assert cluster.evictions == ["default/low"]  # the lower of the two, not the peer
+    assert worker.drain() and cluster.evictions == ["default/low"]  # the lower of the two, not the peer
     assert [e[2] for e in cluster.events if e[1] == "Preempting"] == [
         f"evicting default/low (lower priority) on a to make room for {NEED / 1024:.1f} GiB per GPU"]
     assert [e[0] for e in cluster.events if e[1] == "Preempted"] == ["default/low"]
@@ -336,11 +337,12 @@ def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
                           "deepres.io/gpu-memory": f"{int(NEED * 1.5)}Mi"})
         client.post("/filter", json=extender_args(big, names=["a"]))
         client.post("/filter", json=extender_args(big, names=["a"]))  # within the grace: no second round
-        assert len(cluster.evictions) == (1 if enabled else 0)
+        worker = extender_of(client.application).worker
+        assert worker.drain() and len(cluster.evictions) == (1 if enabled else 0)
         if enabled:
             clock.now += 121
             client.post("/filter", json=extender_args(big, names=["a"]))
-            assert len(cluster.evictions) == 1  # it fits now: nothing more to evict
+            assert worker.drain() and len(cluster.evictions) == 1  # it fits now: nothing more to evict
 
 
 #: A low-priority (packing) pod: criticality low, no deadline.
@@ -419,3 +421,31 @@ def test_prioritize_reuses_its_filters_plan_only_for_the_same_pod_within_a_secon
     scores = client.post("/prioritize", json=extender_args(changed, ["a"])).get_json()
     assert predictor.calls == 4 and scores[0]["Host"] == "a"  # the pod changed: planned again
     assert type(scores[0]["Score"]) is int and 0 <= scores[0]["Score"] <= 10  # a JSON integer, as Go's int64 wants
+
+
+def test_a_retried_bind_of_a_plain_pod_succeeds_and_binds_once() -> None:
+    client, cluster, _ = make()
+    plain = pod("plain")  # no deepres annotations: not a GPU job
+    client.post("/filter", json=extender_args(plain, names=["a"]))
+    for _ in range(2):
+        assert client.post("/bind", json=binding_args(plain, "a")).get_json() == {"Error": ""}
+    assert cluster.pods[("default", "plain")]["spec"]["nodeName"] == "a"
+    out = client.post("/bind", json=binding_args(plain, "b")).get_json()
+    assert out["Error"] == "cannot bind default/plain to b: already bound to a"
+
+
+def test_preempt_answers_nothing_before_the_rebuild() -> None:
+    class Unsynced(InMemoryCluster):
+        def start(self, handlers: Any) -> None:
+            self._handlers = handlers  # the first pod list never comes
+
+        def synced(self) -> bool:
+            return False
+
+    client, _, _ = make(cluster=Unsynced())
+    victim = pod("old", CNN_ANNOTATIONS, node_name="a")
+    body = preemption_args(pod("p", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"}), {"a": [victim]})
+    assert client.post("/preempt", json=body).get_json() == {"NodeNameToMetaVictims": {}}
+    out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"])).get_json()
+    assert out["Error"] == "extender not ready: waiting for first cluster sync" and out["NodeNames"] == []
+    assert client.get("/readyz").status_code == 503

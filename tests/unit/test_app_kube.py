@@ -29,24 +29,29 @@ POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
 class FakeCore:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.kwargs: list[dict[str, Any]] = []
         self.fail: ApiException | None = None
 
     def create_namespaced_binding(self, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("bind", (namespace, body, kw)))
         if self.fail:
             raise self.fail
 
-    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> None:
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("patch", (name, namespace, body)))
         if self.fail:
             raise self.fail
 
-    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any) -> None:
+    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("evict", (name, namespace, body)))
         if self.fail:
             raise self.fail
 
-    def create_namespaced_event(self, namespace: str, body: Any) -> None:
+    def create_namespaced_event(self, namespace: str, body: Any, **kw: Any) -> None:
+        self.kwargs.append(kw)
         self.calls.append(("event", (namespace, body)))
         if self.fail:
             raise self.fail
@@ -57,7 +62,7 @@ class FakeAuth:
         self.status = status
         self.reviews: list[V1TokenReview] = []
 
-    def create_token_review(self, review: V1TokenReview) -> V1TokenReview:
+    def create_token_review(self, review: V1TokenReview, **kw: Any) -> V1TokenReview:
         self.reviews.append(review)
         return V1TokenReview(spec=review.spec, status=self.status)
 
@@ -73,8 +78,18 @@ def test_bind_creates_a_binding_with_uid_and_node_target() -> None:
     kube, core = cluster()
     kube.bind(POD, "n1")
     namespace, body, kw = core.calls[0][1]
-    assert namespace == "ml" and kw == {"_preload_content": False}
+    assert namespace == "ml" and kw == {"_preload_content": False, "_request_timeout": 10.0}
     assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
+
+
+def test_every_api_call_carries_a_client_timeout() -> None:
+    kube, core = cluster()
+    kube.api_timeout_s = 3.5
+    kube.bind(POD, "n1")
+    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
+    kube.evict("ml", "p", "u-1")
+    kube.event(POD, "Placed", "x")
+    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 4
 
 
 def test_api_failures_become_cluster_errors_naming_the_call() -> None:
@@ -108,20 +123,21 @@ def test_patch_and_event_bodies() -> None:
     assert event.involved_object.uid == "u-1" and event.source.component == "deepres-extender"
 
 
-def test_token_review_binds_the_node_and_is_cached() -> None:
+def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -> None:
     kube, _ = cluster()
     status = V1TokenReviewStatus(authenticated=True, audiences=["deepres-extender"], user=V1UserInfo(
         username="system:serviceaccount:deepres:agent", extra={NODE_NAME_EXTRA: ["gpu-7"]}))
     auth = FakeAuth(status)
     kube._auth = auth
     first = kube.review_token("tok", "deepres-extender")
-    assert first is not None and first.node_name == "gpu-7"
-    assert kube.review_token("tok", "deepres-extender") == first and len(auth.reviews) == 1
+    assert first is not None and first.node_name == "gpu-7" and first.audiences == ("deepres-extender",)
     assert auth.reviews[0].spec.audiences == ["deepres-extender"]
     kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=False))
     assert kube.review_token("other", "deepres-extender") is None
-    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=True, audiences=["api"], user=V1UserInfo(username="x")))
-    assert kube.review_token("wrong-audience", "deepres-extender") is None
+    # the audiences are passed on as given (empty included): extender/auth.py judges them
+    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=True, audiences=None, user=V1UserInfo(username="x")))
+    empty = kube.review_token("no-audience", "deepres-extender")
+    assert empty is not None and empty.audiences == ()
 
 
 def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
@@ -158,3 +174,10 @@ def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
     assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
     assert kube.get_pod("ml", "p") is None  # the deletion left the cache
+
+
+def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
+    from extender.kube import backoff_s
+
+    assert [backoff_s(n, rng=lambda: 0.5) for n in (1, 2, 3, 7, 8, 50)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
+    assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.8) and backoff_s(1, rng=lambda: 1.0) == pytest.approx(1.2)

@@ -43,7 +43,9 @@ Obj = dict[str, Any]
 # Named value sets: every one must render, lint and validate.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "separate-extender": {"extender": {"mode": "deployment"}, "scheduler": {"replicas": 2}},
+    "separate-extender": {"extender": {"mode": "deployment", "tls": {
+        "enabled": True, "secretName": "deepres-tls", "clientSecretName": "deepres-scheduler-client"}},
+        "scheduler": {"replicas": 2}},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "simulated": {
         "agent": {
@@ -53,13 +55,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         }
     },
     "tls": {
-        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "deepres-tls"}},
+        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "deepres-tls",
+                                                   "clientSecretName": "deepres-scheduler-client"}},
         "metrics": {"serviceMonitor": {"enabled": True}},
     },
     "privileged-agent": {"agent": {"privileged": True}, "pdb": {"enabled": False}},
     "default-scheduler": {
         "scheduler": {"enabled": False, "name": "default-scheduler"},
-        "extender": {"mode": "deployment"},
+        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "deepres-tls",
+                                                   "clientSecretName": "deepres-scheduler-client"}},
     },
 }
 
@@ -330,7 +334,7 @@ SCHEDULER_CONFIG_FIELDS = {
 
 def test_scheduler_configuration_has_only_upstream_fields(tmp_path: Path) -> None:
     values = {
-        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "tls"},
+        "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "tls", "clientSecretName": "client"},
                      "managedResources": [{"name": "deepres.io/gpu-job", "ignoredByScheduler": True}]},
         "scheduler": {"percentageOfNodesToScore": 30},
     }
@@ -381,7 +385,7 @@ def test_agent_probe_and_scrape_paths_are_served(tmp_path: Path) -> None:
 def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
     objs = render(tmp_path, VALUE_SETS["separate-extender"])
     (ext,) = scheduler_config(objs)["extenders"]
-    assert ext["urlPrefix"] == f"http://deepres-extender.{NAMESPACE}.svc:8888"
+    assert ext["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8888"
     scheduler = find(objs, "Deployment", "deepres-scheduler")
     assert [c["name"] for c in containers(scheduler)] == ["kube-scheduler"]
     extender = find(objs, "Deployment", "deepres-extender")
@@ -396,9 +400,62 @@ def test_without_the_second_scheduler_only_the_extender_block_remains(tmp_path: 
     assert not [o for o in objs if o["metadata"]["name"].startswith("deepres-scheduler") and o["kind"] != "ConfigMap"]
     config = scheduler_config(objs)
     assert config["profiles"][0]["schedulerName"] == "default-scheduler"
-    assert config["extenders"][0]["urlPrefix"] == f"http://deepres-extender.{NAMESPACE}.svc:8888"
+    assert config["extenders"][0]["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8888"
     extender = container(find(objs, "Deployment", "deepres-extender"), "extender")
     assert {"name": "DEEPRES_SCHEDULER_NAME", "value": "default-scheduler"} in extender["env"]
+
+
+def test_sidecar_verbs_answer_only_loopback(tmp_path: Path) -> None:
+    """Issue 13 item 2: in the scheduler's pod the verbs take callers on loopback only; the agents'
+    telemetry still arrives over the pod network (and the NetworkPolicy admits only the agents)."""
+    objs = render(tmp_path, VALUE_SETS["defaults"])
+    extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
+    args = cli_parser("serve").parse_args(extender["args"])
+    assert args.verbs_access == "loopback" and args.bind.startswith("0.0.0.0:")
+    assert scheduler_config(objs)["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+    policy = find(objs, "NetworkPolicy", "deepres-extender")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "deepres", "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "agent"}}}]
+    assert rule["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    agent_policy = find(objs, "NetworkPolicy", "deepres-agent")
+    assert agent_policy["spec"]["ingress"] == []
+    daemonset = find(objs, "DaemonSet", "deepres-agent")
+    assert agent_policy["spec"]["podSelector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"]
+    scheduler = find(objs, "Deployment", "deepres-scheduler")
+    assert policy["spec"]["podSelector"]["matchLabels"] == scheduler["spec"]["selector"]["matchLabels"]
+
+
+def test_deployment_mode_verbs_need_the_schedulers_client_certificate(tmp_path: Path) -> None:
+    """kube-scheduler's extender client can present a client certificate (tlsConfig certFile/keyFile)
+    and nothing else: the chart gives it one and the extender takes the verbs only with it."""
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objs = render(tmp_path, {**VALUE_SETS["separate-extender"], "networkPolicy": {
+        "enabled": True, "metricsFrom": monitoring}})
+    (ext,) = scheduler_config(objs)["extenders"]
+    assert ext["tlsConfig"]["certFile"] == "/etc/deepres/client/tls.crt"
+    assert ext["tlsConfig"]["keyFile"] == "/etc/deepres/client/tls.key"
+    scheduler = find(objs, "Deployment", "deepres-scheduler")
+    mounts = {m["mountPath"]: m["name"] for m in container(scheduler, "kube-scheduler")["volumeMounts"]}
+    volumes = {v["name"]: v for v in scheduler["spec"]["template"]["spec"]["volumes"]}
+    volume = volumes[mounts["/etc/deepres/client"]]
+    assert volume["secret"]["secretName"] == "deepres-scheduler-client"
+    deployment = find(objs, "Deployment", "deepres-extender")
+    extender = container(deployment, "extender")
+    args = cli_parser("serve").parse_args(extender["args"])
+    assert args.verbs_access == "mtls" and args.tls_client_ca == "/etc/deepres/client-ca/ca.crt"
+    assert {"name": "DEEPRES_ENGINE", "value": "gunicorn"} in extender["env"]
+    ca_volume = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}["scheduler-client-ca"]
+    assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never the client's key
+    policy = find(objs, "NetworkPolicy", "deepres-extender")
+    components = [r["from"][0].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+                  for r in policy["spec"]["ingress"]]
+    assert components == ["agent", "scheduler", None]
+    assert policy["spec"]["ingress"][2]["from"] == monitoring
+    scheduler_policy = find(objs, "NetworkPolicy", "deepres-scheduler")
+    assert scheduler_policy["spec"]["ingress"] == [{"from": monitoring, "ports": [{"port": 10259, "protocol": "TCP"}]}]
 
 
 def test_tls_configures_https_and_the_ca_everywhere(tmp_path: Path) -> None:
@@ -524,7 +581,7 @@ EXPECTED_RULES = {
     "deepres-extender": {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
         ("", "pods/binding", "create"), ("", "pods/eviction", "create"),
-        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"),
         ("", "events", "create"), ("", "events", "patch"), ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"), ("authentication.k8s.io", "tokenreviews", "create"),
     },
@@ -630,6 +687,11 @@ CONFLICTS = [
     ({"extender": {"mode": "deployment"}, "scheduler": {"replicas": 3, "leaderElection": {"enabled": False}}},
      "scheduler.leaderElection.enabled=true"),
     ({"extender": {"tls": {"enabled": True}}}, "extender.tls.secretName"),
+    ({"extender": {"mode": "deployment"}, "scheduler": {"replicas": 2}}, "extender.tls.clientSecretName to a"),
+    ({"extender": {"mode": "deployment", "verbsAccess": "loopback"}}, "leave extender.verbsAccess empty"),
+    ({"extender": {"mode": "deployment", "settings": {"engine": "granian"}, "tls": {
+        "enabled": True, "secretName": "s", "clientSecretName": "c"}}}, "remove engine from extender.settings"),
+    ({"extender": {"settings": {"verbs_access": "any"}}}, "set extender.verbsAccess instead"),
     ({"agent": {"source": "simulated", "simulated": {"default": "", "nodes": {}}}}, "agent.simulated.default"),
     ({"agent": {"source": "simulated", "privileged": True}}, "agent.privileged=false"),
     ({"telemetry": {"ttlSeconds": 10}, "agent": {"heartbeatSeconds": 15}}, "telemetry.ttlSeconds"),

@@ -79,13 +79,31 @@ def test_ports_match_the_chart() -> None:
     assert f"127.0.0.1:{agent_port}/healthz" in agent
 
 
-def test_extender_image_uses_cpu_only_torch() -> None:
+#: What the extender image runs: `deepres serve` and `deepres predict` (the predictor's runtime).
+SERVING_ROOTS = ("extender.server", "extender.app", "predictor.runtime", "predictor.predict_cli")
+
+
+def test_extender_image_installs_no_torch() -> None:
+    """The runtime is numpy only: the image installs deepres without the `train` extra, no torch."""
     build = stages(DOCKERFILES["extender"].read_text())[0]
-    torch_line = next(ln for ln in instructions(build, "RUN") if "torch==" in ln)
-    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
-    pinned = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M)
-    assert pinned and f'"torch=={pinned.group(1)}"' in torch_line, "same torch as constraints.txt"
-    assert "-c constraints.txt" in build
+    runs = [r for stage in stages(DOCKERFILES["extender"].read_text()) for r in instructions(stage, "RUN")]
+    install = next(ln for ln in instructions(build, "RUN") if "-c constraints.txt" in ln)
+    assert re.search(r"-c constraints\.txt \.(\s|$)", install), f"deepres without extras: {install}"
+    assert not [r for r in runs if re.search(r"pip install[^&]*torch", r)], "no torch in the extender image"
+    assert "find_spec('torch') is None" in build, "the build checks torch did not come in through a dependency"
+    modules = agent_third_party_modules(SERVING_ROOTS)
+    assert "torch" not in modules, f"serving imports torch: {sorted(modules)}"
+    assert {"flask", "numpy", "yaml"} <= modules, "the import scan missed a known import"
+
+
+def test_torch_is_the_train_extra_and_dev_includes_it() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if normalize(re.split(r"[<>=!\[ ]", d)[0]) == "torch"]
+    train = project["optional-dependencies"]["train"]
+    assert any(d.startswith("torch") for d in train)
+    assert "deepres[train]" in project["optional-dependencies"]["dev"], "CI (make) installs .[dev]: it needs torch"
 
 
 def normalize(name: str) -> str:
@@ -100,9 +118,10 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-def agent_third_party_modules() -> set[str]:
-    """Top-level third-party modules reachable by import (also inside functions) from extender.agent.main."""
-    todo = ["extender.agent.main", "extender.agent"]
+def agent_third_party_modules(roots: tuple[str, ...] = ("extender.agent.main", "extender.agent")) -> set[str]:
+    """Top-level third-party modules reachable by import (also inside functions) from `roots`
+    (default: extender.agent.main)."""
+    todo = list(roots)
     seen: set[str] = set()
     third_party: set[str] = set()
     while todo:
@@ -146,11 +165,12 @@ def test_agent_image_installs_what_the_agent_imports_and_no_torch() -> None:
     assert "torch" not in modules, "the agent imports torch: its image would need the predictor's stack"
     for module in sorted(modules):
         providers = {normalize(d) for d in dists.get(module, [])}
-        # pynvml's module ships in nvidia-ml-py, which the `pynvml` distribution depends on
-        assert providers & installed or (module == "pynvml" and "pynvml" in installed), (
+        # the `pynvml` module ships in nvidia-ml-py (NVIDIA's binding), not in the deprecated `pynvml` wrapper
+        assert providers & installed, (
             f"the agent imports {module} (from {sorted(providers)}) but deploy/Dockerfile.agent installs {wanted}"
         )
     assert "--no-deps ." in build, "deepres itself without the extender's dependencies"
     runs = [r for stage in stages(DOCKERFILES["agent"].read_text()) for r in instructions(stage, "RUN")]
     assert not [r for r in runs if "torch" in r], "no torch in the agent image"
+    assert "pynvml" not in installed, "the deprecated pynvml wrapper: install nvidia-ml-py"
     assert {"kubernetes", "pynvml", "prometheus_client", "yaml"} <= modules, "the import scan missed a known import"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,17 +20,22 @@ from extender.policy import (
     Reservation,
     cap_criticality,
     choose_gpus,
+    choose_preemption,
     corrected_admission,
     criticality_from_priority_class,
     criticality_level,
     filter_nodes,
     follow_usage,
+    gpu_key,
+    gpus_fit,
+    is_fresh,
+    observe_usage,
     plan_victims,
     priority_of,
     score_node,
     score_nodes,
 )
-from extender.policy.columnar import NodeMatrix, filter_matrix, score_matrix
+from extender.policy.columnar import NodeMatrix, filter_matrix, fits_rows, fresh_rows, gpu_keys, score_matrix
 
 P = PolicyParams()
 NOW = 1_000_000.0
@@ -237,9 +243,32 @@ def test_peak_store_is_bounded_and_corrects_admission() -> None:
     assert store.get("a") is None and len(store) == 2
     correction = store.get("b")
     assert correction is not None and correction.observations == 1
-    assert corrected_admission(9000.0, correction, P) == pytest.approx(max(500.0 * P.usage_margin,
-                                                                             P.min_reservation_mib))
+    one = PolicyParams(correction_min_pods=1, correction_min_nodes=1)
+    assert corrected_admission(9000.0, correction, one) == pytest.approx(max(500.0 * P.usage_margin,
+                                                                               P.min_reservation_mib))
+    assert corrected_admission(9000.0, correction, P) == 9000.0  # one pod on one node: not enough
     assert corrected_admission(9000.0, None, P) == 9000.0
+
+
+def test_no_single_node_moves_a_signatures_admission() -> None:
+    store = PeakStore()
+    upper = 8000.0
+    for i in range(5):  # one node's agent reports peaks of 0.001 and of a whole GPU, many pods
+        store.record("low", 1.0, f"l{i}", "liar")
+        store.record("high", 80_000.0, f"h{i}", "liar")
+    assert corrected_admission(upper, store.get("low"), P) == upper
+    assert corrected_admission(upper, store.get("high"), P) == upper
+    store.record("low", 6000.0, "honest-1", "n2")  # now two nodes: lower only to what every node saw
+    assert corrected_admission(upper, store.get("low"), P) == pytest.approx(6000.0 * P.usage_margin)
+    store.record("high", 7000.0, "honest-2", "n2")  # one node above the bound, one below: the bound holds
+    assert corrected_admission(upper, store.get("high"), P) == upper
+    store.record("high", 9000.0, "honest-3", "n3")  # two nodes above it: up to the second largest
+    assert corrected_admission(upper, store.get("high"), P) == pytest.approx(9000.0 * P.usage_margin)
+    correction = store.get("high")
+    assert correction is not None and (correction.observations, correction.nodes) == (7, 3)
+    store.record("high", 9500.0, "honest-3", "n3")  # the same pod again is not another pod
+    correction = store.get("high")
+    assert correction is not None and correction.observations == 7
 
 
 # ---- preemption ----
@@ -346,3 +375,74 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
 class Unreadable(dict[str, int]):
     def get(self, *_: object) -> None:  # type: ignore[override]
         raise AssertionError("a remembered lookup read the index")
+
+
+# ---- one definition per rule: the preemption node choice, the columnar twins ----
+
+def test_preemption_node_choice_prefers_the_lowest_victim_priority_over_fewer_victims() -> None:
+    """`choose_preemption` (self-preemption and the replay): node "a" needs one normal-criticality victim,
+    node "b" two low ones; "b" wins (its highest victim ranks lower), though "a" needs fewer victims."""
+    a = node("a", (16, 0, 12))
+    b = node("b", (16, 0, 12))
+    on_a = [reservation("a1", ("a-g0",), 12, level=1, node_name="a")]
+    on_b = [reservation("b1", ("b-g0",), 6, level=0, node_name="b"),
+            reservation("b2", ("b-g0",), 6, level=0, node_name="b")]
+    request = pod(14, priority=25.0)
+    found = choose_preemption(request, [(a, on_a), (b, on_b)], NOW, P)
+    assert found is not None
+    assert found[0] == "b" and sorted(r.pod_uid for r in found[1]) == ["b1", "b2"]
+    # equal highest priority: the fewer victims win, then the first name
+    on_b_normal = [reservation("b1", ("b-g0",), 12, level=1, node_name="b")]
+    found = choose_preemption(request, [(b, on_b_normal), (a, on_a)], NOW, P)
+    assert found is not None and found[0] == "a" and [r.pod_uid for r in found[1]] == ["a1"]
+    assert choose_preemption(pod(14, priority=0.5), [(a, on_a), (b, on_b)], NOW, P) is None  # no one lower
+
+
+@settings(max_examples=200, deadline=None)
+@given(cluster_st(), pod_st, st.floats(0, 60))
+def test_columnar_twins_equal_the_single_scalar_rules(nodes: dict[str, NodeView], request: PodRequest,
+                                                      age: float) -> None:
+    """fits_rows / fresh_rows / gpu_keys hold the same answers as gpus_fit / is_fresh / gpu_key."""
+    matrix = NodeMatrix(rows=2, cols=1)
+    for view in nodes.values():
+        matrix.put(view)
+    names = list(nodes)
+    rows = np.array([matrix.index[n] for n in names], dtype=np.int64)
+    now = NOW + age
+    a = matrix.arrays
+    assert fits_rows(a, rows, request.gpus, request.admission_mib).tolist() == [
+        gpus_fit(nodes[n].free_desc, request.gpus, request.admission_mib) for n in names]
+    assert fresh_rows(a, rows, now, P).tolist() == [is_fresh(nodes[n].received_s, now, P) for n in names]
+    for n, r in zip(names, rows.tolist(), strict=True):
+        healthy = nodes[n].healthy
+        for spread in (False, True):
+            keys = gpu_keys(a.free[r, :len(healthy)], a.util[r, :len(healthy)], a.empty[r, :len(healthy)],
+                            request.admission_mib, spread)
+            assert keys.tolist() == [gpu_key(g.free_mib, g.utilization, g.empty, request.admission_mib, spread)
+                                     for g in healthy]
+
+
+def test_observe_usage_records_peaks_only_after_the_warm_up() -> None:
+    """The extender's state and the replay share this: before the warm-up neither the reservation nor
+    the signature's peak moves; after it both do."""
+    peaks = PeakStore(10)
+    young = reservation(bound_s=NOW - P.usage_warmup_s + 1)
+    assert observe_usage(young, 3 * GIB, NOW, P, peaks) is young and peaks.get("sig") is None
+    old = reservation(bound_s=NOW - P.usage_warmup_s)
+    assert observe_usage(old, 3 * GIB, NOW, P, peaks).memory_mib == pytest.approx(3 * GIB * P.usage_margin)
+    correction = peaks.get("sig")
+    assert correction is not None and correction.peak_mib == 3 * GIB
+
+
+def test_occupied_memory_counts_foreign_use_beside_reservations() -> None:
+    import numpy as np
+
+    from extender.policy.usage import occupied_mib, occupied_mib_array
+
+    # 9 GiB used by a process deepres did not place, 6 GiB reserved for a pod that has not allocated yet
+    assert occupied_mib(9216.0, 6144.0, 9216.0) == 15360.0
+    assert occupied_mib(12000.0, 6144.0, 0.0) == 12000.0  # never less than what the GPU uses
+    used, reserved, foreign = np.array([9216.0, 12000.0]), np.array([6144.0, 6144.0]), np.array([9216.0, 0.0])
+    assert occupied_mib_array(used, reserved, foreign).tolist() == [15360.0, 12000.0]
+    gpu = GpuView("u", 0, 16384.0, used_mib=9216.0, reserved_mib=6144.0, foreign_mib=9216.0)
+    assert gpu.free_mib == 1024.0

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from predictor.runtime import ArtifactError, Predictor
+from predictor.runtime import WEIGHTS_FILE, ArtifactError, Predictor, out_of_range
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 from predictor.splits import random_split
 from predictor.train import fit_model, load_dataset, save_artifact, score
 from tests.unit._predictor_frames import write_jobs_csv
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +97,106 @@ def test_missing_artifact_names_the_command(tmp_path: Path) -> None:
 
 def test_corrupt_artifact_is_a_clear_error(artifact: Path, tmp_path: Path) -> None:
     (tmp_path / "metadata.json").write_text((artifact / "metadata.json").read_text())
-    (tmp_path / "transformer_bigru_tuned.pt").write_bytes(b"not torch")
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"not an npz")
     with pytest.raises(ArtifactError, match="unreadable"):
         Predictor.load(tmp_path)
+    # a well-formed archive that lacks a layer's weights
+    with np.load(artifact / WEIGHTS_FILE) as archive:
+        partial = {k: archive[k] for k in archive.files if not k.startswith("head.")}
+    np.savez(tmp_path / WEIGHTS_FILE, **partial)
+    with pytest.raises(ArtifactError, match="head"):
+        Predictor.load(tmp_path)
+
+
+def test_artifact_holds_npz_weights_and_no_pickle(artifact: Path) -> None:
+    assert (artifact / WEIGHTS_FILE).suffix == ".npz"
+    assert not list(artifact.glob("*.pt"))
+    with np.load(artifact / WEIGHTS_FILE, allow_pickle=False) as archive:
+        assert "position.weight" in archive.files and all(archive[k].dtype == np.float32 for k in archive.files)
+
+
+def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
+    """The served numbers are the trained network's: torch forward vs the npz-in-numpy runtime."""
+    from predictor import features as feats
+    from predictor.model import TransformerBiGRURegressor
+
+    meta = json.loads((artifact / "metadata.json").read_text())
+    with np.load(artifact / WEIGHTS_FILE) as archive:
+        est = TransformerBiGRURegressor.from_state({k: archive[k] for k in archive.files}, meta["estimator"])
+    x = feats.physics_features(feats.columns_from_specs(SPECS)).values
+    points, upper = est.predict_with_upper(x)  # torch
+    assert upper is not None
+    p = Predictor.load(artifact, cache_size=0)
+    for i, spec in enumerate(SPECS):
+        d = p.predict(spec)
+        assert d.memory_mib == pytest.approx(points[i, 0], rel=1e-4)
+        assert d.gflops_per_iteration == pytest.approx(points[i, 1], rel=1e-4)
+        shift = meta["memory_upper_shift_by_family"].get(spec.model_type, meta["memory_upper_shift"])
+        ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols.items()} for f, cols in meta["input_ranges"].items()}
+        factor = out_of_range(spec, ranges)[0]
+        base = upper[i] if meta["memory_upper_base"] == "quantile" else points[i, 0]
+        assert d.memory_mib_upper == pytest.approx(max(base * math.exp(shift) * factor, points[i, 0]), rel=1e-4)
+
+
+@pytest.mark.parametrize("code", [
+    "import extender.app, extender.server, predictor.runtime, predictor.predict_cli",
+    "from extender.cli import main; main(['predict', '-f', 'deploy/examples/cnn-small.yaml', '--artifact', ART])",
+])
+def test_serving_imports_no_torch(artifact: Path, code: str) -> None:
+    """serve and predict run without torch: checked in a fresh interpreter (this one has torch loaded)."""
+    program = f"import sys\nART = {str(artifact)!r}\n{code}\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _with_metadata(artifact: Path, tmp_path: Path, **changes: object) -> Path:
+    shutil.copytree(artifact, tmp_path / "art")
+    meta = json.loads((tmp_path / "art" / "metadata.json").read_text())
+    meta.update(changes)
+    (tmp_path / "art" / "metadata.json").write_text(json.dumps(meta))
+    return tmp_path / "art"
+
+
+def test_family_margin_applies_to_its_family_only(artifact: Path, tmp_path: Path) -> None:
+    base = Predictor.load(artifact, cache_size=0)
+    meta = json.loads((artifact / "metadata.json").read_text())
+    shifts = dict(meta["memory_upper_shift_by_family"])
+    cnn_shift = shifts.get("cnn", meta["memory_upper_shift"])
+    shifts["cnn"] = cnn_shift + math.log(2.0)
+    wider = Predictor.load(_with_metadata(artifact, tmp_path, memory_upper_shift_by_family=shifts), cache_size=0)
+    cnn, gpt = SPECS[0], SPECS[1]
+    assert wider.predict(cnn).memory_mib_upper == pytest.approx(2.0 * base.predict(cnn).memory_mib_upper, rel=1e-3)
+    assert wider.predict(gpt) == base.predict(gpt)
+
+
+def test_outside_the_training_range_widens_the_bound_and_warns(artifact: Path) -> None:
+    p = Predictor.load(artifact, cache_size=0)
+    meta = json.loads((artifact / "metadata.json").read_text())
+    ranges = meta["input_ranges"]["gpt"]
+    inside = JobSpec("gpt", params_millions=ranges["params_millions"][1], batch_size=int(ranges["batch_size"][1]),
+                     input_dim=int(ranges["input_dim"][1]), num_layers=int(ranges["num_layers"][1]))
+    d_in = p.predict(inside)
+    assert d_in.warnings == ()
+    far = JobSpec("gpt", params_millions=inside.params_millions, batch_size=inside.batch_size * 16,
+                  input_dim=inside.input_dim, num_layers=inside.num_layers)
+    d_far = p.predict(far)
+    assert len(d_far.warnings) == 1 and "batch-size" in d_far.warnings[0] and "x4.00" in d_far.warnings[0]
+    # 16x the largest batch: 4 doublings out -> x2^(0.5*4) = x4 on top of the calibrated bound (the cap)
+    raw = d_far.memory_mib_upper / 4.0
+    assert raw >= d_far.memory_mib * 0.999
+    assert d_far.to_dict()["warnings"] == list(d_far.warnings)
+
+
+def test_out_of_range_rule_by_hand() -> None:
+    ranges = {"vit": {"batch_size": (8.0, 128.0), "input_dim": (224.0, 384.0)}}
+    assert out_of_range(JobSpec("vit", batch_size=64, input_dim=224), ranges) == (1.0, ())
+    factor, warnings = out_of_range(JobSpec("vit", batch_size=512, input_dim=224), ranges)  # 2 doublings out
+    assert factor == pytest.approx(2.0) and "batch-size=512 is outside 8..128" in warnings[0]
+    factor, _ = out_of_range(JobSpec("vit", batch_size=160, input_dim=224), ranges)  # a little out: the floor
+    assert factor == pytest.approx(1.25)
+    factor, warnings = out_of_range(JobSpec("vit", batch_size=2, input_dim=1536), ranges)  # two keys out
+    assert factor == pytest.approx(2.0) and len(warnings) == 2
+    factor, warnings = out_of_range(JobSpec("lstm"), ranges)
+    assert factor == 2.0 and "no job of this family" in warnings[0]
+    assert out_of_range(JobSpec("lstm"), {}) == (1.0, ())

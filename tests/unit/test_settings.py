@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import pytest
@@ -107,10 +108,29 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
     assert settings.server.engine == "granian" and isinstance(make_server(settings), GranianServer)
     options = granian_options(settings)
     assert (options["address"], options["port"]) == ("127.0.0.1", 9001)
-    assert options["workers"] == 1 and options["blocking_threads"] == 5 and options["interface"] == Interfaces.WSGI
+    # the request threads are the RSGI bridge's pool (extender/rsgi.py); granian's own thread runs the event loop
+    assert options["workers"] == 1 and options["blocking_threads"] == 1 and options["interface"] == Interfaces.RSGI
     assert options["ssl_cert"] == cert and options["ssl_key"] == key
     gunicorn = settings_from_args(parser.parse_args(["--engine", "gunicorn"]))
     assert not isinstance(make_server(gunicorn), GranianServer)
+
+
+def test_mtls_verbs_need_a_client_ca_tls_and_gunicorn(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, env={"DEEPRES_VERBS_ACCESS": "mtls"})
+    assert any("needs server.tls_cert, server.tls_key and server.tls_client_ca" in p for p in info.value.problems)
+    assert any("needs server.engine=gunicorn" in p for p in info.value.problems)
+    with pytest.raises(SettingsError, match="verbs_access must be one of loopback, mtls, any"):
+        load_settings(None, env={"DEEPRES_VERBS_ACCESS": "everyone"})
+    pem = tmp_path / "x.pem"
+    pem.write_text("x")
+    ok = load_settings(None, env={"DEEPRES_VERBS_ACCESS": "mtls", "DEEPRES_ENGINE": "gunicorn",
+                                  "DEEPRES_TLS_CERT": str(pem), "DEEPRES_TLS_KEY": str(pem),
+                                  "DEEPRES_TLS_CLIENT_CA": str(pem)})
+    from extender.server import gunicorn_options
+
+    assert gunicorn_options(ok)["ca_certs"] == str(pem) and gunicorn_options(ok)["cert_reqs"] == ssl.CERT_OPTIONAL
+    assert Settings().server.verbs_access == "loopback"
 
 
 def test_an_unknown_engine_is_refused_with_the_choices() -> None:

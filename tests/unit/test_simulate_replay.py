@@ -7,16 +7,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
-from extender.policy import PolicyParams
+from extender.policy import PolicyParams, priority_of
 from extender.policy.fragmentation import MIX_REBUILD, DemandWindow
+from extender.settings import PolicySettings
 from extender.simulate import replay
 from extender.simulate.jobs import load_job_pool, load_predictor
-from extender.simulate.traces import DEFAULT_DATA, Node, node_list_path, pod_list_path, read_nodes, read_pods
+from extender.simulate.report import ablations_follow_usage
+from extender.simulate.traces import DEFAULT_DATA, Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_DATA / "openb_pod_list_default.csv").is_file(),
-                                reason="../shared/data/openb not available")
+needs_trace = pytest.mark.skipif(not (DEFAULT_DATA / "openb_pod_list_default.csv").is_file(),
+                                 reason="../shared/data/openb not available")
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,7 @@ def setup() -> tuple[list[replay.Job], list[Node]]:
     return jobs, nodes
 
 
+@needs_trace
 @pytest.mark.parametrize("cls", [replay.Static, replay.Request, replay.DeepRes, replay.DeepResNoFrag])
 def test_every_job_accounted_and_cluster_drains(cls: type[replay.Strategy],
                                                 setup: tuple[list[replay.Job], list[Node]]) -> None:
@@ -58,6 +62,7 @@ def test_every_job_accounted_and_cluster_drains(cls: type[replay.Strategy],
         assert m["oom_kills"] == 0  # one job per GPU: never over-committed
 
 
+@needs_trace
 def test_preemption_only_evicts_strictly_lower_priority(setup: tuple[list[replay.Job], list[Node]]) -> None:
     jobs, nodes = setup
     seen: list[tuple[float, float]] = []
@@ -66,7 +71,8 @@ def test_preemption_only_evicts_strictly_lower_priority(setup: tuple[list[replay
         def preempt(self, job: replay.Job, now: float) -> list[int] | None:
             victims = super().preempt(job, now)
             for v in victims or []:
-                seen.append((self.priority(self.jobs[v], now), self.priority(job, now)))
+                seen.append((priority_of(self.inputs(self.jobs[v]), now, self.params),
+                             priority_of(self.inputs(job), now, self.params)))
             return victims
 
     out = replay.simulate(Watched, jobs, nodes, PolicyParams())
@@ -94,6 +100,7 @@ def test_demand_window_keeps_the_frequent_binned_shapes() -> None:
     assert (20_480.0, 1, 0.0) in {(s.memory_mib, s.gpus, s.cpu_milli) for s in window.mix().shapes}
 
 
+@needs_trace
 def test_representatives_give_the_same_decision_as_scoring_every_node(
         setup: tuple[list[replay.Job], list[Node]]) -> None:
     """DeepRes scores one node per distinct state; the winner must be the node that scoring every
@@ -109,7 +116,7 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
         answer = original(self, job, now)
         pod = self.request(job, now)
         if answer is not None and not spreads(pod, self.params):
-            views = {self.c.names[int(i)]: self.view(int(i), now) for i in self.candidates(job)}
+            views = {self.c.names[int(i)]: self.view(int(i), now) for i in np.flatnonzero(self.c.base_mask(job.pod))}
             passed = filter_nodes(pod, list(views), views, 0.0, self.params).passed
             cpu = {n: float(self.c.cpu_left[self._index[n]]) for n in passed}
             full = dict(score_nodes_fragaware(pod, passed, views, self.params, self.demand.mix(), cpu,
@@ -124,3 +131,72 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
     finally:
         replay.DeepRes.place = original  # type: ignore[method-assign]
     assert checked > 100
+
+
+# ---- the replay runs the live rules (synthetic clusters: no trace needed) ----
+
+GB = 1024.0
+
+
+def _job(idx: int, qos: str, true_gb: float, upper_gb: float, arrival: float, duration: float,
+         spec: tuple[str, ...] = ()) -> replay.Job:
+    pod = Pod(f"p{idx}", 1000, 1024, 1, 500, spec, qos, int(arrival), int(arrival + duration))
+    deadline = arrival + replay.DEADLINE_FACTOR * duration if qos == "LS" else None
+    return replay.Job(idx, pod, f"sig-{idx}", true_gb * GB, 0.9 * upper_gb * GB, upper_gb * GB, qos, arrival,
+                      duration, deadline)
+
+
+@pytest.mark.parametrize("cls", [replay.DeepRes, replay.DeepResPack, replay.DeepResNoFrag])
+def test_deepres_and_its_ablations_follow_observed_peaks(cls: type[replay.Strategy]) -> None:
+    """A job admitted at 12 GB that uses 3 GB shrinks to 3.3 GB after the warm-up, so a second 12 GB job
+    fits the 16 GB GPU at once; an ablation that never followed peaks (the old replay) made it wait."""
+    nodes = [Node("n0", 64_000, 256_000, 1, "V100M16")]
+    jobs = [_job(0, "BE", 3, 12, 0.0, 1000.0), _job(1, "BE", 3, 12, 200.0, 1000.0)]
+    out = replay.simulate(cls, jobs, nodes, PolicySettings().params())
+    assert out.metrics["usage_followed"] >= 1
+    assert out.metrics["completed"] == 2 and out.metrics["mean_queue_s"] == 0.0
+
+
+def test_a_normal_pod_preempts_a_low_one_as_the_extender_does() -> None:
+    """The live self-preemption has no priority floor (strictly lower victims only): a normal pod evicts
+    a low (BE) one whose GPU memory it needs; the old replay preempted only from priority 20."""
+    nodes = [Node("n0", 64_000, 256_000, 1, "V100M16")]
+    jobs = [_job(0, "BE", 10, 10, 0.0, 10_000.0), _job(1, "Burstable", 10, 10, 500.0, 1000.0)]
+    out = replay.simulate(replay.DeepRes, jobs, nodes, PolicySettings().params())
+    assert out.metrics["preemptions"] == 1
+    assert out.per_qos["Burstable"]["mean_queue_s"] == 0.0
+
+
+def test_the_replay_preempts_on_the_node_the_extender_would_choose() -> None:
+    """Node "a" (T4) holds one normal job, node "b" (P100) two low ones; an LS job fits either after one
+    eviction. The extender's rule (`choose_preemption`) evicts on "b" (lower victim priority); the old
+    replay took the lowest-ranked node with the fewest victims, "a"."""
+    nodes = [Node("a", 64_000, 256_000, 1, "T4"), Node("b", 64_000, 256_000, 1, "P100")]
+    jobs = [_job(0, "Burstable", 10, 10, 0.0, 10_000.0, ("T4",)),
+            _job(1, "BE", 5.5, 5.5, 0.0, 10_000.0, ("P100",)), _job(2, "BE", 5.5, 5.5, 0.0, 10_000.0, ("P100",)),
+            _job(3, "LS", 9, 9, 500.0, 1000.0)]
+    evicted: list[int] = []
+
+    class Watched(replay.DeepRes):
+        def preempt(self, job: replay.Job, now: float) -> list[int] | None:
+            victims = super().preempt(job, now)
+            evicted.extend(victims or [])
+            return victims
+
+    out = replay.simulate(Watched, jobs, nodes, PolicySettings().params())
+    assert len(evicted) == 1 and evicted[0] in (1, 2)
+    assert out.per_qos["LS"]["mean_queue_s"] == 0.0
+
+
+def test_the_report_key_is_computed_from_the_runs() -> None:
+    def outcome(name: str, followed: float) -> replay.ReplayOutcome:
+        return replay.ReplayOutcome(name, {"usage_followed": followed}, {}, [], [], [], [])
+
+    def experiment(*outcomes: replay.ReplayOutcome) -> replay.ReplayExperiment:
+        return replay.ReplayExperiment({o.policy: o for o in outcomes}, [], [])
+
+    good = experiment(outcome("deepres", 3), outcome("deepres-pack", 2), outcome("deepres-nofrag", 1))
+    bad = experiment(outcome("deepres", 3), outcome("deepres-pack", 0), outcome("deepres-nofrag", 1))
+    assert ablations_follow_usage([good]) is True
+    assert ablations_follow_usage([good, bad]) is False
+    assert ablations_follow_usage([experiment(outcome("deepres", 3))]) is None

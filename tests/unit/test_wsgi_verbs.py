@@ -34,7 +34,8 @@ class Chunks(io.RawIOBase):
 def call(app: Any, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
          *, chunked: bool = False) -> tuple[str, dict[str, str], bytes]:
     environ: dict[str, Any] = {
-        "REQUEST_METHOD": method, "PATH_INFO": path, "SERVER_NAME": "test", "SERVER_PORT": "80",
+        "REQUEST_METHOD": method, "PATH_INFO": path, "REMOTE_ADDR": "127.0.0.1", "SERVER_NAME": "test",
+        "SERVER_PORT": "80",
         "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO(),
         "wsgi.input": Chunks(body) if chunked else io.BytesIO(body), "CONTENT_TYPE": "application/json",
     }
@@ -148,3 +149,46 @@ def test_a_bug_in_telemetry_is_500_without_traceback(app: Any, monkeypatch: pyte
     assert orjson.loads(data)["error"].startswith("internal error (RuntimeError)")
     status, headers, _ = call(app, "POST", "/v1/telemetry", body)
     assert status.startswith("401") and headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def _verb_environ(remote: str, body: bytes, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"REQUEST_METHOD": "POST", "PATH_INFO": "/filter", "REMOTE_ADDR": remote, "SERVER_NAME": "test",
+            "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+            "wsgi.errors": io.StringIO(), "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
+            "CONTENT_TYPE": "application/json", **(extra or {})}
+
+
+def test_the_verb_caller_is_checked_once_and_cannot_be_marked_by_a_header(
+        app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import extender.wsgi_verbs as wsgi_verbs
+
+    checks: list[str] = []
+    real = wsgi_verbs.verb_caller_refused
+
+    def counting(environ: dict[str, Any], access: str) -> str:
+        checks.append(str(environ.get("REMOTE_ADDR")))
+        return real(environ, access)
+
+    monkeypatch.setattr(wsgi_verbs, "verb_caller_refused", counting)
+    routes = app.wsgi_app
+    body = orjson.dumps(extender_args(pod("p", CNN_ANNOTATIONS), names=["gpu-a"]))
+    seen: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        seen.append(status)
+
+    # the RSGI bridge's way: refusal() before the body, then the app: one check
+    environ = _verb_environ("127.0.0.1", body)
+    assert routes.refusal(environ) is None
+    b"".join(app(environ, start_response))
+    assert seen[-1].startswith("200") and checks == ["127.0.0.1"]
+    # gunicorn's way (no refusal() first): the app checks; a header named like the mark changes nothing
+    checks.clear()
+    environ = _verb_environ("10.1.2.3", body, {"HTTP_DEEPRES.CALLER_ADMITTED": "1"})
+    b"".join(app(environ, start_response))
+    assert seen[-1].startswith("403") and checks == ["10.1.2.3"]
+    # refused by refusal(): nothing is marked, so the app refuses too
+    environ = _verb_environ("10.1.2.3", body)
+    assert routes.refusal(environ) is not None
+    b"".join(app(environ, start_response))
+    assert seen[-1].startswith("403")

@@ -94,6 +94,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* Who may call the verbs (extender/auth.py): extender.verbsAccess, else loopback in sidecar mode and mtls in deployment mode. */}}
+{{- define "deepres.verbsAccess" -}}
+{{- if .Values.extender.verbsAccess }}
+{{- .Values.extender.verbsAccess }}
+{{- else if eq .Values.extender.mode "sidecar" -}}
+loopback
+{{- else -}}
+mtls
+{{- end }}
+{{- end }}
+
 {{/* URL agents post telemetry to. */}}
 {{- define "deepres.agentExtenderUrl" -}}
 {{- if .Values.agent.extenderUrl }}
@@ -126,7 +137,16 @@ app.kubernetes.io/component: {{ .component }}
     - --tls-cert=/etc/deepres/tls/tls.crt
     - --tls-key=/etc/deepres/tls/tls.key
     {{- end }}
+    - --verbs-access={{ include "deepres.verbsAccess" . }}
+    {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+    - --tls-client-ca=/etc/deepres/client-ca/ca.crt
+    {{- end }}
   env:
+    {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+    # gunicorn: it lets the verbs see the client certificate (granian verifies it for the whole port)
+    - name: DEEPRES_ENGINE
+      value: gunicorn
+    {{- end }}
     - name: DEEPRES_SCHEDULER_NAME
       value: {{ .Values.scheduler.name | quote }}
     - name: DEEPRES_TELEMETRY_TTL_S
@@ -186,6 +206,11 @@ app.kubernetes.io/component: {{ .component }}
       mountPath: /etc/deepres/tls
       readOnly: true
     {{- end }}
+    {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+    - name: scheduler-client-ca
+      mountPath: /etc/deepres/client-ca
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* Volumes the extender container mounts. */}}
@@ -201,5 +226,14 @@ app.kubernetes.io/component: {{ .component }}
   secret:
     secretName: {{ .Values.extender.tls.secretName }}
     defaultMode: 0440
+{{- end }}
+{{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+- name: scheduler-client-ca
+  secret:
+    secretName: {{ .Values.extender.tls.clientSecretName }}
+    defaultMode: 0440
+    items:
+      - key: ca.crt
+        path: ca.crt
 {{- end }}
 {{- end }}

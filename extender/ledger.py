@@ -1,0 +1,385 @@
+"""The ledger: everything the extender learned about the GPUs, under one lock.
+
+One object owns, keyed by (node, GPU UUID): each node's last accepted telemetry (with the
+extender's monotonic clock at receipt), the reservations, the observed peaks per job signature,
+the demand mix of recent admissions and the packing score's merit memo, plus the pods it bound.
+Every write holds the one lock; the verbs' reads take none: `views` maps node -> immutable
+NodeView, replaced whole by a writer (atomic in CPython), and `matrix` is their columnar copy. A
+read racing a write sees the previous telemetry at worst, never an over-commit, because
+`reserve_on` checks and reserves under the lock. The ledger calls nothing back: bind hands it
+the reservation to record and whether the pod packs, and it applies the GPU choice rule itself.
+
+What it refuses to learn (issue #13): a report older than the last in its agent's boot (ordering is
+by sequence within a boot id, never by the agent's clock), a report of a node the cluster does not
+have (cluster mode), a GPU UUID another node reports (an agent speaks only for its own node), a pod
+peak of 0 (NVML without per-process memory) or above the GPU's capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from extender.policy.columnar import FragmentationMemo, NodeMatrix
+from extender.policy.filtering import node_failure
+from extender.policy.fragmentation import DemandMix, DemandWindow
+from extender.policy.placement import choose_gpus_for
+from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
+from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
+from extender.telemetry import GpuReport, NodeReport
+
+log = logging.getLogger(__name__)
+
+ACCEPTED = "accepted"
+OLD_SEQUENCE = "old sequence"
+UNKNOWN_NODE = "unknown node"
+TOO_MANY_NODES = "too many nodes"
+#: Boot ids remembered per node: a replayed report of an earlier boot is not a new boot.
+BOOTS_PER_NODE = 8
+#: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
+BOUND_MAX = 100_000
+#: Nodes with telemetry at most (local mode has no node list: invented nodes must not grow memory).
+NODES_MAX = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTelemetry:
+    """A node's last accepted report and the extender's monotonic clock when it arrived."""
+
+    report: NodeReport
+    received_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """`reserve_on`'s answer: the reservation, and whether the pod already held it (a retried bind)."""
+
+    reservation: Reservation
+    existing: bool
+
+
+class Ledger:
+    """Telemetry + reservations + learned state of the cluster's GPUs (see the module docstring)."""
+
+    def __init__(self, params: PolicyParams, peak_store_size: int = 10_000) -> None:
+        self.params = params
+        self._lock = threading.Lock()
+        self._telemetry: dict[str, NodeTelemetry] = {}
+        self._boots: dict[str, OrderedDict[str, None]] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._reserved_mib: dict[tuple[str, str], float] = {}  # (node, GPU uuid) -> sum of reservations
+        self._owner: dict[str, str] = {}  # GPU uuid -> the node it belongs to
+        self._bound: OrderedDict[str, str] = OrderedDict()  # pod uid -> node, Bindings created
+        self._seen: dict[str, float] = {}  # pod uid -> when its reservation was made or a report named it
+        self._views: dict[str, NodeView] = {}
+        self._known_nodes: frozenset[str] | None = None  # the cluster's nodes; None: not known (local mode)
+        self.matrix = NodeMatrix()  # the same views, columnar, for the verbs' vectorised policy
+        self._peaks = PeakStore(peak_store_size)
+        self._demand = DemandWindow()  # recent admissions: the demand mix of the packing score
+        self.merits = FragmentationMemo(self._lock)  # packing merits per node row, reused while rows hold
+        self.overcommits_refused = 0
+        self.reports_ignored = 0
+        self.reports_unknown_node = 0
+        self.gpus_refused = 0  # GPUs of a report that another node owns
+
+    # ---- reads (no lock) ----
+    @property
+    def views(self) -> Mapping[str, NodeView]:
+        return self._views
+
+    def node_view(self, name: str) -> NodeView | None:
+        return self._views.get(name)
+
+    def telemetry(self, name: str) -> NodeTelemetry | None:
+        return self._telemetry.get(name)
+
+    def reservation(self, pod_uid: str) -> Reservation | None:
+        return self._reservations.get(pod_uid)
+
+    def bound_node(self, pod_uid: str) -> str | None:
+        """The node this extender bound the pod to (None: not bound by it, or forgotten)."""
+        return self._bound.get(pod_uid)
+
+    def reservations(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._reservations.values())
+
+    def reservations_on(self, node: str) -> list[Reservation]:
+        with self._lock:
+            return [self._reservations[uid] for uid in self._by_node.get(node, ())]
+
+    def telemetry_ages(self, now_s: float) -> dict[str, float]:
+        return {name: now_s - t.received_s for name, t in list(self._telemetry.items())}
+
+    def reserved_mib(self, node: str, gpu_uuid: str) -> float:
+        return self._reserved_mib.get((node, gpu_uuid), 0.0)
+
+    def correction(self, signature: str) -> Correction | None:
+        with self._lock:
+            return self._peaks.get(signature)
+
+    def demand_mix(self) -> DemandMix:
+        with self._lock:
+            return self._demand.mix()
+
+    def nodes_with_reservations(self) -> set[str]:
+        with self._lock:
+            return {node for node, uids in self._by_node.items() if uids}
+
+    # ---- telemetry ----
+    def set_known_nodes(self, names: Iterable[str]) -> list[str]:
+        """The cluster's node list (cluster mode): reports of other nodes are refused from now on;
+        returns the nodes whose telemetry was dropped because they are gone."""
+        known = frozenset(names)
+        with self._lock:
+            self._known_nodes = known
+            gone = [n for n in self._telemetry if n not in known]
+            for name in gone:
+                self._forget(name)
+        return gone
+
+    def node_added(self, name: str) -> None:
+        with self._lock:
+            if self._known_nodes is not None:
+                self._known_nodes = self._known_nodes | {name}
+
+    def apply_report(self, report: NodeReport, now_s: float) -> str:
+        """Accept a node's report unless it is older than the last one; apply the usage rule.
+
+        `now_s` is the extender's monotonic clock. Ordering: within one agent boot (`boot_id`) the
+        sequence must grow; a boot id not seen before starts a new epoch (the agent restarted); a
+        report of an earlier boot is a replay. A report without boot id (older agents) with a
+        sequence not above the last is accepted only once the last one is stale. The agent's
+        timestamp plays no part.
+        """
+        with self._lock:
+            if self._known_nodes is not None and report.node not in self._known_nodes:
+                self.reports_unknown_node += 1
+                return UNKNOWN_NODE
+            last = self._telemetry.get(report.node)
+            if last is None and len(self._telemetry) >= NODES_MAX:
+                self.reports_unknown_node += 1
+                return TOO_MANY_NODES
+            boots = self._boots.setdefault(report.node, OrderedDict())
+            if last is not None and not self._newer(report, last, boots, now_s):
+                self.reports_ignored += 1
+                return OLD_SEQUENCE
+            if report.boot_id:
+                boots[report.boot_id] = None
+                boots.move_to_end(report.boot_id)
+                while len(boots) > BOOTS_PER_NODE:
+                    boots.popitem(last=False)
+            self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
+            self._follow_usage(report, now_s)
+            self._rebuild(report.node)
+            return ACCEPTED
+
+    def _newer(self, report: NodeReport, last: NodeTelemetry, boots: OrderedDict[str, None], now_s: float) -> bool:
+        if report.boot_id:
+            if report.boot_id == last.report.boot_id:
+                return report.sequence > last.report.sequence
+            return report.boot_id not in boots  # a boot never seen: the agent restarted
+        if report.sequence > last.report.sequence and not last.report.boot_id:
+            return True
+        return now_s - last.received_s > self.params.telemetry_ttl_s
+
+    def _own_gpus(self, report: NodeReport) -> NodeReport:
+        """The report without the GPUs another node owns (logged and counted); claims the others."""
+        kept = []
+        node = report.node
+        for gpu in report.gpus:
+            owner = self._owner.get(gpu.uuid)
+            if owner == node:  # the usual case: the same GPUs as last time
+                kept.append(gpu)
+                continue
+            if owner is not None and self._still_owns(owner, gpu.uuid):
+                self.gpus_refused += 1
+                log.warning("node=%s reported GPU %s of node %s: GPU ignored", report.node, gpu.uuid, owner)
+                continue
+            self._owner[gpu.uuid] = report.node
+            kept.append(gpu)
+        if len(kept) == len(report.gpus):
+            return report
+        return replace(report, gpus=tuple(kept))
+
+    def _still_owns(self, node: str, uuid: str) -> bool:
+        telemetry = self._telemetry.get(node)
+        listed = telemetry is not None and any(g.uuid == uuid for g in telemetry.report.gpus)
+        return listed or (node, uuid) in self._reserved_mib
+
+    def forget_node(self, name: str) -> None:
+        """The node left the cluster: drop its telemetry (its pods' reservations go with the pods)."""
+        with self._lock:
+            self._forget(name)
+
+    def expire_nodes(self, now_s: float, older_than_s: float) -> list[str]:
+        """Forget the telemetry of nodes silent for `older_than_s` (local mode: no node list says
+        which nodes exist, so a node that stopped reporting, or never existed, goes away)."""
+        with self._lock:
+            gone = [n for n, t in self._telemetry.items() if now_s - t.received_s > older_than_s]
+            for name in gone:
+                self._forget(name)
+        return gone
+
+    # ---- reservations ----
+    def reserve_on(self, pod: PodRequest, template: Reservation, now_s: float, *,
+                   packing: bool = False) -> Reserved | str:
+        """Choose `pod`'s GPUs on `template.node` and reserve them atomically, by the rule that
+        scored the node: for a packing pod (`packing`) the fragmentation-aware choice against the
+        demand mix of recent admissions (when there is one), else `choose_gpus`.
+
+        `template` is the reservation to record, its `gpu_uuids` left to this choice. Returns the
+        recorded reservation, or the reason it was refused. An existing reservation of the same pod
+        on the same node is returned as is, marked existing (a retried bind); one on another node
+        refuses the bind and is left untouched.
+        """
+        node = template.node
+        with self._lock:
+            existing = self._reservations.get(pod.uid)
+            if existing is not None:
+                if existing.node == node:
+                    return Reserved(existing, True)
+                return f"pod {pod.key} already holds GPUs on {existing.node}"
+            bound = self._bound.get(pod.uid)
+            if bound is not None and bound != node:
+                return f"pod {pod.key} is already bound to {bound}"
+            view = self._views.get(node)
+            failure = node_failure(pod, view, now_s, self.params)
+            chosen = None
+            if view is not None and failure is None:
+                mix = self._demand.mix() if packing else None
+                chosen = choose_gpus_for(pod, view, self.params, mix)
+            if chosen is None:
+                self.overcommits_refused += 1
+                return failure[1] if failure is not None else "no GPU left that fits"
+            res = replace(template, gpu_uuids=tuple(g.uuid for g in chosen))
+            self._add(res)
+            return Reserved(res, False)
+
+    def mark_bound(self, pod_uid: str, node: str, admission: Reservation | None = None) -> None:
+        """The pod's Binding exists: remember it, and count its admission in the demand mix."""
+        with self._lock:
+            self._bound[pod_uid] = node
+            self._bound.move_to_end(pod_uid)
+            while len(self._bound) > BOUND_MAX:
+                self._bound.popitem(last=False)
+            if admission is not None:
+                self._demand.admit(admission.admission_mib, len(admission.gpu_uuids))
+
+    def restore(self, res: Reservation) -> bool:
+        """Record a reservation rebuilt from a running pod's annotations (no admission check: the pod
+        already runs there). False when the pod already has one."""
+        with self._lock:
+            if res.pod_uid in self._reservations:
+                return False
+            self._add(res)
+            self._bound[res.pod_uid] = res.node
+            for uuid in res.gpu_uuids:  # the pod's annotations say whose GPU it is
+                self._owner.setdefault(uuid, res.node)
+            self._demand.admit(res.admission_mib, len(res.gpu_uuids))
+            return True
+
+    def expire_unseen(self, now_s: float, older_than_s: float) -> list[Reservation]:
+        """Release the reservations no report has named for `older_than_s` since they were made
+        (local mode: no pod deletion ever says a pod is gone)."""
+        with self._lock:
+            stale = [uid for uid in self._reservations if now_s - self._seen.get(uid, now_s) > older_than_s]
+        return [res for uid in stale if (res := self.release(uid)) is not None]
+
+    def release(self, pod_uid: str, *, forget_bound: bool = True) -> Reservation | None:
+        """Drop a pod's reservation (pod ended, deleted, or its bind failed)."""
+        with self._lock:
+            if forget_bound:
+                self._bound.pop(pod_uid, None)
+            res = self._reservations.pop(pod_uid, None)
+            if res is None:
+                return None
+            self._seen.pop(pod_uid, None)
+            self._by_node.get(res.node, set()).discard(pod_uid)
+            self._shift(res, -res.memory_mib)
+            self._rebuild(res.node)
+            return res
+
+    # ---- internals (lock held) ----
+    def _forget(self, name: str) -> None:
+        self._telemetry.pop(name, None)
+        self._boots.pop(name, None)
+        for uuid in [u for u, n in self._owner.items() if n == name and (name, u) not in self._reserved_mib]:
+            del self._owner[uuid]
+        self._rebuild(name)
+
+    def _add(self, res: Reservation) -> None:
+        self._reservations[res.pod_uid] = res
+        self._seen[res.pod_uid] = res.bound_s
+        self._by_node.setdefault(res.node, set()).add(res.pod_uid)
+        self._shift(res, res.memory_mib)
+        self._rebuild(res.node)
+
+    def _shift(self, res: Reservation, delta_mib: float) -> None:
+        for uuid in res.gpu_uuids:
+            key = (res.node, uuid)
+            total = self._reserved_mib.get(key, 0.0) + delta_mib
+            if total <= 1e-6:
+                self._reserved_mib.pop(key, None)
+            else:
+                self._reserved_mib[key] = total
+
+    def _follow_usage(self, report: NodeReport, now_s: float) -> None:
+        if not report.pods:
+            return
+        capacity = {g.uuid: g.memory_total_mib for g in report.gpus}
+        for usage in report.pods:
+            res = self._reservations.get(usage.pod_uid)
+            if res is None or res.node != report.node:
+                continue
+            self._seen[res.pod_uid] = now_s
+            caps = [capacity[u] for u in res.gpu_uuids if u in capacity]
+            if not caps:
+                continue
+            count = max(len(usage.gpu_uuids) or len(res.gpu_uuids), 1)
+            per_gpu = observed_peak(usage.peak_memory_mib / count, min(caps))
+            if per_gpu is None:
+                continue  # no process memory: no observation
+            updated = observe_usage(res, per_gpu, now_s, self.params, self._peaks)
+            if updated is not res:
+                self._shift(res, updated.memory_mib - res.memory_mib)
+                self._reservations[res.pod_uid] = updated
+
+    def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
+        """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
+        total = 0.0
+        for process in gpu.processes:
+            res = self._reservations.get(process.pod_uid) if process.pod_uid else None
+            if res is None or res.node != node or gpu.uuid not in res.gpu_uuids:
+                total += process.used_memory_mib
+        return total
+
+    def _rebuild(self, node: str) -> None:
+        telemetry = self._telemetry.get(node)
+        if telemetry is None:
+            self._views.pop(node, None)
+            self.matrix.remove(node)
+            return
+        view = NodeView(
+            name=node,
+            gpus=tuple(
+                GpuView(
+                    uuid=g.uuid,
+                    index=g.index,
+                    capacity_mib=g.memory_total_mib,
+                    used_mib=g.memory_used_mib,
+                    reserved_mib=self._reserved_mib.get((node, g.uuid), 0.0),
+                    utilization=g.utilization_gpu,
+                    healthy=g.healthy,
+                    foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
+                )
+                for g in telemetry.report.gpus
+            ),
+            received_s=telemetry.received_s,
+        )
+        self._views[node] = view
+        self.matrix.put(view)

@@ -1,0 +1,30 @@
+"""Which placement rule a pod gets, and the GPUs bind takes on a node under it; pure.
+
+Pods that spread (`scoring.spreads`, high priority) and, without a demand mix, every pod are scored
+by `scoring.score_nodes` and get `scoring.choose_gpus`; the others (packing pods) are scored by the
+fragmentation-aware rule against the mix and get `fragmentation.choose_gpus_fragaware`. The
+extender's prioritize and bind and the simulator's replay all decide through these two functions,
+so the GPUs bound are the ones the node was scored for.
+"""
+
+from __future__ import annotations
+
+from extender.policy.fragmentation import DemandMix, choose_gpus_fragaware
+from extender.policy.scoring import choose_gpus, spreads
+from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams
+
+
+def packs_by_mix(pod: PodRequest, params: PolicyParams) -> bool:
+    """Whether `pod` is placed by the fragmentation-aware packing rule (when a demand mix is known)."""
+    return pod.gpu_job and not spreads(pod, params)
+
+
+def choose_gpus_for(
+    pod: PodRequest, node: NodeView, params: PolicyParams, mix: DemandMix | None = None,
+    cpu_left_milli: float | None = None, pod_cpu_milli: float = 0.0,
+) -> tuple[GpuView, ...] | None:
+    """The GPUs bind takes on `node`: the fragmentation-aware choice for a packing pod when `mix` has
+    shapes, else `choose_gpus` (spread or best fit). None when the pod does not fit."""
+    if mix is not None and len(mix) and packs_by_mix(pod, params):
+        return choose_gpus_fragaware(pod, node, mix, cpu_left_milli, pod_cpu_milli)
+    return choose_gpus(pod, node, params)

@@ -1,0 +1,251 @@
+"""The exact-architecture path: `deepres.io/model: timm/resnet50` -> a Demand from traced curves.
+
+`deepres dataset real` traces every named architecture (timm, torchvision, Hugging Face configs) at
+three inputs x fp32/amp/bf16 x three batch sizes and writes predictor/data/exact.json: per traced
+point the forward/backward peak and the bytes left after backward, the GFLOPs, and each
+optimizer's state and step bytes. A request is a lookup, no tracing and no torch:
+
+- batch: piecewise linear through the traced batches, the end segments extended (peak memory is
+  affine in the batch to within the residual the data card reports; at small batches the
+  after-backward term can dominate, which the max below keeps);
+- optimizer: peak = max(fb + state, end + state + step), exact (tracing.StepComponents);
+- precision: fp16 has bf16's bytes;
+- input size: exact at a traced input, else from the two nearest traced inputs: the after-backward
+  bytes linearly, the activations on top of them and the GFLOPs as a power of the input (and the
+  bound widens by the error this makes on traced inputs left out, the data card's check);
+- memory = the nvidia-smi calibration (predictor/dataset/calibration.json) of the traced peak;
+  memory_mib_upper = memory x (1 + the calibration's margin [+ batch extrapolation margin]
+  [+ input interpolation margin]).
+
+An unknown name raises `SpecError` naming the closest known names (difflib).
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import json
+import math
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from predictor.spec import Demand, JobSpec, SpecError, estimate_gpu_seconds
+
+TABLE_PATH = Path(__file__).resolve().parent / "data" / "exact.json"
+HF_TABLE_PATH = Path(__file__).resolve().parent / "dataset" / "hf_models.json"
+SOURCES = ("timm", "torchvision", "hf")
+
+
+class NotTraced(SpecError):
+    """A known architecture asked at an input size the table cannot reach (one traced input only)."""
+
+
+@dataclass(frozen=True)
+class ExactEstimate:
+    """What the table says for one request (MiB, GFLOPs) and how it was obtained."""
+
+    name: str
+    traced_peak_mib: float
+    memory_mib: float
+    memory_mib_upper: float
+    gflops_per_iteration: float
+    interpolated_input: bool
+    extrapolated_batch: bool
+
+
+@cache
+def load_table(path: str = str(TABLE_PATH)) -> dict[str, Any]:
+    """The shipped table (read once). An absent table is an empty one: every name is then unknown."""
+    file = Path(path)
+    if not file.is_file():
+        return {"models": {}, "calibration": {"context_mib": 0.0, "factor": 1.0},
+                "bound": {"calibration_rel": 0.05, "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}}
+    data: dict[str, Any] = json.loads(file.read_text())
+    return data
+
+
+@cache
+def _aliases(path: str = str(TABLE_PATH)) -> dict[str, str]:
+    """Lower-case spellings -> table name: the name itself and, for HF, the hub path of its source."""
+    models = load_table(path)["models"]
+    out = {name.lower(): name for name in models}
+    if HF_TABLE_PATH.is_file():
+        for entry in json.loads(HF_TABLE_PATH.read_text())["models"]:
+            name = f"hf/{entry['name']}"
+            if name in models:
+                out[f"hf/{entry['source']}".lower()] = name
+    return out
+
+
+def resolve(name: str, path: str = str(TABLE_PATH)) -> str:
+    """The table's name for `name` (case-insensitive; HF hub paths accepted); SpecError otherwise."""
+    text = str(name).strip()
+    found = _aliases(path).get(text.lower())
+    if found is not None:
+        return found
+    known = sorted(load_table(path)["models"])
+    if "/" not in text or text.split("/", 1)[0] not in SOURCES:
+        raise SpecError("model", name, "timm/<name>, torchvision/<name> or hf/<config name> "
+                        f"({len(known)} architectures in the table, e.g. timm/resnet50)")
+    close = difflib.get_close_matches(text, known, n=3, cutoff=0.6)
+    if not close:  # a model name without its source prefix, or a typo in the prefix
+        close = difflib.get_close_matches(text.split("/", 1)[1], [k.split("/", 1)[1] for k in known], n=3)
+        close = [k for k in known if k.split("/", 1)[1] in close][:3]
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    raise SpecError("model", name, f"an architecture of the traced table{hint} "
+                    "(custom code: trace it with `deepres profile` and give deepres.io/traced-peak-mib)")
+
+
+def entry(name: str, path: str = str(TABLE_PATH)) -> dict[str, Any]:
+    """The table entry of a (resolved) name."""
+    result: dict[str, Any] = load_table(path)["models"][resolve(name, path)]
+    return result
+
+
+def _piecewise(xs: list[int], ys: list[float], x: float) -> float:
+    """Linear interpolation through (xs, ys), the end segments extended beyond the ends."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _components(curve: dict[str, Any], batches: list[int], batch: int) -> tuple[float, float, float]:
+    """(fb peak, after-backward, GFLOPs) at one traced input and any batch."""
+    return (_piecewise(batches, curve["fb"], batch), _piecewise(batches, curve["end"], batch),
+            _piecewise(batches, curve["gflops"], batch))
+
+
+def _at_input(curve: dict[str, Any], batches: list[int], batch: int, optimizer: str) -> tuple[float, float]:
+    """(traced peak MiB, GFLOPs) at one traced input."""
+    fb, end, gflops = _components(curve, batches, batch)
+    state, step = curve["optimizers"][optimizer]
+    return max(fb + state, end + state + step), gflops
+
+
+#: How activations grow with the input when the table cannot tell (image side: area; tokens: length).
+_DEFAULT_EXPONENT = {"image": 2.0}
+
+
+def _activation_line(c: dict[str, Any], batches: list[int]) -> tuple[float, float] | None:
+    """(intercept, MiB per sample) of the forward/backward peak over the two largest traced batches,
+    or None when activations do not decide that peak there (it sits on the after-backward plateau)."""
+    (b2, b3), (f2, f3), (e2, e3) = batches[-2:], c["fb"][-2:], c["end"][-2:]
+    if f2 <= e2 * 1.01 or f3 <= e3 * 1.01:
+        return None
+    slope = (f3 - f2) / (b3 - b2)
+    return f3 - slope * b3, slope
+
+
+def _between_inputs(curves: list[dict[str, Any]], inputs: list[int], want: int, batches: list[int], batch: int,
+                    optimizer: str, kind: str = "text") -> tuple[float, float]:
+    """(traced peak, GFLOPs) at an untraced input, from the traced ones. The forward/backward peak
+    is a line in the batch whose slope (the activations of one sample) grows as a power of the
+    input (log-log between the nearest inputs where activations decide the peak; area for images,
+    length for tokens when only one does), or the after-backward plateau, whichever is higher;
+    the after-backward bytes (weights, gradients), the optimizer and the intercept are linear in
+    the input, the GFLOPs a power of it."""
+    j = min(max(bisect.bisect_left(inputs, want), 1), len(inputs) - 1)
+    (lo, hi), (c_lo, c_hi) = (inputs[j - 1], inputs[j]), (curves[j - 1], curves[j])
+    t_lin = (want - lo) / (hi - lo)
+
+    def lin(a: float, b: float) -> float:
+        return a + t_lin * (b - a)
+
+    def power(x0: int, a: float, x1: int, b: float) -> float:
+        a, b = max(a, 1e-9), max(b, 1e-9)
+        t = (math.log(want) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return math.exp(math.log(a) + t * (math.log(b) - math.log(a)))
+
+    end_lo, end_hi = _piecewise(batches, c_lo["end"], batch), _piecewise(batches, c_hi["end"], batch)
+    end = max(0.0, lin(end_lo, end_hi))
+    plateau = end + min(_piecewise(batches, c["fb"], batch) - _piecewise(batches, c["end"], batch) for c in curves)
+    lines = [(i, ln) for i, c in zip(inputs, curves, strict=True) if (ln := _activation_line(c, batches))]
+    if len(lines) >= 2:
+        k = min(max(bisect.bisect_left([i for i, _ in lines], want), 1), len(lines) - 1)
+        (i0, (a0, s0)), (i1, (a1, s1)) = lines[k - 1], lines[k]
+        slope = power(i0, s0, i1, s1)
+        intercept = a0 + (want - i0) / (i1 - i0) * (a1 - a0)
+        fb = max(plateau, intercept + slope * batch)
+    elif lines:
+        i0, (a0, s0) = lines[0]
+        fb = max(plateau, a0 + s0 * (want / i0) ** _DEFAULT_EXPONENT.get(kind, 1.0) * batch)
+    else:
+        fb = max(plateau, lin(_piecewise(batches, c_lo["fb"], batch), _piecewise(batches, c_hi["fb"], batch)))
+    state, step = (lin(c_lo["optimizers"][optimizer][n], c_hi["optimizers"][optimizer][n]) for n in (0, 1))
+    gflops = power(lo, _piecewise(batches, c_lo["gflops"], batch), hi, _piecewise(batches, c_hi["gflops"], batch))
+    return max(fb + state, end + state + step), gflops
+
+
+def estimate(name: str, batch_size: int, input_dim: int | None, precision: str, optimizer: str,
+             path: str = str(TABLE_PATH)) -> ExactEstimate:
+    """The traced, calibrated demand of one training process of a named architecture."""
+    table = load_table(path)
+    resolved = resolve(name, path)
+    e = table["models"][resolved]
+    key = "bf16" if precision == "fp16" else precision
+    inputs = sorted(int(i) for i in e["inputs"] if key in e["inputs"][i]["curves"])
+    if not inputs:
+        raise SpecError("precision", precision, f"a precision traced for {resolved} "
+                        f"({', '.join(sorted({p for i in e['inputs'].values() for p in i['curves']}))})")
+    want = int(input_dim) if input_dim else int(e["default_input"])
+    batches = [int(b) for b in e["batches"]]
+    points = {i: _at_input(e["inputs"][str(i)]["curves"][key], batches, batch_size, optimizer) for i in inputs}
+    if want in points:
+        peak, gflops = points[want]
+        interpolated = False
+    else:
+        if len(inputs) < 2:
+            raise NotTraced("input-dim", want, f"{inputs[0]}, the only input traced for {resolved}")
+        curves = [e["inputs"][str(i)]["curves"][key] for i in inputs]
+        peak, gflops = _between_inputs(curves, inputs, want, batches, batch_size, optimizer, e["kind"])
+        interpolated = True
+    extrapolated = not batches[0] <= batch_size <= batches[-1]
+    cal, bound = table["calibration"], table["bound"]
+    memory = float(cal["context_mib"]) + float(cal["factor"]) * peak
+    rel = float(bound["calibration_rel"])
+    rel += float(bound["batch_extrapolation_rel"]) if extrapolated else 0.0
+    if interpolated:  # per kind of input (image side, tokens...) when the table says
+        by_kind: Any = bound["input_interpolation_rel"]
+        rel += float(by_kind[e["kind"]] if e["kind"] in by_kind else by_kind["default"]) if isinstance(
+            by_kind, dict) else float(by_kind)
+    return ExactEstimate(resolved, round(peak, 1), round(memory, 1), round(memory * (1.0 + rel), 1),
+                         round(gflops, 4), interpolated, extrapolated)
+
+
+def traced_memory(traced_peak_mib: float, path: str = str(TABLE_PATH)) -> tuple[float, float]:
+    """(memory, upper) MiB for a peak the user traced with `deepres profile`: calibrated, with the
+    calibration's margin."""
+    table = load_table(path)
+    cal, rel = table["calibration"], float(table["bound"]["calibration_rel"])
+    if not table["models"]:  # no table shipped: the calibration constants alone
+        constants = json.loads((Path(__file__).resolve().parent / "dataset" / "calibration.json").read_text())
+        cal = {"context_mib": constants["context_mib"], "factor": constants["factor"]}
+    memory = float(cal["context_mib"]) + float(cal["factor"]) * float(traced_peak_mib)
+    return round(memory, 1), round(memory * (1.0 + rel), 1)
+
+
+def names(path: str = str(TABLE_PATH)) -> list[str]:
+    return sorted(load_table(path)["models"])
+
+
+def override(spec: JobSpec, network: Demand) -> Demand:
+    """The Demand to use for `spec`: from the traced table when it names an architecture, from the
+    user's traced peak when it gives one (`deepres profile`), else the network's `network` as is.
+    GFLOPs (and so GPU time) come from the table when it has them, else from the network."""
+    if spec.model:
+        try:
+            est = estimate(spec.model, spec.batch_size, spec.input_dim, spec.precision, spec.optimizer)
+        except SpecError:  # an input or precision the table lacks: the family fields (from the table) still describe it
+            return replace(network, model_version=f"{network.model_version}+untraced-input")
+        return Demand(est.memory_mib, est.memory_mib_upper, est.gflops_per_iteration,
+                      float(f"{estimate_gpu_seconds(est.gflops_per_iteration, spec.iterations, spec.precision):.6g}"),
+                      f"{network.model_version}+exact")
+    if spec.traced_peak_mib > 0:
+        memory, upper = traced_memory(spec.traced_peak_mib)
+        return Demand(memory, upper, network.gflops_per_iteration, network.gpu_seconds,
+                      f"{network.model_version}+traced")
+    return network

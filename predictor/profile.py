@@ -1,0 +1,285 @@
+"""`deepres profile pkg.module:build`: trace the user's own training step on the CPU, no GPU, and print
+the pod annotations to paste (`deepres.io/traced-peak-mib` and the family fields).
+
+`build()` returns `(model, optimizer, batch, loss_fn)`: the model, the optimizer over its parameters,
+one example batch `(inputs, targets)` (inputs a tensor, a tuple of tensors, or a dict of keyword
+tensors) and `loss_fn(output, targets) -> loss`. It is called on PyTorch's meta device with random
+initialisation skipped, so nothing is allocated and a model of a billion parameters builds and traces
+in seconds: the same tracer as the dataset (predictor/dataset/tracing.py): forward, loss, backward
+and the optimizer's step, at the steady state (optimizer state present), with the optimizer's
+multi-tensor implementation, as CUDA runs it. `build` may also be a path `file.py:build`.
+
+The Python API takes the same inputs: `profile_step(model, optimizer, batch, loss_fn, precision=...)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from predictor import exact
+from predictor.dataset import tracing
+from predictor.spec import MODEL_ALIASES, PRECISIONS
+
+PREFIX = "deepres.io/"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One traced training step of the user's code, and what to annotate the pod with."""
+
+    traced_peak_mib: float
+    breakdown_mib: dict[str, float]
+    memory_mib: float
+    memory_mib_upper: float
+    gflops_per_iteration: float
+    params_millions: float
+    batch_size: int
+    input_dim: int
+    model_type: str
+    precision: str
+    optimizer: str
+    seconds: float
+
+    def annotations(self) -> dict[str, str]:
+        return {
+            "traced-peak-mib": f"{self.traced_peak_mib:.1f}", "model-type": self.model_type,
+            "params-millions": f"{self.params_millions:.2f}", "batch-size": str(self.batch_size),
+            "input-dim": str(self.input_dim), "precision": self.precision, "optimizer": self.optimizer,
+        }
+
+
+class _Call(nn.Module):
+    """The user's model called with its batch's inputs however they are packed."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: Any) -> Any:
+        if isinstance(inputs, dict):
+            return self.model(**inputs)
+        if isinstance(inputs, tuple | list):
+            return self.model(*inputs)
+        return self.model(inputs)
+
+
+_OPTIMIZER_NAMES = {"Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop", "Adagrad": "adagrad"}
+
+
+def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
+    """The annotation's optimizer for a torch optimizer (SGD with momentum > 0 is `momentum`)."""
+    kind = type(optimizer).__name__
+    if kind == "SGD":
+        return "momentum" if float(optimizer.defaults.get("momentum", 0.0) or 0.0) > 0 else "sgd"
+    return _OPTIMIZER_NAMES.get(kind, "adamw" if "adam" in kind.lower() else "sgd")
+
+
+def guess_model_type(model: nn.Module) -> str:
+    """A family for the annotation when the user gives none: by the layers the model has."""
+    kinds = {type(m).__name__.lower() for m in model.modules()}
+    if any("lstm" in k for k in kinds):
+        return "lstm"
+    if any(k.startswith("gru") for k in kinds):
+        return "gru"
+    if any(k.endswith("forcausallm") or k.startswith(("gpt", "llama", "mistral", "qwen", "opt")) for k in kinds):
+        return "gpt"
+    if any("attention" in k for k in kinds):
+        return "vit" if any("conv2d" in k or "patch" in k for k in kinds) else "transformer"
+    if any("conv" in k for k in kinds):  # the README's rule by the network's class name (ResNet, VGG...)
+        from predictor.dataset.archs import image_family
+
+        family = image_family(type(model).__name__.lower(), "")
+        return family if family in ("resnet", "vgg") else "cnn"
+    return "mlp"
+
+
+def _optimizer_step(optimizer: torch.optim.Optimizer, numel: dict[str, int]) -> tuple[int, int]:
+    """(state bytes, step bytes) of the user's optimizer class and settings (multi-tensor, as on CUDA)."""
+    flats = [nn.Parameter(torch.empty(n, dtype=getattr(torch, d), device="meta")) for d, n in sorted(numel.items())]
+    accepted = inspect.signature(type(optimizer)).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items()
+                if k in accepted and k not in ("fused", "capturable", "differentiable")}
+    if "foreach" in accepted:
+        defaults["foreach"] = True
+    opt = type(optimizer)(flats, **defaults)
+    for f in flats:
+        f.grad = torch.empty_like(f)
+    opt.step()  # the first step creates the state
+    state = [v for st in opt.state.values() for v in st.values()
+             if isinstance(v, torch.Tensor) and v.device.type == "meta"]
+    tracker = tracing.LiveTensorTracker()
+    for f in flats:
+        tracker.classify(f, "params")
+        assert f.grad is not None
+        tracker.classify(f.grad, "grads")
+    for t in state:
+        tracker.classify(t, "optimizer")
+    baseline = tracker.current
+    with tracker:
+        opt.step()
+    return sum(t.untyped_storage().nbytes() for t in state), max(0, tracker.peak - baseline)
+
+
+def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Any, Any],
+                 loss_fn: Callable[[Any, Any], torch.Tensor], *, precision: str = "fp32",
+                 model_type: str | None = None) -> Profile:
+    """Trace one steady-state training step of (model, optimizer, batch, loss_fn) on the meta
+    device. Built elsewhere than under `build_on_meta`, the model is moved to the meta device."""
+    started = time.perf_counter()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    model = model.to("meta")
+    if precision in ("fp16", "bf16"):
+        model = model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
+    model.train()
+    inputs, targets = _to_meta(batch[0]), _to_meta(batch[1])
+    wrapped = _Call(model)
+
+    def make_batch(dtype: torch.dtype) -> tuple[Any, Any]:
+        return _cast(inputs, dtype), targets
+
+    from predictor.dataset.real import gpu_attention
+
+    with gpu_attention():  # the fused attention kernels a GPU runs, as in the dataset
+        components = tracing.trace_components(wrapped, make_batch, loss_fn, precision=precision)
+    state, step = _optimizer_step(optimizer, components.numel_by_dtype)
+    peak, parts = components.peak_for(state, step)
+    peak_mib = peak / tracing.MIB
+    memory, upper = exact.traced_memory(round(peak_mib, 1))
+    first = _first_tensor(inputs)
+    batch_size = int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+    if first is None or first.dim() < 2:
+        input_dim = 1
+    elif first.dim() == 4:
+        input_dim = int(first.shape[-1])  # image side
+    elif first.dim() == 2 and not first.is_floating_point():
+        input_dim = int(first.shape[1])  # token ids: sequence length
+    elif first.dim() == 3:
+        input_dim = int(first.shape[1])  # (batch, time, features): sequence length
+    else:
+        input_dim = int(first.shape[-1])  # features
+    family = MODEL_ALIASES.get((model_type or guess_model_type(model)).lower(), "mlp")
+    return Profile(
+        traced_peak_mib=round(peak_mib, 1), breakdown_mib={k: round(v / tracing.MIB, 1) for k, v in parts.items()},
+        memory_mib=memory, memory_mib_upper=upper, gflops_per_iteration=round(components.flops / 1e9, 3),
+        params_millions=sum(components.numel_by_dtype.values()) / 1e6, batch_size=batch_size, input_dim=input_dim,
+        model_type=family, precision=precision, optimizer=optimizer_name(optimizer),
+        seconds=time.perf_counter() - started)
+
+
+def build_on_meta(build: Callable[[], Any]) -> tuple[nn.Module, torch.optim.Optimizer, tuple[Any, Any], Any]:
+    """Call the user's build() on the meta device, random initialisation skipped."""
+    with torch.device("meta"), tracing._SkipInit():  # type: ignore[no-untyped-call]
+        result = build()
+    if not isinstance(result, tuple | list) or len(result) != 4:
+        raise ValueError("build() must return (model, optimizer, batch, loss_fn)")
+    model, optimizer, batch, loss_fn = result
+    if not isinstance(model, nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError("build() must return an nn.Module and a torch.optim.Optimizer first")
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        raise ValueError("the batch must be (inputs, targets)")
+    return model, optimizer, (batch[0], batch[1]), loss_fn
+
+
+def load_target(target: str) -> Callable[[], Any]:
+    """`pkg.module:build` or `path/to/file.py:build` -> the callable."""
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{target!r}: expected pkg.module:build or file.py:build")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None or not path.is_file():
+            raise ValueError(f"{module_name}: no such Python file")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{target!r}: {module_name} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, tuple | list) else ()
+    for v in items:
+        found = _first_tensor(v)
+        if found is not None:
+            return found
+    return None
+
+
+def render(target: str, prof: Profile) -> str:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in prof.breakdown_mib.items())
+    lines = [
+        f"# deepres profile {target}: one {prof.precision} training step with {prof.optimizer}, "
+        f"traced on the CPU in {prof.seconds:.1f} s (meta device, no GPU)",
+        f"# traced peak {prof.traced_peak_mib:.1f} MiB ({parts})",
+        f"# as nvidia-smi would show it: {prof.memory_mib:.0f} MiB, bound {prof.memory_mib_upper:.0f} MiB; "
+        f"{prof.gflops_per_iteration:.1f} GFLOPs per iteration",
+        "# paste under metadata.annotations:",
+    ]
+    lines += [f'{PREFIX}{k}: "{v}"' for k, v in prof.annotations().items()]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="pkg.module:build or file.py:build; build() returns "
+                                       "(model, optimizer, (inputs, targets), loss_fn)")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="how the job trains: fp32, amp (autocast fp16), bf16 or fp16 (whole model)")
+    parser.add_argument("--model-type", default=None, help="the family annotation (default: guessed from the layers)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+
+    if args.model_type is not None and args.model_type.lower() not in MODEL_ALIASES:
+        raise UsageError(f"--model-type {args.model_type!r}: expected one of {', '.join(sorted(MODEL_ALIASES))}")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        build = load_target(args.target)
+        model, optimizer, batch, loss_fn = build_on_meta(build)
+        prof = profile_step(model, optimizer, batch, loss_fn, precision=args.precision, model_type=args.model_type)
+    except (ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
+    except Exception as err:  # the user's code failed on the meta device: say where, no traceback
+        print(f"deepres profile: tracing {args.target} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(render(args.target, prof))
+    return 0

@@ -1,0 +1,80 @@
+"""`deepres evaluate` end to end on a small synthetic frame: the report's keys (other tools read them),
+the grouped split's promise (no architecture on both sides) and the resumable cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from extender.cli import main
+from predictor.baselines import BASELINES
+from tests.unit._predictor_frames import synthetic_jobs
+
+MODELS = ("transformer_bigru_paper", "transformer_bigru_tuned", "lightgbm")
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("evaluate")
+    frame = synthetic_jobs(240, seed=1)
+    # architecture groups of 4 rows each and a family column distinct from model_type
+    frame["group"] = [f"arch{i // 4}" for i in range(len(frame))]
+    frame["family"] = frame["model_type"].map(lambda f: "vision" if f in ("cnn", "resnet", "vit") else f)
+    frame.to_csv(root / "jobs.csv", index=False)
+    args = ["evaluate", "--data", str(root / "jobs.csv"), "--out", str(root / "rep"), "--models", ",".join(MODELS),
+            "--family-models", "transformer_bigru_tuned", "--epochs-scale", "0.02", "--fold-epochs-scale", "0.02",
+            "--no-tune", "--no-runtime", "--exact-runs", "0"]
+    assert main(args) == 0
+    return root / "rep", " ".join(args)
+
+
+def test_report_has_the_issue_keys(evaluated: tuple[Path, str]) -> None:
+    report = json.loads((evaluated[0] / "predictor.json").read_text())
+    assert set(report["splits"]) == {"grouped", "leave_family_out", "random"}
+    for model in MODELS:
+        memory = report["splits"]["grouped"]["memory"][model]
+        for key in ("median_abs_rel_err", "p90_abs_rel_err", "under_rate", "over_reservation", "rmse"):
+            assert isinstance(memory[key], float), (model, key)
+        assert 0.0 <= memory["under_rate"] <= 1.0 and memory["p90_abs_rel_err"] >= memory["median_abs_rel_err"]
+        assert "rmse" in report["splits"]["random"]["memory"][model]
+    assert set(report["splits"]["leave_family_out"]["memory"]) == {"transformer_bigru_tuned"}
+    # leave-family-out folds follow the `family` column, not model_type
+    assert "vision" in report["splits"]["leave_family_out"]["memory_by_family"]
+    assert set(report["exact"]) >= {"median_abs_rel_err", "under_rate"}
+    assert set(report["runtime"]) >= {"imports_torch", "p99_ms"}
+    text = (evaluated[0] / "predictor.md").read_text()
+    assert text.index("grouped split") < text.index("Random split")
+    for png in ("predictor-metrics.png", "predictor-pred-vs-actual.png", "predictor-coverage.png"):
+        assert (evaluated[0] / png).stat().st_size > 1000
+
+
+def test_second_run_reuses_every_fit(evaluated: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    first = json.loads((evaluated[0] / "predictor.json").read_text())
+    capsys.readouterr()
+    assert main(evaluated[1].split()) == 0
+    out = capsys.readouterr().out
+    fits = [line for line in out.splitlines() if line.startswith("[")]
+    assert fits and all("(cached)" in line for line in fits)
+    assert json.loads((evaluated[0] / "predictor.json").read_text())["splits"] == first["splits"]
+
+
+def test_unknown_model_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pd.DataFrame().to_csv(tmp_path / "empty.csv")
+    assert main(["evaluate", "--data", str(tmp_path / "empty.csv"), "--models", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err
+    assert len(BASELINES) == 7
+
+
+def test_exact_path_on_held_out_measured_runs(tmp_path: Path) -> None:
+    """A few of the public MLP runs the calibration held out: traced exactly, the exact path's memory
+    is within a few percent of nvidia-smi's and its bound covers them (the issue's exact targets)."""
+    from predictor.evaluate import exact_heldout
+
+    figures = exact_heldout(tmp_path, 8)
+    assert figures["n"] == 8
+    assert figures["median_abs_rel_err"] < 0.06 and figures["under_rate"] <= 0.125
+    assert (tmp_path / "exact-heldout-8-0.json").exists()  # traced peaks cached for the next run
+    assert exact_heldout(tmp_path, 8) == figures

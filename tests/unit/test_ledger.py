@@ -1,0 +1,248 @@
+"""The ledger: telemetry with receipt time, ordering per agent boot, reservations keyed by (node, GPU),
+the no-over-commit rule, peaks only when real, GPUs tied to their node, foreign memory."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender import ledger as ledger_module
+from extender.ledger import ACCEPTED, OLD_SEQUENCE, TOO_MANY_NODES, UNKNOWN_NODE, Reserved
+from extender.ledger import Ledger as ClusterState
+from extender.policy import PodRequest, PolicyParams, PriorityInputs, Reservation
+from extender.telemetry import GpuReport, NodeReport, PodUsage, ProcessReport
+
+P = PolicyParams(usage_warmup_s=60.0)
+NOW = 5_000.0
+
+
+def report(node: str = "n1", seq: int = 1, used: tuple[float, ...] = (0.0, 0.0), ts: float = 100.0,
+           pods: tuple[PodUsage, ...] = (), boot: str = "b1", uuids: tuple[str, ...] | None = None,
+           processes: tuple[tuple[ProcessReport, ...], ...] | None = None) -> NodeReport:
+    names = uuids or tuple(f"{node}-u{i}" for i in range(len(used)))
+    procs = processes or tuple(() for _ in used)
+    gpus = tuple(GpuReport(names[i], i, "A100", 40_000.0, u, processes=procs[i]) for i, u in enumerate(used))
+    return NodeReport(node, seq, ts, "0.1", "simulated", gpus, pods, boot_id=boot)
+
+
+def reserved(state: ClusterState, req: PodRequest, node: str, now: float = NOW) -> Reservation:
+    out = state.reserve_on(req, template(req, node, now), now)
+    assert isinstance(out, Reserved), out
+    return out.reservation
+
+
+def request(uid: str, need: float, gpus: int = 1) -> PodRequest:
+    return PodRequest(uid, "ns", uid, gpus, need, need, 10.0)
+
+
+def template(req: PodRequest, node: str, now_s: float) -> Reservation:
+    return Reservation(req.uid, req.namespace, req.name, node, (), req.admission_mib, req.admission_mib,
+                       req.predicted_mib, PriorityInputs(), now_s, signature="sig")
+
+
+def test_old_sequence_ignored_but_restarted_agent_accepted() -> None:
+    state = ClusterState(P)
+    assert state.apply_report(report(seq=5, ts=100.0), NOW) == ACCEPTED
+    assert state.apply_report(report(seq=4, ts=90.0), NOW) == OLD_SEQUENCE
+    assert state.apply_report(report(seq=5, ts=100.0), NOW) == OLD_SEQUENCE
+    assert state.apply_report(report(seq=0, ts=200.0, boot="b2"), NOW + 1) == ACCEPTED  # agent restarted
+    view = state.node_view("n1")
+    assert view is not None and view.received_s == NOW + 1
+
+
+def test_ordering_is_by_sequence_within_a_boot_never_by_the_agents_clock() -> None:
+    state = ClusterState(P)
+    # the agent's clock ran an hour fast, then it restarted with the right time: a new boot is accepted
+    assert state.apply_report(report(seq=10, ts=100_000.0 + 3600, boot="fast"), NOW) == ACCEPTED
+    assert state.apply_report(report(seq=1, ts=100_000.0, boot="fixed"), NOW + 1) == ACCEPTED
+    assert state.apply_report(report(seq=2, ts=1.0, boot="fixed"), NOW + 2) == ACCEPTED  # clock stepped back
+    assert state.apply_report(report(seq=11, ts=1e9, boot="fast"), NOW + 3) == OLD_SEQUENCE  # an earlier boot
+    # no boot id (older agents): a lower sequence is taken only once the last report is stale
+    assert state.apply_report(report(seq=0, boot=""), NOW + 4) == OLD_SEQUENCE
+    assert state.apply_report(report(seq=0, boot=""), NOW + 3 + P.telemetry_ttl_s + 1) == ACCEPTED
+
+
+def test_reports_of_nodes_outside_the_cluster_are_refused_once_the_node_list_is_known() -> None:
+    state = ClusterState(P)
+    assert state.apply_report(report("phantom"), NOW) == ACCEPTED  # no node list yet (local mode)
+    assert state.set_known_nodes(["n1"]) == ["phantom"] and state.node_view("phantom") is None
+    assert state.apply_report(report("phantom", seq=2), NOW) == UNKNOWN_NODE
+    state.node_added("phantom")
+    assert state.apply_report(report("phantom", seq=3), NOW) == ACCEPTED
+
+
+def test_invented_nodes_cannot_grow_the_ledger_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_module, "NODES_MAX", 3)
+    state = ClusterState(P)
+    assert [state.apply_report(report(f"n{i}"), NOW) for i in range(4)] == [ACCEPTED] * 3 + [TOO_MANY_NODES]
+    assert state.apply_report(report("n0", seq=2), NOW) == ACCEPTED  # known nodes keep reporting
+    assert state.expire_nodes(NOW + 100, 50) == ["n0", "n1", "n2"]
+    assert state.apply_report(report("n3"), NOW + 100) == ACCEPTED
+
+
+def test_a_gpu_uuid_belongs_to_its_node() -> None:
+    state = ClusterState(P)
+    state.apply_report(report("b", used=(0.0,)), NOW)
+    res = reserved(state, request("pb", 30_000.0), "b")
+    # node a's agent reports b's GPU as its own: that GPU is ignored, b's reservation stays on b
+    state.apply_report(report("a", used=(0.0, 0.0), uuids=("a-u0", "b-u0")), NOW)
+    view_a, view_b = state.node_view("a"), state.node_view("b")
+    assert view_a is not None and [g.uuid for g in view_a.gpus] == ["a-u0"]
+    assert view_b is not None and view_b.gpus[0].reserved_mib == 30_000.0
+    assert state.gpus_refused == 1 and state.reservation("pb") == res
+    assert state.reserved_mib("a", "b-u0") == 0.0
+
+
+def test_foreign_memory_is_not_free() -> None:
+    """used 9 GiB by a process of no deepres pod + 10 GiB reserved for a pod that has not allocated
+    yet: 19 GiB occupied, where max(used, reserved) said 10."""
+    state = ClusterState(P)
+    state.apply_report(report(used=(0.0,)), NOW)
+    res = reserved(state, request("p", 10_000.0), "n1")
+    foreign = (ProcessReport(4242, 9_000.0, ""),)
+    state.apply_report(report(seq=2, used=(9_000.0,), processes=(foreign,)), NOW)
+    view = state.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 40_000.0 - 19_000.0
+    # the deepres pod's own process is not foreign: used 9 GiB (its own) + reserved 10 GiB -> 10 GiB occupied
+    own = (ProcessReport(77, 9_000.0, res.pod_uid),)
+    state.apply_report(report(seq=3, used=(9_000.0,), processes=(own,)), NOW)
+    view = state.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 30_000.0
+
+
+def test_peaks_only_when_real_bounded_and_agreed_by_several_nodes() -> None:
+    params = PolicyParams(usage_warmup_s=60.0)
+    state = ClusterState(params)
+    for node in ("n1", "n2"):
+        state.apply_report(report(node, used=(0.0,)), NOW)
+    res = reserved(state, request("a", 20_000.0), "n1")
+    zero = PodUsage("a", 0.0, 0.0, res.gpu_uuids)  # NVML without per-process memory
+    state.apply_report(report(seq=2, used=(0.0,), pods=(zero,)), NOW + 100)
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 20_000.0 and state.correction("sig") is None
+    huge = PodUsage("a", 1e12, 1e12, res.gpu_uuids)
+    state.apply_report(report(seq=3, used=(0.0,), pods=(huge,)), NOW + 100)
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 40_000.0 * params.usage_margin  # bounded by the GPU
+    correction = state.correction("sig")
+    assert correction is not None and correction.peak_mib == 40_000.0 and correction.nodes == 1
+
+
+def test_effective_free_is_capacity_minus_max_of_used_and_reserved() -> None:
+    state = ClusterState(P)
+    state.apply_report(report(used=(30_000.0, 0.0)), NOW)
+    res = reserved(state, request("a", 5_000.0), "n1")
+    view = state.node_view("n1")
+    assert view is not None
+    frees = {g.uuid: g.free_mib for g in view.gpus}
+    # best fit: the partly used GPU (10,000 free) takes it; used 30,000 > reserved 5,000
+    assert res.gpu_uuids == ("n1-u0",) and frees["n1-u0"] == 10_000.0
+    state.release("a")
+    assert state.reserved_mib("n1", "n1-u0") == 0.0
+
+
+def test_reserve_refuses_stale_and_unknown_nodes_and_counts_refusals() -> None:
+    state = ClusterState(P)
+    state.apply_report(report(), NOW)
+    req = request("a", 1_000.0)
+    assert state.reserve_on(req, template(req, "nx", NOW), NOW) == "no agent report"
+    assert state.reserve_on(req, template(req, "n1", NOW), NOW + 100) == "telemetry stale (100s old)"
+    assert state.overcommits_refused == 2
+
+
+def test_retried_bind_is_idempotent_and_other_node_refused() -> None:
+    state = ClusterState(P)
+    state.apply_report(report("n1"), NOW)
+    state.apply_report(report("n2"), NOW)
+    req = request("a", 1_000.0)
+    first = reserved(state, req, "n1")
+    assert state.reserve_on(req, template(req, "n1", NOW), NOW) == Reserved(first, True)
+    assert state.reserve_on(req, template(req, "n2", NOW), NOW) == "pod ns/a already holds GPUs on n1"
+
+
+def test_usage_rule_moves_reservation_and_records_signature_peak() -> None:
+    state = ClusterState(P)
+    state.apply_report(report(seq=1), NOW)
+    req = request("a", 20_000.0)
+    res = reserved(state, req, "n1")
+    usage = PodUsage("a", 8_000.0, 9_000.0, res.gpu_uuids)
+    state.apply_report(report(seq=2, pods=(usage,)), NOW + 10)  # warm-up: unchanged
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 20_000.0
+    state.apply_report(report(seq=3, pods=(usage,)), NOW + 100)
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 9_000.0 * P.usage_margin
+    correction = state.correction("sig")
+    assert correction is not None and correction.peak_mib == 9_000.0
+    state.release("a")
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 0.0
+
+
+def test_restore_rebuilds_without_double_allocation() -> None:
+    state = ClusterState(P)
+    state.apply_report(report(used=(0.0,)), NOW)
+    res = Reservation("a", "ns", "a", "n1", ("n1-u0",), 30_000.0, 30_000.0, 30_000.0, PriorityInputs(), NOW)
+    assert state.restore(res) and not state.restore(res)
+    req = request("b", 20_000.0)
+    assert isinstance(state.reserve_on(req, template(req, "n1", NOW), NOW), str)
+
+
+def test_threads_racing_for_one_gpu_place_exactly_as_many_as_fit() -> None:
+    state = ClusterState(P)
+    state.apply_report(report(used=(0.0,)), NOW)
+    results: list[object] = []
+    barrier = threading.Barrier(32)
+
+    def bind(i: int) -> None:
+        req = request(f"p{i}", 3_000.0)
+        barrier.wait()
+        results.append(state.reserve_on(req, template(req, "n1", NOW), NOW))
+
+    threads = [threading.Thread(target=bind, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, Reserved) for r in results) == 40_000 // 3_000
+    assert state.reserved_mib("n1", "n1-u0") <= 40_000.0
+
+
+op_st = st.one_of(
+    st.tuples(st.just("bind"), st.integers(0, 9), st.sampled_from(["n1", "n2"]), st.floats(100, 30_000),
+              st.integers(1, 2)),
+    st.tuples(st.just("release"), st.integers(0, 9)),
+    st.tuples(st.just("telemetry"), st.sampled_from(["n1", "n2"]), st.floats(0, 40_000), st.floats(0, 40_000)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(op_st, max_size=40))
+def test_no_sequence_of_binds_releases_and_telemetry_overcommits(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    state = ClusterState(PolicyParams(usage_warmup_s=1e9))
+    seq = 0
+    for name in ("n1", "n2"):
+        seq += 1
+        state.apply_report(report(name, seq, (0.0, 0.0), ts=float(seq)), NOW)
+    for op in ops:
+        if op[0] == "bind":
+            _, i, name, need, gpus = op
+            view = state.node_view(name)
+            assert view is not None
+            before = {g.uuid: g.free_mib for g in view.gpus}
+            req = request(f"p{i}", need, gpus)
+            held = state.reservation(req.uid)
+            out = state.reserve_on(req, template(req, name, NOW), NOW)
+            res = out.reservation if isinstance(out, Reserved) else None
+            if res is not None and held is None:  # a new admission: every GPU had room
+                assert len(res.gpu_uuids) == gpus
+                assert all(before[u] >= need for u in res.gpu_uuids)
+            elif held is not None:  # a retried bind changes nothing
+                assert state.reservation(req.uid) is held
+        elif op[0] == "release":
+            state.release(f"p{op[1]}")
+        else:
+            _, name, u0, u1 = op
+            seq += 1
+            state.apply_report(report(name, seq, (u0, u1), ts=float(seq)), NOW)
+        for res in state.reservations():
+            for uuid in res.gpu_uuids:
+                assert state.reserved_mib(res.node, uuid) <= 40_000.0 + 1e-6

@@ -1,0 +1,80 @@
+"""The trainer's dataset reading, grouped calibration and per-family margins."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor.splits import grouped_split
+from predictor.train import (
+    MIN_FAMILY_CALIBRATION,
+    FittedModel,
+    calibrate,
+    fit_model,
+    load_dataset,
+    set_margins,
+)
+from tests.unit._predictor_frames import synthetic_jobs
+
+
+def _frame_with_groups(tmp_path: Path, n: int = 240) -> Path:
+    frame = synthetic_jobs(n, seed=2)
+    frame["group"] = [f"arch{i // 3}" for i in range(len(frame))]
+    frame["family"] = frame["model_type"]
+    path = tmp_path / "jobs.csv.gz"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_group_and_family_columns_and_a_seeded_subset(tmp_path: Path) -> None:
+    path = _frame_with_groups(tmp_path)
+    data = load_dataset(path)
+    assert data.n_rows == 239  # one row has status error
+    assert data.groups[0] == "arch0" and len(set(data.groups.tolist())) == 80
+    sub = load_dataset(path, max_rows=100, seed=0)
+    assert sub.n_rows == 100 and sub.sha256 != data.sha256
+    assert load_dataset(path, max_rows=100, seed=0).sha256 == sub.sha256
+    assert not np.array_equal(load_dataset(path, max_rows=100, seed=1).y, sub.y)
+
+
+def test_calibration_fold_is_whole_groups_and_margins_are_per_family(tmp_path: Path) -> None:
+    data = load_dataset(_frame_with_groups(tmp_path, 600))
+    split = grouped_split(data.groups, 0.3, 0)
+    model = fit_model("decision_tree", data, split, seed=0)
+    assert set(model.ranges) == set(data.families[split.train].tolist())
+    # by hand: a model whose point is half the truth on one family needs a margin of log 2 there
+    fam = data.families[0]
+
+    class Half:
+        def predict(self, x: np.ndarray) -> np.ndarray:
+            return np.full((len(x), 2), 1.0)
+
+    rows = np.arange(data.n_rows, dtype=np.int64)
+    half = FittedModel("half", [Half()], "physics")
+    calibrate(half, data, rows, 0.9)
+    truth = data.y[:, 0]
+    mask = data.families == fam
+    assert mask.sum() >= MIN_FAMILY_CALIBRATION
+    expected = np.sort(np.log(truth[mask]))[math.ceil((mask.sum() + 1) * 0.9) - 1]
+    assert half.family_shifts[str(fam)] == pytest.approx(expected)
+    covered = np.mean(np.exp(half.family_shifts[str(fam)]) >= truth[mask])
+    assert covered >= 0.9
+
+
+def test_the_bound_keeps_the_base_that_reserves_less(tmp_path: Path) -> None:
+    data = load_dataset(_frame_with_groups(tmp_path, 300))
+    rows = np.arange(data.n_rows, dtype=np.int64)
+    truth = data.y[:, 0]
+    rng = np.random.default_rng(0)
+    point = truth * np.exp(rng.normal(0.0, 0.05, len(truth)))  # a good point prediction
+    wild = truth * np.exp(rng.normal(0.5, 1.0, len(truth)))  # a quantile head all over the place
+    model = FittedModel("m", [], "physics")
+    set_margins(model, data, rows, point, wild, 0.9)
+    assert model.bound_source == "point"
+    assert np.mean(point * np.exp(model.memory_shift) >= truth) >= 0.9
+    tight = truth * 1.02
+    set_margins(model, data, rows, point, tight, 0.9)
+    assert model.bound_source == "quantile"
