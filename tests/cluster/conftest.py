@@ -37,6 +37,7 @@ from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the s
     NAMESPACE,
     RELEASE,
     REPO,
+    PodReads,
     clean,
     priority_classes,
     wait_for,
@@ -116,7 +117,7 @@ class LocalPod:
 
 
 @dataclass
-class LocalCluster:
+class LocalCluster(PodReads):
     """The control plane, the API clients, and the chart's pods running locally."""
 
     plane: ControlPlane
@@ -138,14 +139,6 @@ class LocalCluster:
                         local.restart_exited()
 
     # ---- the scenario interface ----
-    def pod(self, name: str, namespace: str = JOBS_NAMESPACE) -> Any:
-        return self.core.read_namespaced_pod(name, namespace)
-
-    def events(self, name: str, namespace: str = JOBS_NAMESPACE) -> list[Any]:
-        items: list[Any] = self.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}").items
-        return items
-
     def http(self, url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as resp:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,15 +18,12 @@ from tests.cluster.conftest import LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
 
-ARTIFACT_BOUND = ("the retrained artifact (main, 26f12e1) bounds deploy/examples/transformer-large.yaml at 102.3 GiB "
-                  "per GPU (batch 32 outside the trained 1..16, bound widened x1.41): no simulated GPU admits it")
 PREEMPT_VERB = ("intermittent: the extender's /preempt answered nodes without victims, which kube-scheduler rejects "
                 "('expected at least one victim pod on node'), and its own eviction freed a GPU that bind then "
                 "did not choose; the critical pod waited beyond 120 s (issue 14 item 4)")
 NEEDS_NET = "needs the server's workers to die with their parent (issue 13 net branch)"
 
 
-@pytest.mark.xfail(strict=False, reason=ARTIFACT_BOUND)
 def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalCluster) -> None:
     s.annotated_pods_land_where_their_predicted_memory_fits(clean)
 
@@ -137,24 +133,13 @@ def test_8_three_hundred_cpu_nodes_every_gpu_pod_placed_at_its_first_attempt(cle
             cluster.core.delete_node(name)
 
 
-def test_9_extender_graceful_restart_loses_no_reservation(clean: LocalCluster) -> None:
+@pytest.mark.parametrize("hard", [False, True], ids=["graceful_restart", "hard_kill_of_the_process_tree"])
+def test_9_extender_restart_loses_no_reservation(clean: LocalCluster, hard: bool) -> None:
     cluster = clean
     during = s.extender_restart_loses_no_reservation_and_double_books_nothing(
-        cluster, lambda while_down: _restart(cluster, while_down, hard=False))
+        cluster, lambda while_down: cluster.restart_scheduler_pod(while_down, hard=hard))
     wait_for("pods submitted during the restart placed", lambda: sum(
         1 for n in during if node_of(cluster, n)) >= len(during) - 1, s.TTL_S + 30)
-
-
-def test_10_hard_kill_of_the_process_tree_loses_no_reservation(clean: LocalCluster) -> None:
-    cluster = clean
-    during = s.extender_restart_loses_no_reservation_and_double_books_nothing(
-        cluster, lambda while_down: _restart(cluster, while_down, hard=True))
-    wait_for("pods submitted during the restart placed", lambda: sum(
-        1 for n in during if node_of(cluster, n)) >= len(during) - 1, s.TTL_S + 30)
-
-
-def _restart(cluster: LocalCluster, while_down: Callable[[], None], *, hard: bool) -> None:
-    cluster.restart_scheduler_pod(while_down, hard=hard)
 
 
 def test_11_pods_created_during_an_extender_restart_are_placed_within_10s_of_readiness(

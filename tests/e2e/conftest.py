@@ -27,6 +27,7 @@ from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the s
     RELEASE,
     REPO,
     WORKLOAD_IMAGE,
+    PodReads,
     clean,
     priority_classes,
 )
@@ -74,20 +75,12 @@ def kubectl(*args: str, check: bool = True, timeout: float = 120) -> str:
 
 
 @dataclass
-class Cluster:
+class Cluster(PodReads):
     """Handles on the running cluster: the core API and the helpers the scenarios share."""
 
     core: Any  # kubernetes.client.CoreV1Api
     scheduling: Any  # kubernetes.client.SchedulingV1Api
     simulated_gpus: dict[str, str]  # node -> simulated GPU spec (from values-kind.yaml)
-
-    def pod(self, name: str, namespace: str = JOBS_NAMESPACE) -> Any:
-        return self.core.read_namespaced_pod(name, namespace)
-
-    def events(self, name: str, namespace: str = JOBS_NAMESPACE) -> list[Any]:
-        items: list[Any] = self.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}").items
-        return items
 
     def extender_metrics(self) -> str:
         """The extender's /metrics through the API server's service proxy (no port-forward needed)."""

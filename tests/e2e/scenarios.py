@@ -51,6 +51,20 @@ class ScenarioCluster(Protocol):
     def agent_metrics(self, node: str) -> str: ...
 
 
+class PodReads:
+    """The reads every scenario cluster answers the same way (through its `core` API client)."""
+
+    core: Any  # kubernetes.client.CoreV1Api
+
+    def pod(self, name: str, namespace: str = JOBS_NAMESPACE) -> Any:
+        return self.core.read_namespaced_pod(name, namespace)
+
+    def events(self, name: str, namespace: str = JOBS_NAMESPACE) -> list[Any]:
+        items: list[Any] = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}").items
+        return items
+
+
 def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float, interval_s: float = 1.0) -> Any:
     """Poll until `predicate()` is truthy; returns its value, or fails saying what never happened."""
     deadline = time.monotonic() + timeout_s
