@@ -113,23 +113,8 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, numel: dict[str, int]) -> 
                 if k in accepted and k not in ("fused", "capturable", "differentiable")}
     if "foreach" in accepted:
         defaults["foreach"] = True
-    opt = type(optimizer)(flats, **defaults)
-    for f in flats:
-        f.grad = torch.empty_like(f)
-    opt.step()  # the first step creates the state
-    state = [v for st in opt.state.values() for v in st.values()
-             if isinstance(v, torch.Tensor) and v.device.type == "meta"]
-    tracker = tracing.LiveTensorTracker()
-    for f in flats:
-        tracker.classify(f, "params")
-        assert f.grad is not None
-        tracker.classify(f.grad, "grads")
-    for t in state:
-        tracker.classify(t, "optimizer")
-    baseline = tracker.current
-    with tracker:
-        opt.step()
-    return sum(t.untyped_storage().nbytes() for t in state), max(0, tracker.peak - baseline)
+    step, state = tracing.second_step_cost(type(optimizer)(flats, **defaults), flats)
+    return sum(t.untyped_storage().nbytes() for t in state), step
 
 
 def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Any, Any],
