@@ -18,6 +18,7 @@ request path).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from predictor.sizing import plan
-from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, JobSpec
+from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, VISION_FAMILIES, JobSpec
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -98,11 +99,12 @@ def columns_from_specs(specs: Sequence[JobSpec]) -> dict[str, npt.NDArray[Any]]:
 
 
 def _codes(values: npt.NDArray[Any], options: Sequence[str], column: str) -> FloatArray:
-    lookup = {option: index for index, option in enumerate(options)}
-    try:
-        return np.asarray([lookup[str(v)] for v in values], dtype=np.float64)
-    except KeyError as err:
-        raise ValueError(f"column {column!r} holds {err.args[0]!r}: expected one of {', '.join(options)}") from None
+    return _lookup(values, _code_table(tuple(options)), column)
+
+
+@functools.cache
+def _code_table(options: tuple[str, ...]) -> dict[str, float]:
+    return {option: float(index) for index, option in enumerate(options)}
 
 
 def seed_features(cols: Mapping[str, npt.NDArray[Any]]) -> FeatureMatrix:
@@ -250,52 +252,143 @@ def _conv_estimates(family: str, hp: dict[str, Any], b: float) -> tuple[float, f
     return b * act, 6.0 * b * mac, side * side
 
 
-_LOG_INPUTS: tuple[str, ...] = ("params_millions", "batch_size", "input_dim", "num_layers")
-_LOG_ESTIMATES: tuple[str, ...] = _ESTIMATES
+#: Bytes per parameter of each tensor held all step long (weights, and each optimizer state tensor):
+#: amp keeps fp32 master weights; fp16 and bf16 train half-precision weights (the dataset's rule).
+_STATE_BYTES = {"fp32": 4.0, "amp": 4.0, "fp16": 2.0, "bf16": 2.0}
 
 
-def physics_features(cols: Mapping[str, npt.NDArray[Any]]) -> FeatureMatrix:
-    """Our feature set: log2 sizes and analytic estimates, two flags, then 3 categorical codes.
+@dataclass(frozen=True)
+class Decomposition:
+    """What the annotations determine exactly, and the scales of what they do not, per job.
 
-    `iterations` and `learning_rate` are left out: they change neither the per-step memory nor
-    the per-step FLOPs, and a small dataset would only learn noise from them.
+    The peak of a training step is weights + optimizer state (arithmetic on params, precision and
+    optimizer: `fixed_mib`) plus what the step saves for backward and its temporaries, which grows
+    with batch x input and with the network's width and depth and which no annotation gives exactly.
+    Models learn that remainder as a density, `activation / act_scale` with act_scale = batch x input
+    units (pixels of an image, tokens, features) x sqrt(params x layers) (width x depth for a network
+    whose layers hold ~width^2 parameters each), and FLOPs as `gflops / flops_scale` (batch x input
+    units x params). nvidia-smi memory is `context_mib + factor x traced` (the dataset's calibration).
+    `identity` (the paper's network, raw targets) decodes a target as itself.
     """
-    est = analytic_estimates(cols)
-    numeric = [np.log2(np.maximum(np.asarray(cols[n], dtype=np.float64), 1e-6)) for n in _LOG_INPUTS]
-    numeric += [np.log2(np.maximum(est[n], 1.0)) for n in _LOG_ESTIMATES]
-    numeric += [np.asarray(cols[n], dtype=np.float64) for n in ("regularization", "data_augmentation")]
+
+    fixed_mib: FloatArray
+    """Weights + optimizer state per job, MiB (exact from the annotations)."""
+    act_scale: FloatArray
+    """What the learned activation density is multiplied by to give MiB."""
+    flops_scale: FloatArray
+    """What the learned FLOPs density is multiplied by to give GFLOPs per iteration."""
+    context_mib: float = 0.0
+    """The calibration's constant (CUDA context, framework), MiB."""
+    factor: float = 1.0
+    """The calibration's factor on the traced bytes (allocator rounding and caching)."""
+    floor: float = 0.01
+    """The activation term is never taken below this share of the traced peak (rows whose peak is the
+    optimizer step have almost nothing beyond the fixed bytes)."""
+
+    @classmethod
+    def identity(cls, n: int) -> Decomposition:
+        return cls(np.zeros(n), np.ones(n), np.ones(n))
+
+    def take(self, rows: npt.NDArray[np.int64]) -> Decomposition:
+        return Decomposition(self.fixed_mib[rows], self.act_scale[rows], self.flops_scale[rows], self.context_mib,
+                             self.factor, self.floor)
+
+    def encode(self, y: FloatArray) -> FloatArray:
+        """(memory_mib, gflops) (n, 2) -> (activation density, FLOPs density), both positive."""
+        traced = (y[:, 0] - self.context_mib) / self.factor
+        activation = np.maximum(traced - self.fixed_mib, self.floor * np.maximum(traced, 1e-9))
+        return np.column_stack([activation / self.act_scale, y[:, 1] / self.flops_scale])
+
+    def memory(self, density: FloatArray) -> FloatArray:
+        """Activation density -> nvidia-smi memory (MiB)."""
+        out: FloatArray = self.context_mib + self.factor * (self.fixed_mib + density * self.act_scale)
+        return out
+
+    def flops(self, density: FloatArray) -> FloatArray:
+        out: FloatArray = density * self.flops_scale
+        return out
+
+
+def input_units(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
+    """Elements one sample feeds the network: pixels of an image side, else the sequence length / features."""
+    dim = np.asarray(cols["input_dim"], dtype=np.float64)
+    vision = np.fromiter((str(f) in VISION_FAMILIES for f in cols["model_type"]), dtype=bool, count=len(dim))
+    out: FloatArray = np.where(vision, dim * dim, dim)
+    return out
+
+
+def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0,
+                  factor: float = 1.0) -> Decomposition:
+    """The `Decomposition` of each job (pure arithmetic on its annotations)."""
+    params = np.asarray(cols["params_millions"], dtype=np.float64)
+    batch = np.asarray(cols["batch_size"], dtype=np.float64)
+    layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
+    state_bytes = _lookup(cols["precision"], _STATE_BYTES, "precision")
+    states = 1.0 + _lookup(cols["optimizer"], _OPTIMIZER_STATES, "optimizer")
+    fixed = params * 1e6 * state_bytes * states / MIB
+    units = batch * input_units(cols)
+    return Decomposition(fixed, units * np.sqrt(params * layers), units * params, context_mib, factor)
+
+
+def _lookup(values: npt.NDArray[Any], table: Mapping[str, float], column: str) -> FloatArray:
+    """The table's number for each value; a value not in it is a clear error naming the column."""
+    try:
+        return np.fromiter((table[str(v)] for v in values), dtype=np.float64, count=len(values))
+    except KeyError as err:
+        raise ValueError(f"column {column!r} holds {err.args[0]!r}: expected one of {', '.join(table)}") from None
+
+
+PHYSICS_NAMES: tuple[str, ...] = (
+    "log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "data_augmentation",
+    "log2_batch_size", "log2_input_dim", "log2_input_units", "log2_batch_units",
+    "log2_fixed_mib", "log2_act_scale", "log2_fixed_per_act_scale", "activation_bytes",
+)
+
+
+def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition | None = None) -> FeatureMatrix:
+    """Our feature set: log2 sizes and the `decomposition`'s terms, two flags, then 3 categorical codes.
+
+    All arithmetic on the annotations (no architecture is built: real networks of a family differ
+    too much for a template to stand for them). `iterations` and `learning_rate` are left out: they
+    change neither the per-step memory nor the per-step FLOPs. `terms`: the columns' decomposition
+    when the caller has it already (the runtime needs it to decode anyway).
+    """
+    terms = terms if terms is not None else decomposition(cols)
+    params = np.asarray(cols["params_millions"], dtype=np.float64)
+    layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
+    batch = np.asarray(cols["batch_size"], dtype=np.float64)
+    units = input_units(cols)
+    act_bytes = _lookup(cols["precision"], _ACTIVATION_BYTES, "precision")
+    log2 = np.log2
+    numeric = [
+        log2(params), log2(layers), log2(params / layers),
+        np.asarray(cols["regularization"], dtype=np.float64), np.asarray(cols["data_augmentation"], dtype=np.float64),
+        log2(batch), log2(np.asarray(cols["input_dim"], dtype=np.float64)), log2(units), log2(batch * units),
+        log2(np.maximum(terms.fixed_mib, 1e-6)), log2(terms.act_scale),
+        log2(np.maximum(terms.fixed_mib, 1e-6) / terms.act_scale), act_bytes,
+    ]
     categorical = [
         _codes(cols["model_type"], MODEL_FAMILIES, "model_type"),
         _codes(cols["precision"], PRECISIONS, "precision"),
         _codes(cols["optimizer"], OPTIMIZERS, "optimizer"),
     ]
-    names = (
-        *(f"log2_{n}" for n in _LOG_INPUTS), *(f"log2_{n}" for n in _LOG_ESTIMATES),
-        "regularization", "data_augmentation", *(name for name, _ in CATEGORICAL),
-    )
+    names = (*PHYSICS_NAMES, *(name for name, _ in CATEGORICAL))
     values = np.column_stack(numeric + categorical)
     return FeatureMatrix(values, names, tuple(card for _, card in CATEGORICAL))
 
 
-#: Physics features grouped into tokens by meaning (what the job is, how the network is shaped,
-#: what stays resident, what the step saves, totals and compute): fewer, richer tokens keep the
-#: sequence short (8 steps with the 3 categorical tokens), which is what the BiGRU's cost scales with.
+#: Physics features grouped into tokens by meaning (the network's size and shape, the input, the
+#: memory terms); with the 3 categorical tokens the sequence has 6 steps, what the BiGRU's cost scales with.
 PHYSICS_TOKEN_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("log2_params_millions", "log2_batch_size", "log2_input_dim", "log2_num_layers", "regularization",
-     "data_augmentation"),
-    ("log2_width", "log2_tokens", "log2_params_millions", "log2_num_layers"),
-    ("log2_weights_bytes", "log2_grads_bytes", "log2_optimizer_bytes", "log2_static_bytes"),
-    ("log2_act_linear_bytes", "log2_act_attention_bytes", "log2_act_logits_bytes", "log2_activation_bytes"),
-    ("log2_forward_peak_bytes", "log2_step_peak_bytes", "log2_peak_bytes", "log2_total_bytes",
-     "log2_prior_memory_mib"),
-    ("log2_flops", "log2_tokens", "log2_batch_size", "log2_params_millions"),
+    ("log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "data_augmentation"),
+    ("log2_batch_size", "log2_input_dim", "log2_input_units", "log2_batch_units"),
+    ("log2_fixed_mib", "log2_act_scale", "log2_fixed_per_act_scale", "activation_bytes"),
 )
 
 
 def physics_token_groups() -> tuple[tuple[int, ...], ...]:
     """PHYSICS_TOKEN_GROUPS as column indices of the physics feature matrix."""
-    names = physics_features(columns_from_specs([JobSpec("mlp")])).names
-    return tuple(tuple(names.index(n) for n in group) for group in PHYSICS_TOKEN_GROUPS)
+    return tuple(tuple(PHYSICS_NAMES.index(n) for n in group) for group in PHYSICS_TOKEN_GROUPS)
 
 
 def build_features(cols: Mapping[str, npt.NDArray[Any]], feature_set: str) -> FeatureMatrix:

@@ -62,6 +62,7 @@ def upper_margin(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, coverage: float) 
     if not 0.0 < coverage < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got {coverage}")
     t, p = _pair(y_true, y_pred)
-    ratio = np.sort(np.log(np.maximum(t, 1e-12) / np.maximum(p, 1e-12)))
+    tiny = np.finfo(np.float64).tiny  # scale-free: the scores may be of densities far below 1
+    ratio = np.sort(np.log(np.maximum(t, tiny) / np.maximum(p, tiny)))
     rank = min(len(ratio), int(np.ceil((len(ratio) + 1) * coverage)))
     return float(ratio[rank - 1])

@@ -265,12 +265,23 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "backward GRU 10 on the flipped sequence, 2 self-attention layers (4 heads x 32 key channels) with "
         "residual + layer norm, ReLU, dropout 0.01, fully connected output; z-scored raw targets, one network "
         "per target; Adam, batch 256, lr 0.01 then 0.001 from epoch 80, L2 1e-3, gradient clipping 10.",
-        "- **Tuned configuration** (`predictor.model.tuned_config`): the physics feature set "
-        "(`predictor.features`: log sizes plus analytic bytes of weights, gradients, optimizer state, three "
-        "activation terms and analytic FLOPs of the architecture the annotations describe), each feature group "
-        "a token, BiGRU + 2 attention layers, flattened into an MLP head plus a linear (wide) path; log targets, "
-        "memory and FLOPs jointly, plus the upper-quantile head; AdamW with cosine decay.",
-        "- **Baselines** (`predictor.baselines`) see the same physics features and learn log targets; each has a "
+        "- **What is learned** (`predictor.features.Decomposition`): the annotations fix weights + optimizer "
+        "state exactly (params x bytes per parameter of the precision x 1 + state tensors of the optimizer); "
+        "what a training step saves for backward, and its temporaries, they do not. The physics models (the "
+        "tuned network and every baseline) learn that remainder as a density, (traced peak - fixed bytes) / "
+        "(batch x input units x sqrt(params x layers)), in log space, and FLOPs as GFLOPs / (batch x input units "
+        "x params); memory = the calibration's context + factor x (fixed + density x scale). The bound's margin "
+        "widens the learned term only, so a job whose peak is mostly weights and optimizer state gets a tight "
+        "bound and one whose peak is mostly activations a wide one (normalised conformal, the scale being what "
+        "the annotations leave unknown).",
+        "- **Tuned configuration** (`predictor.model.tuned_config`): the physics feature set (log2 of the "
+        "annotations' sizes, params per layer, input units, the fixed bytes and the activation scale; precision, "
+        "optimizer and model-type as embeddings), each feature group a token, BiGRU + 2 attention layers, "
+        "flattened into an MLP head plus a linear (wide) path; the two densities jointly, plus the upper-quantile "
+        "head; AdamW with cosine decay. Its epochs were chosen by grouped cross-validation inside the grouped "
+        "split's training rows (never on its test rows).",
+        "- **Baselines** (`predictor.baselines`) see the same physics features and learn the same log densities; "
+        "each has a "
         "2-3 point grid of its most sensitive knob, chosen on the grouped split's calibration fold: "
         + (", ".join(f"{LABELS.get(k, k)} {v}" for k, v in settings.items()) or "(not tuned in this run)") + ".",
         f"- **CPU budget.** The networks train for {context['epochs_scale']:g}x their configured epochs on the grouped "

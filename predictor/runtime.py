@@ -62,6 +62,8 @@ class Predictor:
         self._memory_shift = float(metadata.get("memory_upper_shift", 0.0))
         self._family_shifts = {str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()}
         self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
+        calibration = metadata.get("memory_calibration", {})
+        self._calibration = (float(calibration.get("context_mib", 0.0)), float(calibration.get("factor", 1.0)))
         self._ranges: dict[str, dict[str, tuple[float, float]]] = {
             str(family): {col: (float(lo), float(hi)) for col, (lo, hi) in cols.items()}
             for family, cols in metadata.get("input_ranges", {}).items()
@@ -148,24 +150,29 @@ class Predictor:
                 self._cache.popitem(last=False)
 
     def _compute(self, specs: Sequence[JobSpec]) -> list[Demand]:
-        x = feats.physics_features(feats.columns_from_specs(specs)).values
-        points, upper = self._estimator.predict_with_upper(x)
-        memory = points[:, 0]
-        base = upper if upper is not None and not self._point_base else memory
-        demands = []
-        for spec, mem, raw_upper, gflops in zip(specs, memory, base, points[:, 1], strict=True):
-            shift = self._family_shifts.get(spec.model_type, self._memory_shift)
-            factor, warnings = out_of_range(spec, self._ranges)
-            mem_upper = max(float(raw_upper) * math.exp(shift) * factor, float(mem))
-            demands.append(exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
-                memory_mib=round(float(mem), 1),
-                memory_mib_upper=round(mem_upper, 1),
-                gflops_per_iteration=_significant(float(gflops)),
-                gpu_seconds=_significant(estimate_gpu_seconds(float(gflops), spec.iterations, spec.precision)),
+        cols = feats.columns_from_specs(specs)
+        terms = feats.decomposition(cols, *self._calibration)
+        x = feats.physics_features(cols, terms).values
+        points, upper = self._estimator.predict_with_upper(x)  # densities: learned term, FLOPs
+        memory = terms.memory(points[:, 0])
+        base = upper if upper is not None and not self._point_base else points[:, 0]
+        flops = terms.flops(points[:, 1])
+        checked = [out_of_range(spec, self._ranges) for spec in specs]
+        widen = np.asarray([math.exp(self._family_shifts.get(spec.model_type, self._memory_shift)) * factor
+                            for spec, (factor, _) in zip(specs, checked, strict=True)])
+        # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
+        bound = np.maximum(terms.memory(base * widen), memory)
+        return [
+            exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
+                memory_mib=round(float(memory[i]), 1),
+                memory_mib_upper=round(float(bound[i]), 1),
+                gflops_per_iteration=_significant(float(flops[i])),
+                gpu_seconds=_significant(estimate_gpu_seconds(float(flops[i]), spec.iterations, spec.precision)),
                 model_version=self.version,
-                warnings=warnings,
-            )))
-        return demands
+                warnings=checked[i][1],
+            ))
+            for i, spec in enumerate(specs)
+        ]
 
 
 _KEYS = {"params_millions": "params-millions", "batch_size": "batch-size", "input_dim": "input-dim",

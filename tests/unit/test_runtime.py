@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,19 +124,26 @@ def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
     meta = json.loads((artifact / "metadata.json").read_text())
     with np.load(artifact / WEIGHTS_FILE) as archive:
         est = TransformerBiGRURegressor.from_state({k: archive[k] for k in archive.files}, meta["estimator"])
-    x = feats.physics_features(feats.columns_from_specs(SPECS)).values
-    points, upper = est.predict_with_upper(x)  # torch
+    cols = feats.columns_from_specs(SPECS)
+    x = feats.physics_features(cols).values
+    density, upper = est.predict_with_upper(x)  # torch: the learned densities
     assert upper is not None
+    calibration = meta["memory_calibration"]
+    terms = feats.decomposition(cols, calibration["context_mib"], calibration["factor"])
+    memory, flops = terms.memory(density[:, 0]), terms.flops(density[:, 1])
     p = Predictor.load(artifact, cache_size=0)
     for i, spec in enumerate(SPECS):
         d = p.predict(spec)
-        assert d.memory_mib == pytest.approx(points[i, 0], rel=1e-4)
-        assert d.gflops_per_iteration == pytest.approx(points[i, 1], rel=1e-4)
+        assert d.memory_mib == pytest.approx(memory[i], rel=1e-4)
+        assert d.gflops_per_iteration == pytest.approx(flops[i], rel=1e-4)
         shift = meta["memory_upper_shift_by_family"].get(spec.model_type, meta["memory_upper_shift"])
-        ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols.items()} for f, cols in meta["input_ranges"].items()}
+        ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols_.items()} for f, cols_ in meta["input_ranges"].items()}
         factor = out_of_range(spec, ranges)[0]
-        base = upper[i] if meta["memory_upper_base"] == "quantile" else points[i, 0]
-        assert d.memory_mib_upper == pytest.approx(max(base * math.exp(shift) * factor, points[i, 0]), rel=1e-4)
+        base = upper[i] if meta["memory_upper_base"] == "quantile" else density[i, 0]
+        # the margin widens the learned activation term only; the fixed bytes stay as they are
+        widened = calibration["context_mib"] + calibration["factor"] * (
+            terms.fixed_mib[i] + base * math.exp(shift) * factor * terms.act_scale[i])
+        assert d.memory_mib_upper == pytest.approx(max(widened, memory[i]), rel=1e-4)
 
 
 @pytest.mark.parametrize("code", [
@@ -166,8 +174,20 @@ def test_family_margin_applies_to_its_family_only(artifact: Path, tmp_path: Path
     shifts["cnn"] = cnn_shift + math.log(2.0)
     wider = Predictor.load(_with_metadata(artifact, tmp_path, memory_upper_shift_by_family=shifts), cache_size=0)
     cnn, gpt = SPECS[0], SPECS[1]
-    assert wider.predict(cnn).memory_mib_upper == pytest.approx(2.0 * base.predict(cnn).memory_mib_upper, rel=1e-3)
+    # twice the margin: twice the learned (activation) part of the bound; the fixed bytes stay
+    fixed = _fixed_part(meta, cnn)
+    assert wider.predict(cnn).memory_mib_upper - fixed == pytest.approx(
+        2.0 * (base.predict(cnn).memory_mib_upper - fixed), rel=1e-3)
     assert wider.predict(gpt) == base.predict(gpt)
+
+
+def _fixed_part(meta: dict[str, Any], spec: JobSpec) -> float:
+    """The part of a bound that no margin widens: context + factor x (weights + optimizer state)."""
+    from predictor import features as feats
+
+    calibration = meta["memory_calibration"]
+    terms = feats.decomposition(feats.columns_from_specs([spec]), calibration["context_mib"], calibration["factor"])
+    return float(terms.memory(np.zeros(1))[0])
 
 
 def test_outside_the_training_range_widens_the_bound_and_warns(artifact: Path) -> None:
@@ -182,8 +202,9 @@ def test_outside_the_training_range_widens_the_bound_and_warns(artifact: Path) -
                   input_dim=inside.input_dim, num_layers=inside.num_layers)
     d_far = p.predict(far)
     assert len(d_far.warnings) == 1 and "batch-size" in d_far.warnings[0] and "x4.00" in d_far.warnings[0]
-    # 16x the largest batch: 4 doublings out -> x2^(0.5*4) = x4 on top of the calibrated bound (the cap)
-    raw = d_far.memory_mib_upper / 4.0
+    # 16x the largest batch: 4 doublings out -> x2^(0.5*4) = x4 on the learned part of the calibrated bound
+    fixed = _fixed_part(meta, far)
+    raw = fixed + (d_far.memory_mib_upper - fixed) / 4.0
     assert raw >= d_far.memory_mib * 0.999
     assert d_far.to_dict()["warnings"] == list(d_far.warnings)
 
