@@ -5,7 +5,8 @@ Four sources, all built on the meta device without any weights:
 - torchvision: every classification model (`weights=None`);
 - Hugging Face transformers: the named models of `hf_models.json`, built from their config class
   with the published hyper-parameters (the table names each source; never `from_pretrained`);
-- torch.nn: recurrent stacks (RNN, LSTM, GRU) and MLPs over depths and widths.
+- torch.nn: custom stacks a data scientist writes by hand (a labelled minority, source `nn`):
+  recurrent stacks (RNN, LSTM, GRU), MLPs and small CNNs over depths and widths.
 
 Each architecture carries what the grouped splits need: `group` (resnet50 and resnet50d are one
 group: a timm module, the same module for torchvision's copy of a timm family, an HF model type
@@ -48,7 +49,8 @@ from predictor.dataset import templates
 
 HF_TABLE = Path(__file__).with_name("hf_models.json")
 IMAGE_BATCHES = (8, 32, 128)
-TEXT_BATCHES = (1, 4, 16)
+TEXT_BATCHES = (1, 8, 64)  # text models under ~1B parameters
+LARGE_TEXT_BATCHES = (1, 4, 16)  # from ~1B parameters (`"batches"` in hf_models.json)
 SEQ_BATCHES = (8, 32, 128)
 MLP_BATCHES = (32, 256, 2048)
 TEXT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -83,7 +85,10 @@ _HF_GROUPS = {
     "bert": "bert", "roberta": "bert", "distilbert": "bert", "albert": "bert", "deberta": "deberta",
     "deberta-v2": "deberta", "xlnet": "xlnet", "t5": "t5", "bart": "bart", "gpt2": "gpt2", "opt": "opt",
     "gpt_neox": "gpt_neox", "llama": "llama", "mistral": "llama", "qwen2": "llama", "phi": "phi",
-    "vit": "vision_transformer", "swin": "swin_transformer", "convnext": "convnext", "resnet": "resnet",
+    "xlm-roberta": "bert", "electra": "bert", "modernbert": "modernbert", "mbart": "bart", "pegasus": "bart",
+    "marian": "bart", "gpt_neo": "gpt_neo", "gptj": "gpt_neo", "bloom": "bloom", "gemma": "llama", "phi3": "phi",
+    "vit": "vision_transformer", "beit": "beit", "swin": "swin_transformer", "convnext": "convnext",
+    "resnet": "resnet",
 }
 
 
@@ -197,14 +202,19 @@ def hf_archs() -> list[Arch]:
             continue
         family = "gpt" if task == "clm" and config.model_type != "xlnet" else "transformer"
         out.append(Arch(f"hf/{name}", "hf", group, family, "seq2seq" if task == "seq2seq" else "text",
-                        _lengths(_max_len(config)), TEXT_BATCHES))
+                        _lengths(_max_len(config)), tuple(entry.get("batches", TEXT_BATCHES))))
     return out
 
 
-#: torch.nn stacks: (cell, layers, hidden) and (depth, width); inputs are sequence lengths / features.
-RNN_GRID = [(cell, layers, hidden) for cell in ("rnn", "lstm", "gru") for layers in (1, 2, 4)
-            for hidden in (256, 1024, 2048)]
-MLP_GRID = [(depth, width) for depth in (2, 4, 8, 16) for width in (256, 1024, 4096)]
+#: torch.nn stacks a data scientist writes by hand: (cell, layers, hidden), (depth, width) and small
+#: CNNs (depth = Conv2d + Linear layers, base width, head); inputs are sequence lengths / features / sides.
+RNN_GRID = [(cell, layers, hidden) for cell in ("rnn", "lstm", "gru") for layers in (1, 2, 4, 8)
+            for hidden in (128, 256, 1024, 2048)]
+MLP_GRID = [(depth, width) for depth in (2, 3, 4, 6, 8, 12, 16) for width in (256, 1024, 4096)]
+MLP_GRID += [(depth, 64) for depth in (2, 3, 4, 6)]
+CNN_GRID = [(depth, width, "gap") for depth in (2, 3, 4, 5, 6, 8, 10, 12) for width in (16, 64, 256)]
+CNN_GRID += [(depth, width, "fc") for depth in (3, 5, 8, 12) for width in (32, 128)]
+CNN_SIDES = (224, 32, 64)  # ImageNet-sized, CIFAR-sized, Tiny-ImageNet-sized
 RNN_FEATURES = 256
 RNN_CLASSES = 10
 
@@ -214,7 +224,35 @@ def nn_archs() -> list[Arch]:
            for cell, layers, hidden in RNN_GRID]
     out += [Arch(f"nn/mlp-d{depth}-w{width}", "nn", "nn-mlp", "mlp", "features", (1024, 784, 16384), MLP_BATCHES)
             for depth, width in MLP_GRID]
+    out += [Arch(f"nn/cnn-d{depth}-w{width}-{head}", "nn", "nn-cnn", "cnn", "image", CNN_SIDES, IMAGE_BATCHES)
+            for depth, width, head in CNN_GRID]
     return out
+
+
+def small_cnn(depth: int, width: int, head: str, classes: int = IMAGE_CLASSES) -> nn.Module:
+    """The plain CNN people write by hand: `depth` weight layers, i.e. 3x3 Conv2d + BatchNorm + ReLU
+    blocks in up to four stages (widths w, 2w, 4w, 8w, 2x2 max-pool after each), then a head of one
+    Linear after global average pooling (`gap`) or two Linear layers with dropout after a 4x4
+    adaptive pool (`fc`, the VGG-style classifier)."""
+    convs = depth - (1 if head == "gap" else 2)
+    if convs < 1:
+        raise ValueError(f"small_cnn: depth {depth} leaves no convolution for head {head!r}")
+    n_stages = min(4, convs)
+    per_stage = [convs // n_stages + (1 if s >= n_stages - convs % n_stages else 0) for s in range(n_stages)]
+    layers: list[nn.Module] = []
+    c_in = 3
+    for stage, count in enumerate(per_stage):
+        c_out = width * 2 ** stage
+        for _ in range(count):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+            c_in = c_out
+        layers.append(nn.MaxPool2d(2))
+    if head == "gap":
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
+    else:
+        layers += [nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(c_in * 16, 512), nn.ReLU(inplace=True),
+                   nn.Dropout(0.5), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
 
 
 def all_archs(sources: tuple[str, ...] = ("timm", "torchvision", "hf", "nn")) -> list[Arch]:
@@ -324,6 +362,9 @@ def build(arch: Arch, input_dim: int) -> tuple[nn.Module, BatchOf, Loss]:
               "classes": RNN_CLASSES}
         model = templates._TimeParallelRecurrent(arch.family, hp)  # same parameters, FLOPs and saved tensors
         return model, _sequence_batch(input_dim), F.cross_entropy
+    if arch.family == "cnn":
+        depth, width, head = re.match(r"cnn-d(\d+)-w(\d+)-(\w+)", base).groups()  # type: ignore[union-attr]
+        return small_cnn(int(depth), int(width), head), _image_batch(input_dim), F.cross_entropy
     depth, width = (int(v) for v in re.match(r"mlp-d(\d+)-w(\d+)", base).groups())  # type: ignore[union-attr]
     modules: list[nn.Module] = []
     n_in = input_dim
