@@ -257,6 +257,11 @@ def _conv_estimates(family: str, hp: dict[str, Any], b: float) -> tuple[float, f
 _STATE_BYTES = {"fp32": 4.0, "amp": 4.0, "fp16": 2.0, "bf16": 2.0}
 
 
+#: The activation term is never taken below this share of the traced peak (rows whose peak is the
+#: optimizer step have almost nothing beyond the fixed bytes).
+ACTIVATION_FLOOR = 0.01
+
+
 @dataclass(frozen=True)
 class Decomposition:
     """What the annotations determine exactly, and the scales of what they do not, per job.
@@ -265,38 +270,36 @@ class Decomposition:
     optimizer: `fixed_mib`) plus what the step saves for backward and its temporaries, which grows
     with batch x input and with the network's width and depth and which no annotation gives exactly.
     Models learn that remainder as a density, `activation / act_scale` with act_scale = batch x input
-    units (pixels of an image, tokens, features) x sqrt(params x layers) (width x depth for a network
+    units (`input_units`: pixels of an image, tokens; 1 for an MLP) x sqrt(params x layers) (width x depth for a network
     whose layers hold ~width^2 parameters each), and FLOPs as `gflops / flops_scale` (batch x input
-    units x params). nvidia-smi memory is `context_mib + factor x traced` (the dataset's calibration).
-    `identity` (the paper's network, raw targets) decodes a target as itself.
+    units x params). nvidia-smi memory is `calibration[0] + calibration[1] x traced` (the dataset's
+    context MiB and factor). `identity` (the paper's network, raw targets) decodes a target as itself.
     """
 
     fixed_mib: FloatArray
-    """Weights + optimizer state per job, MiB (exact from the annotations)."""
     act_scale: FloatArray
-    """What the learned activation density is multiplied by to give MiB."""
     flops_scale: FloatArray
-    """What the learned FLOPs density is multiplied by to give GFLOPs per iteration."""
-    context_mib: float = 0.0
-    """The calibration's constant (CUDA context, framework), MiB."""
-    factor: float = 1.0
-    """The calibration's factor on the traced bytes (allocator rounding and caching)."""
-    floor: float = 0.01
-    """The activation term is never taken below this share of the traced peak (rows whose peak is the
-    optimizer step have almost nothing beyond the fixed bytes)."""
+    calibration: tuple[float, float] = (0.0, 1.0)
+
+    @property
+    def context_mib(self) -> float:
+        return self.calibration[0]
+
+    @property
+    def factor(self) -> float:
+        return self.calibration[1]
 
     @classmethod
     def identity(cls, n: int) -> Decomposition:
         return cls(np.zeros(n), np.ones(n), np.ones(n))
 
     def take(self, rows: npt.NDArray[np.int64]) -> Decomposition:
-        return Decomposition(self.fixed_mib[rows], self.act_scale[rows], self.flops_scale[rows], self.context_mib,
-                             self.factor, self.floor)
+        return Decomposition(self.fixed_mib[rows], self.act_scale[rows], self.flops_scale[rows], self.calibration)
 
     def encode(self, y: FloatArray) -> FloatArray:
         """(memory_mib, gflops) (n, 2) -> (activation density, FLOPs density), both positive."""
         traced = (y[:, 0] - self.context_mib) / self.factor
-        activation = np.maximum(traced - self.fixed_mib, self.floor * np.maximum(traced, 1e-9))
+        activation = np.maximum(traced - self.fixed_mib, ACTIVATION_FLOOR * np.maximum(traced, 1e-9))
         return np.column_stack([activation / self.act_scale, y[:, 1] / self.flops_scale])
 
     def memory(self, density: FloatArray) -> FloatArray:
@@ -310,10 +313,14 @@ class Decomposition:
 
 
 def input_units(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
-    """Elements one sample feeds the network: pixels of an image side, else the sequence length / features."""
+    """What one sample's activations scale with besides the network: the pixels of an image (side^2),
+    the tokens or steps of a sequence, and 1 for an MLP (its hidden activations do not grow with the
+    number of input features; the input itself is one more term the model learns from `input_dim`)."""
     dim = np.asarray(cols["input_dim"], dtype=np.float64)
-    vision = np.fromiter((str(f) in VISION_FAMILIES for f in cols["model_type"]), dtype=bool, count=len(dim))
-    out: FloatArray = np.where(vision, dim * dim, dim)
+    families = [str(f) for f in cols["model_type"]]
+    vision = np.fromiter((f in VISION_FAMILIES for f in families), dtype=bool, count=len(dim))
+    mlp = np.fromiter((f == "mlp" for f in families), dtype=bool, count=len(dim))
+    out: FloatArray = np.where(vision, dim * dim, np.where(mlp, 1.0, dim))
     return out
 
 
@@ -327,7 +334,7 @@ def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0
     states = 1.0 + _lookup(cols["optimizer"], _OPTIMIZER_STATES, "optimizer")
     fixed = params * 1e6 * state_bytes * states / MIB
     units = batch * input_units(cols)
-    return Decomposition(fixed, units * np.sqrt(params * layers), units * params, context_mib, factor)
+    return Decomposition(fixed, units * np.sqrt(params * layers), units * params, (context_mib, factor))
 
 
 def _lookup(values: npt.NDArray[Any], table: Mapping[str, float], column: str) -> FloatArray:

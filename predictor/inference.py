@@ -227,6 +227,9 @@ class Scaling:
     x_scale: FloatArray
     y_mean: FloatArray
     y_scale: FloatArray
+    y_range: FloatArray
+    """(2, n_targets): the lowest and highest target seen in training (log space if logged): outputs
+    are held inside it, so a network never extrapolates a density to something no job ever had."""
     random_state: int = 0
 
     @classmethod
@@ -235,14 +238,16 @@ class Scaling:
         """Standardise the numeric columns of X and the targets (already in log space if the config says so)."""
         numeric = X[:, : X.shape[1] - len(categorical)]
         return cls(config, tuple(categorical), numeric.mean(axis=0), _nonzero(numeric.std(axis=0)),
-                   targets.mean(axis=0), _nonzero(targets.std(axis=0)), random_state)
+                   targets.mean(axis=0), _nonzero(targets.std(axis=0)),
+                   np.stack([targets.min(axis=0), targets.max(axis=0)]), random_state)
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Scaling:
         x_mean, x_scale, y_mean, y_scale = (np.asarray(meta[k], dtype=np.float64)
                                             for k in ("x_mean", "x_scale", "y_mean", "y_scale"))
+        y_range = np.asarray(meta.get("y_range", [[-np.inf] * len(y_mean), [np.inf] * len(y_mean)]), dtype=np.float64)
         scaling = cls(ModelConfig.from_dict(meta["config"]), tuple(int(c) for c in meta["categorical"]),
-                      x_mean, x_scale, y_mean, y_scale, int(meta.get("random_state", 0)))
+                      x_mean, x_scale, y_mean, y_scale, y_range, int(meta.get("random_state", 0)))
         if int(meta.get("n_features", scaling.n_features)) != scaling.n_features:
             raise ValueError(f"x_mean has {len(scaling.x_mean)} entries for {meta['n_features']} features "
                              f"({len(scaling.categorical)} categorical)")
@@ -251,7 +256,8 @@ class Scaling:
     def to_meta(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "categorical": list(self.categorical), "n_features": self.n_features,
                 "n_targets": self.n_targets, "x_mean": self.x_mean.tolist(), "x_scale": self.x_scale.tolist(),
-                "y_mean": self.y_mean.tolist(), "y_scale": self.y_scale.tolist(), "random_state": self.random_state}
+                "y_mean": self.y_mean.tolist(), "y_scale": self.y_scale.tolist(), "y_range": self.y_range.tolist(),
+                "random_state": self.random_state}
 
     @property
     def n_features(self) -> int:
@@ -286,7 +292,8 @@ class Scaling:
         return point, self._unscale(out[:, 0] + gap, 0)
 
     def _unscale(self, z: FloatArray, target: int | slice) -> FloatArray:
-        values: FloatArray = z * self.y_scale[target] + self.y_mean[target]
+        values: FloatArray = np.clip(z * self.y_scale[target] + self.y_mean[target], self.y_range[0, target],
+                                     self.y_range[1, target])
         return np.exp(values) if self.config.log_targets else values
 
 

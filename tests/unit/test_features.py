@@ -84,3 +84,41 @@ def test_unknown_category_is_a_clear_error() -> None:
         feats.seed_features(cols)
     with pytest.raises(ValueError, match="unknown feature set"):
         feats.build_features(cols, "magic")
+
+
+def test_fixed_bytes_are_weights_plus_optimizer_state() -> None:
+    """10M parameters: fp32 Adam holds 4 bytes x (weights + 2 moments); bf16 SGD 2 bytes x weights;
+    amp keeps fp32 master weights, so momentum is 4 bytes x 2."""
+    specs = [JobSpec("resnet", params_millions=10, precision="fp32", optimizer="adam"),
+             JobSpec("resnet", params_millions=10, precision="bf16", optimizer="sgd"),
+             JobSpec("resnet", params_millions=10, precision="amp", optimizer="momentum")]
+    terms = feats.decomposition(feats.columns_from_specs(specs))
+    mib = 10e6 / 2**20
+    np.testing.assert_allclose(terms.fixed_mib, [12 * mib, 2 * mib, 8 * mib])
+
+
+def test_activation_scale_follows_what_activations_grow_with() -> None:
+    def scale(spec: JobSpec) -> float:
+        return float(feats.decomposition(feats.columns_from_specs([spec])).act_scale[0])
+
+    image = JobSpec("cnn", params_millions=20, batch_size=16, input_dim=224, num_layers=50)
+    assert scale(JobSpec("cnn", params_millions=20, batch_size=32, input_dim=224, num_layers=50)) == pytest.approx(
+        2 * scale(image))  # linear in the batch
+    assert scale(JobSpec("cnn", params_millions=20, batch_size=16, input_dim=448, num_layers=50)) == pytest.approx(
+        4 * scale(image))  # an image's pixels
+    text = JobSpec("gpt", params_millions=100, batch_size=4, input_dim=512, num_layers=12)
+    assert scale(JobSpec("gpt", params_millions=100, batch_size=4, input_dim=1024, num_layers=12)) == pytest.approx(
+        2 * scale(text))  # a sequence's tokens
+    # an MLP's hidden activations do not grow with its number of input features
+    assert scale(JobSpec("mlp", params_millions=5, input_dim=784)) == scale(JobSpec("mlp", params_millions=5,
+                                                                                     input_dim=16384))
+
+
+def test_the_decomposition_decodes_what_it_encodes() -> None:
+    specs = [JobSpec("vit", params_millions=86, batch_size=32), JobSpec("lstm", params_millions=3, batch_size=8)]
+    terms = feats.decomposition(feats.columns_from_specs(specs), 1462.25, 1.1)
+    y = np.asarray([[30000.0, 5000.0], [2500.0, 40.0]])
+    dens = terms.encode(y)
+    assert (dens > 0).all()
+    np.testing.assert_allclose(terms.memory(dens[:, 0]), y[:, 0])
+    np.testing.assert_allclose(terms.flops(dens[:, 1]), y[:, 1])

@@ -114,3 +114,17 @@ def test_numpy_forward_matches_torch(config: ModelConfig) -> None:
     weights = {k: v.numpy() for k, v in net.state_dict().items()}  # what the .npz artifact holds
     numpy_net = NumpyNetwork(config, x.shape[1], len(categorical), weights)
     np.testing.assert_allclose(numpy_net(x.double().numpy()), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_predictions_stay_inside_the_targets_seen_in_training() -> None:
+    """Far outside the training inputs the wide (linear) path would extrapolate a log target without
+    limit (a 1000x memory bound); outputs are held to the range of the training targets."""
+    x, y = _toy()
+    est = TransformerBiGRURegressor(QUICK, random_state=0).fit(x, y)
+    wild = x[:5].copy()
+    wild[:, 0] = 1e6  # a numeric input a million standard deviations out
+    points, upper = est.predict_with_upper(wild)
+    assert upper is not None
+    for k in range(y.shape[1]):
+        assert (points[:, k] >= y[:, k].min() * (1 - 1e-9)).all() and (points[:, k] <= y[:, k].max() * (1 + 1e-9)).all()
+    assert (upper <= y[:, 0].max() * (1 + 1e-9)).all()
