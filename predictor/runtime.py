@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from predictor import exact
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 
+FloatArray = npt.NDArray[np.float64]
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "transformer_bigru_tuned.npz"
@@ -62,6 +64,7 @@ class Predictor:
         self._memory_shift = float(metadata.get("memory_upper_shift", 0.0))
         self._family_shifts = {str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()}
         self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
+        self._target_ranges: dict[str, list[list[float]]] = metadata.get("target_ranges", {})
         calibration = metadata.get("memory_calibration", {})
         self._calibration = (float(calibration.get("context_mib", 0.0)), float(calibration.get("factor", 1.0)))
         self._ranges: dict[str, dict[str, tuple[float, float]]] = {
@@ -154,6 +157,10 @@ class Predictor:
         terms = feats.decomposition(cols, *self._calibration)
         x = feats.physics_features(cols, terms).values
         points, upper = self._estimator.predict_with_upper(x)  # densities: learned term, FLOPs
+        if self._target_ranges:  # each family's densities stay inside what it had in training
+            low, high = clip_bounds(self._target_ranges, [spec.model_type for spec in specs], points.shape[1])
+            points = np.clip(points, low, high)
+            upper = None if upper is None else np.clip(upper, low[:, 0], high[:, 0])
         memory = terms.memory(points[:, 0])
         base = upper if upper is not None and not self._point_base else points[:, 0]
         flops = terms.flops(points[:, 1])
@@ -173,6 +180,20 @@ class Predictor:
             ))
             for i, spec in enumerate(specs)
         ]
+
+
+def clip_bounds(ranges: Mapping[str, Sequence[Sequence[float]]], families: Sequence[str] | npt.NDArray[Any],
+                n_targets: int) -> tuple[FloatArray, FloatArray]:
+    """(low, high) per row and target from the per-family ranges: a learner that mixes families
+    (a tree leaf, a network's linear path) never gives a job a density its family never had in
+    training (a tiny custom CNN read as an MLP: a 400x memory). A family without a range: unbounded."""
+    low = np.full((len(families), n_targets), 0.0)
+    high = np.full((len(families), n_targets), np.inf)
+    for i, family in enumerate(families):
+        bounds = ranges.get(str(family))
+        if bounds is not None:
+            low[i], high[i] = bounds[0], bounds[1]
+    return low, high
 
 
 _KEYS = {"params_millions": "params-millions", "batch_size": "batch-size", "input_dim": "input-dim",

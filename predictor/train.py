@@ -31,7 +31,7 @@ from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import over_reservation, regression_metrics, under_rate, upper_margin
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
-from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, range_factor
+from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, clip_bounds, range_factor
 from predictor.splits import Split, grouped_calibration_split, grouped_folds, grouped_split
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,9 @@ class FittedModel:
     bound_source: str = "quantile"
     """What the margin multiplies: the quantile head (`quantile`, where the model has one) or the
     point prediction (`point`); chosen on the calibration scores (`set_margins`)."""
+    target_ranges: dict[str, list[list[float]]] = field(default_factory=dict)
+    """Per family (model_type), [[lowest], [highest]] learned target of its fit rows: predictions
+    are held inside their family's range (`clip_to_family`)."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -187,20 +190,20 @@ class FittedModel:
     def decode(self, x: FloatArray, families: npt.NDArray[Any], terms: feats.Decomposition,
                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition."""
-        points_t, base = self.raw(x)
+        points_t, base = self.raw(x, families)
         shift = np.asarray([self.family_shifts.get(str(f), self.memory_shift) for f in families], dtype=np.float64)
         memory = terms.memory(points_t[:, 0])
         upper = np.maximum(terms.memory(base * np.exp(shift) * factors), memory)
         return np.column_stack([memory, terms.flops(points_t[:, 1])]), upper
 
-    def raw(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def raw(self, x: FloatArray, families: npt.NDArray[Any]) -> tuple[FloatArray, FloatArray]:
         """(points, uncalibrated memory bound) in target units: the quantile head (if chosen), else the point."""
-        points, quantile = self.raw_both(x)
+        points, quantile = self.raw_both(x, families)
         base = quantile if quantile is not None and self.bound_source == "quantile" else points[:, 0]
         return points, np.maximum(base, TINY)
 
-    def raw_both(self, x: FloatArray) -> tuple[FloatArray, FloatArray | None]:
-        """(points, the quantile head's memory bound or None), in target units."""
+    def raw_both(self, x: FloatArray, families: npt.NDArray[Any]) -> tuple[FloatArray, FloatArray | None]:
+        """(points, the quantile head's memory bound or None), in target units, held inside each family's range."""
         upper_raw: FloatArray | None = None
         if len(self.estimators) == 1:
             est = self.estimators[0]
@@ -210,13 +213,24 @@ class FittedModel:
                 points = est.predict(x)
         else:
             points = np.column_stack([est.predict(x)[:, 0] for est in self.estimators])
-        return points, upper_raw
+        if not self.target_ranges:
+            return points, upper_raw
+        low, high = clip_bounds(self.target_ranges, families, points.shape[1])
+        points = np.clip(points, low, high)
+        return points, None if upper_raw is None else np.clip(upper_raw, low[:, 0], high[:, 0])
+
+
+def target_ranges(data: Dataset, feature_set: str, rows: npt.NDArray[np.int64]) -> dict[str, list[list[float]]]:
+    """Per family, the lowest and highest learned target over `rows` (what `clip_bounds` holds predictions to)."""
+    targets, families = data.targets_for(feature_set)[rows], data.families[rows]
+    return {str(f): [targets[families == f].min(axis=0).tolist(), targets[families == f].max(axis=0).tolist()]
+            for f in sorted(set(families.tolist()))}
 
 
 def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64], coverage: float) -> None:
     """Set the model's margins on a calibration fold (rows of groups it did not fit)."""
     x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
-    points, quantile = model.raw_both(x)
+    points, quantile = model.raw_both(x, data.families[cal_rows])
     set_margins(model, data, cal_rows, points[:, 0], quantile, coverage)
 
 
@@ -255,7 +269,15 @@ def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], 
 
 def _fit_estimators(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
                     settings: dict[str, Any] | None, progress: Callable[[int, float], None] | None) -> FittedModel:
-    """Model `name` fitted on `rows`, without margins."""
+    """Model `name` fitted on `rows`, without margins; physics models hold predictions to the family ranges."""
+    model = _fit_learner(name, data, rows, seed, epochs_scale, settings, progress)
+    if model.feature_set == "physics":
+        model.target_ranges = target_ranges(data, model.feature_set, rows)
+    return model
+
+
+def _fit_learner(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
+                 settings: dict[str, Any] | None, progress: Callable[[int, float], None] | None) -> FittedModel:
     torch.set_num_threads(TRAIN_THREADS)
     if name == "transformer_bigru_paper":
         config = paper_config()
@@ -310,7 +332,7 @@ def fit_model(
             inner = _fit_estimators(name, data, np.setdiff1d(train, fold), seed, epochs_scale, settings, None)
             x = (data.physics_x if inner.feature_set == "physics" else data.seed_x).values[fold]
             at = np.searchsorted(train, fold)
-            points, upper = inner.raw_both(x)
+            points, upper = inner.raw_both(x, data.families[fold])
             point[at] = points[:, 0]
             if upper is not None:
                 quantile = np.empty(len(train)) if quantile is None else quantile
@@ -371,6 +393,7 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
         "memory_upper_base": model.bound_source,
+        "target_ranges": model.target_ranges,
         "memory_calibration": {"context_mib": data.terms.context_mib, "factor": data.terms.factor},
         "upper_coverage": UPPER_COVERAGE,
         "input_ranges": model.ranges or input_ranges(data, rows),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from predictor.runtime import WEIGHTS_FILE, ArtifactError, Predictor, out_of_range
+from predictor.runtime import WEIGHTS_FILE, ArtifactError, Predictor, clip_bounds, out_of_range
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 from predictor.splits import random_split
 from predictor.train import fit_model, load_dataset, save_artifact, score
@@ -128,6 +128,8 @@ def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
     x = feats.physics_features(cols).values
     density, upper = est.predict_with_upper(x)  # torch: the learned densities
     assert upper is not None
+    low, high = clip_bounds(meta["target_ranges"], [s.model_type for s in SPECS], 2)  # each family's range
+    density, upper = np.clip(density, low, high), np.clip(upper, low[:, 0], high[:, 0])
     calibration = meta["memory_calibration"]
     terms = feats.decomposition(cols, calibration["context_mib"], calibration["factor"])
     memory, flops = terms.memory(density[:, 0]), terms.flops(density[:, 1])
@@ -221,3 +223,10 @@ def test_out_of_range_rule_by_hand() -> None:
     factor, warnings = out_of_range(JobSpec("lstm"), ranges)
     assert factor == 2.0 and "no job of this family" in warnings[0]
     assert out_of_range(JobSpec("lstm"), {}) == (1.0, ())
+
+
+def test_clip_bounds_hold_each_family_to_its_own_range() -> None:
+    ranges = {"cnn": [[1e-6, 2.0], [1e-4, 9.0]], "mlp": [[0.5, 1.0], [3.0, 4.0]]}
+    low, high = clip_bounds(ranges, ["mlp", "cnn", "vit"], 2)
+    np.testing.assert_array_equal(low, [[0.5, 1.0], [1e-6, 2.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(high, [[3.0, 4.0], [1e-4, 9.0], [np.inf, np.inf]])  # vit: no range, no clip
