@@ -281,14 +281,6 @@ class Decomposition:
     flops_scale: FloatArray
     calibration: tuple[float, float] = (0.0, 1.0)
 
-    @property
-    def context_mib(self) -> float:
-        return self.calibration[0]
-
-    @property
-    def factor(self) -> float:
-        return self.calibration[1]
-
     @classmethod
     def identity(cls, n: int) -> Decomposition:
         return cls(np.zeros(n), np.ones(n), np.ones(n))
@@ -298,13 +290,15 @@ class Decomposition:
 
     def encode(self, y: FloatArray) -> FloatArray:
         """(memory_mib, gflops) (n, 2) -> (activation density, FLOPs density), both positive."""
-        traced = (y[:, 0] - self.context_mib) / self.factor
+        context_mib, factor = self.calibration
+        traced = (y[:, 0] - context_mib) / factor
         activation = np.maximum(traced - self.fixed_mib, ACTIVATION_FLOOR * np.maximum(traced, 1e-9))
         return np.column_stack([activation / self.act_scale, y[:, 1] / self.flops_scale])
 
     def memory(self, density: FloatArray) -> FloatArray:
         """Activation density -> nvidia-smi memory (MiB)."""
-        out: FloatArray = self.context_mib + self.factor * (self.fixed_mib + density * self.act_scale)
+        context_mib, factor = self.calibration
+        out: FloatArray = context_mib + factor * (self.fixed_mib + density * self.act_scale)
         return out
 
     def flops(self, density: FloatArray) -> FloatArray:

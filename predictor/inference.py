@@ -39,16 +39,12 @@ class ModelConfig:
     """Numeric columns embedded together as one token each (tokens=True); empty: one token per column."""
     max_positions: int = 512
     """Size of the learned position embedding table (the paper's maximum position 512)."""
-    attention_layers: int = 2
-    """Self-attention blocks after the BiGRU, each with a residual connection and layer normalisation."""
-    heads: int = 4
-    """Attention heads per block (the paper: 4)."""
-    key_channels: int = 32
-    """Query/key (and value) channels per head."""
-    gru_forward_units: int = 6
-    """Hidden units of the GRU reading the steps in order (the paper: 6)..."""
-    gru_backward_units: int = 10
-    """...and of the one reading them reversed (the paper: 10); their outputs are concatenated per step."""
+    attention: tuple[int, int, int] = (2, 4, 32)
+    """Self-attention after the BiGRU as (blocks, heads, query/key/value channels per head); each block
+    adds its input back and layer-normalises (the paper: 2 blocks of 4 heads x 32 channels)."""
+    gru_units: tuple[int, int] = (6, 10)
+    """Hidden units of the GRU reading the steps in order, and of the one reading them reversed, whose
+    outputs are concatenated per step (the paper: 6 and 10)."""
     dropout: float = 0.01
     """Dropout after the attention blocks' ReLU (the paper: 0.01); identity at inference."""
     pool: str = "mean"
@@ -89,6 +85,9 @@ class ModelConfig:
         values = dict(data)
         values["target_weights"] = tuple(values.get("target_weights", ()))
         values["token_groups"] = tuple(tuple(g) for g in values.get("token_groups", ()))
+        for pair in ("attention", "gru_units"):
+            if pair in values:
+                values[pair] = tuple(values[pair])
         return cls(**values)
 
 
@@ -157,10 +156,11 @@ class NumpyNetwork:
         self.w_hh[hf:, cols_b] = wb_hh.T
         self.b_hh = np.zeros(h3)
         self.b_hh[cols_f], self.b_hh[cols_b] = bf_hh, bb_hh
-        scale = np.ones(3 * config.heads * config.key_channels)
-        scale[: config.heads * config.key_channels] = config.key_channels**-0.5  # queries
+        layers, heads, keys = config.attention
+        scale = np.ones(3 * heads * keys)
+        scale[: heads * keys] = keys**-0.5  # queries
         self.attention = []
-        for i in range(config.attention_layers):
+        for i in range(layers):
             w_qkv, b_qkv, w_out, b_out, gamma, beta = (arr(f"attention.{i}.{name}") for name in (
                 "qkv.weight", "qkv.bias", "out.weight", "out.bias", "norm.weight", "norm.bias"))
             self.attention.append(((w_qkv * scale[:, None]).T.copy(), b_qkv * scale, w_out.T.copy(), b_out, gamma,
@@ -193,7 +193,7 @@ class NumpyNetwork:
             gates += table[x[:, self.n_numeric + i].astype(np.int64)]
         h = self._bigru(gates.reshape(len(x), self.steps, 3 * self.hidden))
         batch, steps, _ = h.shape
-        heads, keys = config.heads, config.key_channels
+        _, heads, keys = config.attention
         for w_qkv, b_qkv, w_out, b_out, gamma, beta in self.attention:
             q, k, v = (h @ w_qkv + b_qkv).reshape(batch, steps, 3, heads, keys).transpose(2, 0, 3, 1, 4)
             scores = q @ k.transpose(0, 1, 3, 2)  # (B, H, T, T); q carries the 1/sqrt(K) scale

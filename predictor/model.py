@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 def paper_config() -> ModelConfig:
     """The seed paper's network and training recipe, number for number."""
     return ModelConfig(
-        name="paper", feature_set="seed", tokens=False, max_positions=512, attention_layers=2, heads=4,
-        key_channels=32, gru_forward_units=6, gru_backward_units=10, dropout=0.01, pool="mean", head_hidden=0,
+        name="paper", feature_set="seed", tokens=False, max_positions=512, attention=(2, 4, 32),
+        gru_units=(6, 10), dropout=0.01, pool="mean", head_hidden=0,
         wide=False, log_targets=False, upper_quantile=None, epochs=200, batch_size=256, learning_rate=0.01,
         lr_schedule="piecewise", lr_drop_epoch=80, lr_after=0.001, weight_decay=1e-3, optimizer="adam",
         grad_clip=10.0,
@@ -57,8 +57,7 @@ def tuned_config() -> ModelConfig:
 
     return ModelConfig(
         name="tuned", feature_set="physics", tokens=True, d_token=24, token_groups=physics_token_groups(),
-        max_positions=512, attention_layers=2,
-        heads=4, key_channels=8, gru_forward_units=16, gru_backward_units=16, dropout=0.0, pool="flatten",
+        max_positions=512, attention=(2, 4, 8), gru_units=(16, 16), dropout=0.0, pool="flatten",
         head_hidden=64, wide=True, log_targets=True, upper_quantile=0.95, epochs=40, batch_size=256,
         learning_rate=3e-3, lr_schedule="cosine", weight_decay=1e-4, optimizer="adamw", grad_clip=1.0,
         target_weights=(1.0, 1.0),
@@ -113,11 +112,13 @@ class TransformerBiGRU(nn.Module):
             raise ValueError(f"{steps} steps exceed the position embedding's {config.max_positions}")
         self.steps = steps
         self.position = nn.Embedding(config.max_positions, channels)
-        self.gru_forward = nn.GRU(channels, config.gru_forward_units, batch_first=True)
-        self.gru_backward = nn.GRU(channels, config.gru_backward_units, batch_first=True)
-        hidden = config.gru_forward_units + config.gru_backward_units
+        forward_units, backward_units = config.gru_units
+        self.gru_forward = nn.GRU(channels, forward_units, batch_first=True)
+        self.gru_backward = nn.GRU(channels, backward_units, batch_first=True)
+        hidden = forward_units + backward_units
+        layers, heads, key_channels = config.attention
         self.attention = nn.ModuleList(
-            SelfAttention(hidden, config.heads, config.key_channels) for _ in range(config.attention_layers)
+            SelfAttention(hidden, heads, key_channels) for _ in range(layers)
         )
         self.dropout = nn.Dropout(config.dropout)
         pooled = hidden * steps if config.pool == "flatten" else hidden

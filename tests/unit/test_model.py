@@ -20,8 +20,8 @@ from predictor.model import (
 
 def test_paper_config_matches_the_seed() -> None:
     c = paper_config()
-    assert (c.max_positions, c.attention_layers, c.heads, c.key_channels) == (512, 2, 4, 32)
-    assert (c.gru_forward_units, c.gru_backward_units, c.dropout) == (6, 10, 0.01)
+    assert (c.max_positions, c.attention) == (512, (2, 4, 32))  # 2 blocks, 4 heads, 32 key channels
+    assert (c.gru_units, c.dropout) == ((6, 10), 0.01)  # forward, backward GRU units
     assert (c.optimizer, c.epochs, c.batch_size, c.learning_rate) == ("adam", 200, 256, 0.01)
     assert (c.lr_schedule, c.lr_drop_epoch, c.lr_after) == ("piecewise", 80, 0.001)
     assert (c.weight_decay, c.grad_clip) == (1e-3, 10.0)
@@ -57,8 +57,8 @@ def _toy(n: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-QUICK = ModelConfig(name="quick", tokens=True, d_token=8, gru_forward_units=4, gru_backward_units=4, heads=2,
-                    key_channels=4, head_hidden=16, wide=True, log_targets=True, upper_quantile=0.9, epochs=25,
+QUICK = ModelConfig(name="quick", tokens=True, d_token=8, gru_units=(4, 4), attention=(2, 2, 4), head_hidden=16,
+                    wide=True, log_targets=True, upper_quantile=0.9, epochs=25,
                     batch_size=64, learning_rate=1e-2, lr_schedule="cosine", optimizer="adamw", weight_decay=0.0,
                     grad_clip=1.0, dropout=0.0, pool="flatten")
 

@@ -70,7 +70,8 @@ def test_the_decomposition_gives_back_the_labels(tmp_path: Path) -> None:
     data = load_dataset(_frame_with_groups(tmp_path, 120))
     memory = data.terms.memory(data.physics_t[:, 0])
     # exact wherever the label is above the fixed bytes (the floor keeps a positive activation term)
-    above = (data.y[:, 0] - data.terms.context_mib) / data.terms.factor > data.terms.fixed_mib * 1.02
+    context_mib, factor = data.terms.calibration
+    above = (data.y[:, 0] - context_mib) / factor > data.terms.fixed_mib * 1.02
     assert above.sum() > 20
     np.testing.assert_allclose(memory[above], data.y[above, 0], rtol=1e-9)
     np.testing.assert_allclose(data.terms.flops(data.physics_t[:, 1]), data.y[:, 1], rtol=1e-9)
