@@ -18,7 +18,7 @@ where the last run stopped. A running command also appends each record to the gi
 predictor/dataset/_work/real.jsonl (crash safety: nothing finished is lost before the outputs are
 rewritten); a restart reads both and skips the units they hold, unless the architecture's definition
 changed since (other inputs or batches: traced again). Outputs are rebuilt from the records, sorted,
-so they do not depend on the order units finished in: predictor/data/real_traces.csv (one row per
+so they do not depend on the order units finished in: predictor/data/real_traces.csv.gz (one row per
 trace), predictor/data/real_jobs.csv.gz (one row per trace and optimizer, the jobs.csv columns plus
 group/family/name/source) and predictor/data/exact.json (the exact-architecture table read by
 predictor/exact.py).
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "predictor" / "data"
 WORK = calibration.WORK_DIR / "real.jsonl"
-TRACES_OUT = DATA_DIR / "real_traces.csv"
+TRACES_OUT = DATA_DIR / "real_traces.csv.gz"
 JOBS_OUT = DATA_DIR / "real_jobs.csv.gz"
 EXACT_OUT = DATA_DIR / "exact.json"
 STORE = DATA_DIR / "real_units.jsonl.gz"
@@ -538,7 +538,7 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
     data_dir.mkdir(parents=True, exist_ok=True)
     write_store(done, data_dir / STORE.name)
     traces = trace_rows(done)
-    _write_csv(data_dir / TRACES_OUT.name, TRACE_COLUMNS, traces, compress=False)
+    _write_csv(data_dir / TRACES_OUT.name, TRACE_COLUMNS, traces, compress=True)
     jobs = job_rows(done, fit)
     _write_csv(data_dir / JOBS_OUT.name, (*COLUMNS, *JOB_EXTRA), jobs, compress=True)
     table = exact_table(done, fit, bound)
@@ -800,7 +800,7 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "optimizer); the columns of "
         "jobs.csv (docs/CONTRACTS.md) plus `name`, `source`, `group` (for grouped splits), `family` (the model-type "
         "annotation; `vgg` kept, `model_type` holds its canonical family) |",
-        "| `real_traces.csv` | one row per trace: the forward/backward peak and the bytes left after backward, "
+        "| `real_traces.csv.gz` | one row per trace: the forward/backward peak and the bytes left after backward, "
         "each with its breakdown, and the GFLOPs (optimizer-free: any optimizer's peak follows from it) |",
         "| `exact.json` | the exact-architecture table read by predictor/exact.py (`deepres.io/model`) |",
         "| `real_units.jsonl.gz` | the unit records (exact bytes, FLOPs, errors): the dataset's state, from "

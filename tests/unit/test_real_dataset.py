@@ -196,7 +196,7 @@ def test_generation_resumes_and_rebuilds_identical_outputs(tmp_path: Path) -> No
     work.write_text("\n".join(reversed(lines)) + "\n")  # units finished in another order
     second = R.write_outputs(R.read_work(work), tmp_path / "b")
     assert first == second
-    for name in ("exact.json", "real_traces.csv", "real_jobs.csv.gz", R.STORE.name):
+    for name in ("exact.json", "real_traces.csv.gz", "real_jobs.csv.gz", R.STORE.name):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     rows = gzip.decompress((tmp_path / "a" / "real_jobs.csv.gz").read_bytes()).decode().splitlines()
     assert len(rows) == 1 + 3 * 3 * 3 * 4  # header + archs x precisions x batches x optimizers
@@ -219,7 +219,7 @@ def test_a_fresh_clone_resumes_from_the_store_and_retraces_changed_architectures
     assert [r["key"] for r in retraced] == ["nn/mlp-d2-w256|t0"]
     assert [t["batch"] for t in retraced[0]["inputs"][0]["traces"]][:3] == [1, 2, 4]
     R.write_outputs(again, tmp_path / "again")
-    for name in (R.STORE.name, "exact.json", "real_traces.csv"):
+    for name in (R.STORE.name, "exact.json", "real_traces.csv.gz"):
         assert (tmp_path / "data" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
 
 
