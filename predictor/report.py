@@ -288,7 +288,9 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "version counted them, which made the held-out MLPs' densities 20x off). The physics argument for it "
         "stands on its own (an MLP's hidden activations do not grow with the input width) and it did not "
         "change the cross-validation score; it is reported here because it was not chosen blind. The "
-        "bound's coverage (95%) is the issue's under-rate target, fixed before any figure.",
+        "bound's coverage (97%) is the one the previous release chose, before any of these figures (the 95% "
+        "target plus headroom, as unseen architectures are less exchangeable than conformal assumes); a 95% "
+        "version was tried on the previous data revision and is not what is reported.",
         "- **Baselines** (`predictor.baselines`) see the same physics features and learn the same log densities; "
         "each has a "
         "2-3 point grid of its most sensitive knob, chosen on the grouped split's calibration fold: "

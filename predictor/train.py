@@ -43,11 +43,11 @@ DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
 CALIBRATION_CONSTANTS = REPO_ROOT / "predictor" / "dataset" / "calibration.json"
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
-#: Coverage the memory upper bound is calibrated to on held-out architecture groups (the admission
-#: bound should under-estimate at most 5% of jobs of architectures it never saw: the issue's target,
-#: fixed before any test figure was seen). Every point of coverage above it costs reservation on
-#: every job.
-UPPER_COVERAGE = 0.95
+#: Coverage the memory upper bound is calibrated to on the calibration fold (the admission bound
+#: should under-estimate at most 5% of jobs of architectures it never saw). 97%: the conformal
+#: guarantee holds for jobs exchangeable with the calibration fold; unseen groups vary more than
+#: that assumes, so a little headroom over the 95% target.
+UPPER_COVERAGE = 0.97
 #: Share of a training set's architecture groups held out to calibrate the bound.
 CALIBRATION_FRACTION = 0.2
 #: A family gets its own margin when the calibration fold holds at least this many of its jobs;
