@@ -53,10 +53,6 @@ class ModelConfig:
     """Hidden units of the output MLP; 0 = the paper's single fully connected layer."""
     wide: bool = False
     """Add a linear path from the numeric inputs to the outputs (wide & deep)."""
-    wide_groups: int = 0
-    """0: the wide path is one linear model for every row; k > 0: plus one correction per value of the
-    first categorical column (k values: the model type), started at a ridge fit that shrinks each
-    family's correction towards the shared model (a family never seen gets the shared one)."""
     log_targets: bool = False
     """Learn log(target) (relative error) instead of the target itself."""
     upper_quantile: float | None = None
@@ -93,18 +89,6 @@ class ModelConfig:
             if pair in values:
                 values[pair] = tuple(values[pair])
         return cls(**values)
-
-
-def wide_inputs(x_num: FloatArray, codes: npt.NDArray[np.int64], groups: int) -> FloatArray:
-    """The wide path's inputs: the numeric columns, then (groups > 0) the numeric columns and a 1 in the
-    block of the row's group (its first categorical code), zeros in the other groups' blocks."""
-    if not groups:
-        return x_num
-    n, width = x_num.shape[0], x_num.shape[1] + 1
-    per = np.zeros((n, groups, width))
-    per[np.arange(n), codes, :-1] = x_num
-    per[np.arange(n), codes, -1] = 1.0
-    return np.concatenate([x_num, per.reshape(n, groups * width)], axis=1)
 
 
 class NumpyNetwork:
@@ -184,8 +168,6 @@ class NumpyNetwork:
         names = (("head.0", "head.2") if config.head_hidden else ("head",))
         self.head = [(arr(f"{n}.weight").T.copy(), arr(f"{n}.bias")) for n in names]
         self.wide = (arr("wide.weight").T.copy(), arr("wide.bias")) if config.wide else None
-        if self.wide is not None and config.wide_groups:  # (groups, numeric + 1, outputs): one row's block at a time
-            self.wide_blocks = self.wide[0][n_numeric:].reshape(config.wide_groups, n_numeric + 1, -1)
 
     def _bigru(self, gates: FloatArray) -> FloatArray:
         """(B, steps, 3H) gate inputs -> (B, steps, H): forward outputs then backward outputs per step."""
@@ -227,11 +209,7 @@ class NumpyNetwork:
             if i < len(self.head) - 1:  # GELU (tanh approximation), as in the torch head
                 out = 0.5 * out * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (out + 0.044715 * out**3)))
         if self.wide is not None:
-            x_num = x[:, : self.n_numeric]
-            out = out + x_num @ self.wide[0][: self.n_numeric] + self.wide[1]
-            if config.wide_groups:
-                blocks = self.wide_blocks[x[:, self.n_numeric].astype(np.int64)]  # (B, numeric + 1, outputs)
-                out = out + np.einsum("bf,bfo->bo", x_num, blocks[:, :-1]) + blocks[:, -1]
+            out = out + x[:, : self.n_numeric] @ self.wide[0] + self.wide[1]
         result: FloatArray = out
         return result
 

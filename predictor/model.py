@@ -30,12 +30,10 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from predictor.inference import ModelConfig, NumpyNetwork, Scaling, wide_inputs
+from predictor.inference import ModelConfig, NumpyNetwork, Scaling
 
 FloatArray = npt.NDArray[np.float64]
 log = logging.getLogger(__name__)
-#: Ridge penalty per training row on the per-family corrections of the wide path (`wide_groups`).
-WIDE_GROUP_RIDGE = 1e-3
 
 
 def paper_config() -> ModelConfig:
@@ -131,10 +129,7 @@ class TransformerBiGRU(nn.Module):
             )
         else:
             self.head = nn.Linear(pooled, n_outputs)
-        if config.wide_groups and not categorical:
-            raise ValueError("wide_groups needs a categorical column to group by")
-        wide_in = self.n_numeric + config.wide_groups * (self.n_numeric + 1)
-        self.wide = nn.Linear(wide_in, n_outputs) if config.wide else None
+        self.wide = nn.Linear(self.n_numeric, n_outputs) if config.wide else None
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """(B, F) -> (B, T, C) with positions added."""
@@ -160,13 +155,7 @@ class TransformerBiGRU(nn.Module):
         pooled = h.flatten(1) if self.config.pool == "flatten" else h.mean(dim=1)  # (B, P)
         out: torch.Tensor = self.head(pooled)  # (B, n_outputs)
         if self.wide is not None:
-            x_num = x[:, : self.n_numeric]
-            groups = self.config.wide_groups
-            if groups:  # numpy's wide_inputs, in torch
-                aug = torch.cat([x_num, torch.ones_like(x_num[:, :1])], dim=1)
-                onehot = nn.functional.one_hot(x[:, self.n_numeric].long(), groups).to(x.dtype)
-                x_num = torch.cat([x_num, (onehot[:, :, None] * aug[:, None, :]).flatten(1)], dim=1)
-            out = out + self.wide(x_num)
+            out = out + self.wide(x[:, : self.n_numeric])
         return out
 
 
@@ -226,9 +215,7 @@ class TransformerBiGRURegressor:
         scaled_x = self.scaling_.scale_x(X)
         scaled_y = (targets - self.scaling_.y_mean) / self.scaling_.y_scale
         if self.module_.wide is not None:
-            n_numeric = self.module_.n_numeric
-            codes = scaled_x[:, n_numeric].astype(np.int64) if config.wide_groups else np.zeros(len(X), np.int64)
-            self._init_wide(wide_inputs(scaled_x[:, :n_numeric], codes, config.wide_groups), scaled_y, n_numeric)
+            self._init_wide(scaled_x[:, : self.module_.n_numeric], scaled_y)
         xt = torch.as_tensor(scaled_x, dtype=torch.float32)
         yt = torch.as_tensor(scaled_y, dtype=torch.float32)
         threads = torch.get_num_threads()
@@ -240,18 +227,14 @@ class TransformerBiGRURegressor:
         self.module_.eval()
         return self
 
-    def _init_wide(self, x: FloatArray, y: FloatArray, n_shared: int) -> None:
+    def _init_wide(self, x: FloatArray, y: FloatArray) -> None:
         """Start the wide path at the ridge least-squares fit and the deep head at zero, so training
-        begins from the best linear model in log space and the network learns what is not linear.
-        The first `n_shared` columns are the shared model (light ridge); the per-group blocks after them
-        are shrunk harder (WIDE_GROUP_RIDGE per row), so a family with few rows stays near the shared fit."""
+        begins from the best linear model in log space and the network learns what is not linear."""
         wide = self.module_.wide
         assert wide is not None
         design = np.column_stack([x, np.ones(len(x))])
-        penalty = np.full(design.shape[1], 1e-3)
-        penalty[n_shared:-1] = WIDE_GROUP_RIDGE * len(x)
-        penalty[-1] = 0.0
-        ridge = np.diag(penalty)
+        ridge = 1e-3 * np.eye(design.shape[1])
+        ridge[-1, -1] = 0.0
         coef = np.linalg.solve(design.T @ design + ridge, design.T @ y)  # (F+1, n_targets)
         with torch.no_grad():
             wide.weight.zero_()
