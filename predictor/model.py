@@ -51,8 +51,9 @@ def tuned_config() -> ModelConfig:
     """Our configuration (see the module docstring). The architecture was set by hand on earlier data;
     the epochs (40: longer training fits the training architectures more closely and predicts unseen
     ones worse) were chosen by grouped 5-fold cross-validation inside the grouped split's training rows,
-    among 20/40/80/200 and a few regularisation variants (dropout, weight decay, Huber loss, no wide path,
-    a smaller or larger network), none of which beat it by more than noise; the test rows took no part."""
+    among 20/40/80/200 and a few variants (dropout, weight decay, Huber loss, no wide path, a wide path
+    per family, one token per feature, a smaller or larger network), none of which beat it by more than
+    noise; the test rows took no part."""
     from predictor.features import physics_token_groups
 
     return ModelConfig(
