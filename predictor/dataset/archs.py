@@ -49,8 +49,7 @@ from predictor.dataset import templates
 
 HF_TABLE = Path(__file__).with_name("hf_models.json")
 IMAGE_BATCHES = (8, 32, 128)
-TEXT_BATCHES = (1, 8, 64)  # text models under ~1B parameters
-LARGE_TEXT_BATCHES = (1, 4, 16)  # from ~1B parameters (`"batches"` in hf_models.json)
+TEXT_BATCHES = (1, 8, 64)
 SEQ_BATCHES = (8, 32, 128)
 MLP_BATCHES = (32, 256, 2048)
 TEXT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -202,7 +201,7 @@ def hf_archs() -> list[Arch]:
             continue
         family = "gpt" if task == "clm" and config.model_type != "xlnet" else "transformer"
         out.append(Arch(f"hf/{name}", "hf", group, family, "seq2seq" if task == "seq2seq" else "text",
-                        _lengths(_max_len(config)), tuple(entry.get("batches", TEXT_BATCHES))))
+                        _lengths(_max_len(config)), TEXT_BATCHES))
     return out
 
 
