@@ -234,6 +234,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
                   + (f"The CPU time of the same calls has p99 {runtime['cpu_p99_ms']:.3f} ms: the rest of the wall "
                      f"p99 is time the process spent descheduled (1-minute load average "
                      f"{runtime['loadavg_1m']:.1f} on 2 cores). " if "cpu_p99_ms" in runtime else "")
+                  + (f"How: {runtime['method']}. " if runtime.get("method") else "")
                   + "Timings on a shared 2-core machine: noisy.", ""]
     else:
         lines += ["Not measured in this run (`--no-runtime`).", ""]

@@ -230,3 +230,18 @@ def test_clip_bounds_hold_each_family_to_its_own_range() -> None:
     low, high = clip_bounds(ranges, ["mlp", "cnn", "vit"], 2)
     np.testing.assert_array_equal(low, [[0.5, 1.0], [1e-6, 2.0], [0.0, 0.0]])
     np.testing.assert_array_equal(high, [[3.0, 4.0], [1e-4, 9.0], [np.inf, np.inf]])  # vit: no range, no clip
+
+
+def test_runtime_probe_reports_every_round_at_normal_priority(artifact: Path) -> None:
+    """The serving figures `deepres evaluate` writes: a fresh process, no torch, each round kept, and the
+    probe back at nice 0 where the caller may raise it (root here; a niced caller otherwise keeps its own)."""
+    import os
+
+    from predictor.bench import runtime_figures
+
+    figures = runtime_figures(artifact, calls=50, rounds=2)
+    assert figures["imports_torch"] is False
+    assert len(figures["rounds"]) == 2 and figures["p99_ms"] in [r["p99_ms"] for r in figures["rounds"]]
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["p99_ms_worst_round"]
+    assert figures["probe_nice"] == (0 if os.geteuid() == 0 else os.nice(0))
+    assert figures["predict_cli_wall_s"] < 10
