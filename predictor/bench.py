@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=5000, help="JobSpecs in the throughput batch")
     parser.add_argument("--artifact", type=Path, default=None, help="artifact directory (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic JobSpecs")
-    parser.add_argument("--report", type=Path, default=REPO_ROOT / "reports" / "predictor.json",
+    parser.add_argument("--report", default=str(REPO_ROOT / "reports" / "predictor.json"),
                         help="also write the fresh-process runtime figures under `runtime` in this report "
                              "(default: %(default)s; '' skips)")
 
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         "cached_p50_ms": round(c50, 5), "cached_p99_ms": round(c99, 5),
         "batch_per_s": round(len(batch_specs) / batch_seconds, 1), "rss_mib": round(_rss_mib(), 1),
     }
-    if str(args.report):
+    if args.report:  # a string: Path("") would read as "." and be truthy
         runtime = runtime_figures(args.artifact)
         figures["fresh_process"] = runtime
         write_runtime_section(Path(args.report), runtime)
