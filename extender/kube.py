@@ -3,8 +3,9 @@ Events and TokenReviews, behind the small `Cluster` interface.
 
 `KubeCluster` (the production default) uses the official `kubernetes` client; `InMemoryCluster`
 serves local mode (`--no-kube`) and tests with the same behaviour and no API server. Pods travel
-as plain dicts in Kubernetes' JSON casing (what `ApiClient().sanitize_for_serialization` yields),
-so the extender parses a watched pod and a pod sent by kube-scheduler with one parser.
+as plain dicts in Kubernetes' JSON casing (the API server's own JSON for lists and watches, which
+`ApiClient().sanitize_for_serialization` of a model matches), so the extender parses a watched pod
+and a pod sent by kube-scheduler with one parser.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import random
 import threading
 import uuid as uuid_module
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +327,7 @@ class KubeCluster:
         self._api: Any = api_client if api_client is not None else client.ApiClient()
         self._core: Any = client.CoreV1Api(self._api)
         self._auth: Any = client.AuthenticationV1Api(self._api)
-        self._watch: Any = importlib.import_module("kubernetes.watch")
+        self._lines: Callable[[Any], Iterator[str]] = importlib.import_module("kubernetes.watch.watch").iter_resp_lines
         self.scheduler_name = scheduler_name
         self.resync_s = resync_s
         self.token_cache_s = token_cache_s
@@ -370,25 +373,18 @@ class KubeCluster:
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_pod_for_all_namespaces(field_selector=selector,
-                                                                _request_timeout=self.api_timeout_s)
-                pods = [self._api.sanitize_for_serialization(p) for p in listed.items]
+                listed = self._list(self._core.list_pod_for_all_namespaces, field_selector=selector)
+                pods = [p for p in listed.get("items") or () if isinstance(p, dict)]
                 with self._lock:
                     self._pods = {pod_meta(p)[:2]: p for p in pods}
                 handlers.pods_listed(pods)
                 self._synced.set()
                 failures = 0
-                stream = self._watch.Watch().stream(
-                    self._core.list_pod_for_all_namespaces, field_selector=selector,
-                    resource_version=listed.metadata.resource_version, **self._watch_timeouts(),
-                )
-                for event in stream:
+                for kind, pod in self._events(self._core.list_pod_for_all_namespaces, field_selector=selector,
+                                              resource_version=_resource_version(listed)):
                     if self._stop.is_set():
                         return
-                    if event.get("type") == "ERROR":
-                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
-                    pod = self._api.sanitize_for_serialization(event["object"])
-                    deleted = event["type"] == "DELETED"
+                    deleted = kind == "DELETED"
                     with self._lock:
                         if deleted:
                             self._pods.pop(pod_meta(pod)[:2], None)
@@ -402,23 +398,63 @@ class KubeCluster:
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_node(_request_timeout=self.api_timeout_s)
-                handlers.nodes_listed([n.metadata.name for n in listed.items])
+                listed = self._list(self._core.list_node)
+                handlers.nodes_listed([name for n in listed.get("items") or () if (name := _name(n))])
                 failures = 0
-                stream = self._watch.Watch().stream(
-                    self._core.list_node, resource_version=listed.metadata.resource_version,
-                    **self._watch_timeouts())
-                for event in stream:
+                for kind, node in self._events(self._core.list_node, resource_version=_resource_version(listed)):
                     if self._stop.is_set():
                         return
-                    if event.get("type") == "ERROR":
-                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
-                    if event["type"] == "DELETED":
-                        handlers.node_deleted(event["object"].metadata.name)
-                    elif event["type"] == "ADDED":
-                        handlers.node_added(event["object"].metadata.name)
+                    name = _name(node)
+                    if not name:
+                        continue
+                    if kind == "DELETED":
+                        handlers.node_deleted(name)
+                    elif kind == "ADDED":
+                        handlers.node_added(name)
             except Exception as err:
                 failures = self._rewatch("node", err, failures)
+
+    def _list(self, call: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
+        """A list call's JSON as plain dicts (Kubernetes' casing), read with orjson.
+
+        The client's model deserialiser and `sanitize_for_serialization` back to dicts cost ~2 ms
+        per Pod (measured: 2.0 ms against 0.02 ms for one 3 KB Pod event); at a few watch events per
+        scheduled pod, and a Node event per node heartbeat, that was most of the extender's CPU."""
+        response = call(_preload_content=False, _request_timeout=self.api_timeout_s, **kwargs)
+        try:
+            if not 200 <= int(response.status) <= 299:
+                self._api.response_deserialize(response, {})  # raises the client's ApiException
+            listed = orjson.loads(response.data)
+        finally:
+            response.release_conn()
+        if not isinstance(listed, dict):
+            raise ValueError(f"list answered {type(listed).__name__}, not an object")
+        return listed
+
+    def _events(self, call: Callable[..., Any], **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A watch's (type, object) events from its JSON lines (see `_list` for why not the client's
+        Watch, which deserialises each object into models). An ERROR event ends the watch
+        (WatchExpired: 410 Gone relists at once); BOOKMARKs and anything unreadable are skipped."""
+        response = call(watch=True, _preload_content=False, **kwargs, **self._watch_timeouts())
+        try:
+            if not 200 <= int(response.status) <= 299:
+                self._api.response_deserialize(response, {})
+            for line in self._lines(response):
+                try:
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    log.info("skipping an unreadable watch line (%d characters)", len(line))
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                kind, obj = event.get("type"), event.get("object")
+                if kind == "ERROR":
+                    raise WatchExpired(str(obj))
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                    yield kind, obj
+        finally:
+            response.close()
+            response.release_conn()
 
     # ---- calls ----
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -515,6 +551,18 @@ class KubeCluster:
         extra = status.user.extra or {}
         node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
         return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
+
+
+def _resource_version(listed: Mapping[str, Any]) -> str | None:
+    meta = listed.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and version else None
+
+
+def _name(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def _api_reason(err: Exception) -> str:

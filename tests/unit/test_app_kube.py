@@ -3,18 +3,15 @@ Events, TokenReview with node binding and caching, watches that list, watch and 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import json
+import urllib.parse
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from kubernetes.client import (
     ApiClient,
     Configuration,
-    V1ListMeta,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodList,
-    V1PodSpec,
     V1TokenReview,
     V1TokenReviewStatus,
     V1UserInfo,
@@ -22,6 +19,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
 
@@ -141,35 +139,50 @@ def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -
 
 
 def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
-    kube, _ = cluster()
-    pod = V1Pod(metadata=V1ObjectMeta(name="p", namespace="ml", uid="u-1",
-                                      annotations={"deepres.io/assigned-gpus": "GPU-1"}),
-                spec=V1PodSpec(containers=[], scheduler_name="deepres-scheduler", node_name="n1"))
-    selectors: list[str] = []
+    """Through the real client over loopback HTTP: the list, then the watch from its resourceVersion;
+    a stop during the stream handles no further event."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                        "annotations": {"deepres.io/assigned-gpus": "GPU-1"}},
+           "spec": {"containers": [], "schedulerName": "deepres-scheduler", "nodeName": "n1"}}
+    paths: list[str] = []
 
-    class Core:
-        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> V1PodList:
-            selectors.append(field_selector)
-            return V1PodList(items=[pod], metadata=V1ListMeta(resource_version="10"))
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
 
-        def read_namespaced_pod(self, name: str, namespace: str) -> V1Pod:
-            raise ApiException(status=404, reason="Not Found")
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            if "/namespaces/" in self.path:  # read one pod: gone
+                send_json(self, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}).encode(), 404)
+                return
+            if "watch=true" not in self.path:
+                send_json(self, json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "10"},
+                                            "items": [pod]}).encode())
+                return
+            lines = [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
+                     {"type": "DELETED", "object": pod}, {"type": "MODIFIED", "object": pod}]
+            send_json(self, "".join(json.dumps(line) + "\n" for line in lines).encode())
 
-    class Watch:
-        def stream(self, *args: Any, **kw: Any) -> Any:
-            assert kw["resource_version"] == "10"
-            yield {"type": "DELETED", "object": pod}
-            kube.stop()
-            yield {"type": "MODIFIED", "object": pod}
+        def log_message(self, format: str, *args: object) -> None:
+            pass
 
-    kube._core = Core()
-    kube._watch = SimpleNamespace(Watch=Watch)
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client())
     listed: list[list[dict[str, Any]]] = []
     changed: list[tuple[dict[str, Any], bool]] = []
-    handlers = ClusterHandlers(pod_changed=lambda p, d: changed.append((p, d)), pods_listed=listed.append,
-                               node_deleted=lambda n: None)
-    kube._watch_pods(handlers)
-    assert selectors == ["spec.schedulerName=deepres-scheduler"] and kube.synced()
+
+    def pod_changed(p: dict[str, Any], deleted: bool) -> None:
+        changed.append((p, deleted))
+        kube.stop()
+
+    try:
+        kube._watch_pods(ClusterHandlers(pod_changed=pod_changed, pods_listed=listed.append,
+                                         node_deleted=lambda n: None))
+    finally:
+        loopback.close()
+    selector = urllib.parse.quote("spec.schedulerName=deepres-scheduler")
+    assert paths[0] == f"/api/v1/pods?fieldSelector={selector}" and kube.synced()
+    assert "resourceVersion=10" in paths[1] and "watch=true" in paths[1]
     assert listed[0][0]["metadata"]["annotations"] == {"deepres.io/assigned-gpus": "GPU-1"}
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
     assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
