@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 
 import numpy as np
@@ -67,11 +67,28 @@ class _Arrays:
 
 @dataclass(frozen=True)
 class Lookup:
-    """Candidate names without repeats (first kept) and the row of each (-1: none), as of `layout`."""
+    """Candidate names without repeats (first kept) and the row of each (-1: none), as of `layout`.
+    `derived` keeps what callers compute from the list alone (the answer's JSON template), so that it
+    is computed once per list, like the rows."""
 
     names: list[str]
     rows: I64
     layout: int
+    derived: dict[str, object] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Scores of the candidates (`names`: repeats dropped, first kept) as an array, so that the
+    answer is encoded without a Python pair per node; `lookup` is the list's (see Lookup.derived)."""
+
+    names: list[str]
+    values: I64
+    lookup: Lookup | None = None
+
+    def pairs(self) -> list[tuple[str, int]]:
+        """As `scoring.score_nodes` answers: (name, score) in the candidates' order."""
+        return list(zip(self.names, self.values.tolist(), strict=True))
 
 
 #: Candidate lists whose rows NodeMatrix remembers (a few per concurrent scheduling cycle).
@@ -90,6 +107,7 @@ class NodeMatrix:
         self._layout = 0  # changes whenever a name gains or loses its row
         self._lookups: dict[tuple[str, ...], Lookup] = {}
         self._lookups_lock = threading.Lock()
+        self._ranks: tuple[int, I64] = (-1, np.zeros(0, dtype=np.int64))
 
     def lookup(self, names: Iterable[str]) -> Lookup:
         """The rows of a candidate list, remembered per list.
@@ -109,6 +127,25 @@ class NodeMatrix:
         looked = Lookup(unique, rows, layout)
         self.remember(key, looked)
         return looked
+
+    def name_ranks(self, layout: int) -> I64 | None:
+        """Each row's place in the order of the node names (the packing score's tie rule: first by
+        name), for lookups as of `layout`: computed once per layout (nodes come and go rarely), so
+        that the tie among thousands of equal nodes is an argmin, not a comparison of their names.
+        None when the layout has moved on since (the caller compares the names)."""
+        cached_layout, ranks = self._ranks
+        if cached_layout == layout:
+            return ranks
+        if layout != self._layout:
+            return None
+        pairs = sorted(list(self.index.items()))  # list() first: one C-level copy, safe against writers
+        rows = np.fromiter((row for _, row in pairs), dtype=np.int64, count=len(pairs))
+        size = max(len(self.arrays.version), int(rows.max()) + 1 if len(rows) else 0)
+        ranks = np.full(size, len(pairs), dtype=np.int64)
+        ranks[rows] = np.arange(len(pairs))
+        ranks.flags.writeable = False
+        self._ranks = (layout, ranks)
+        return ranks
 
     def remember(self, key: tuple[str, ...], looked: Lookup) -> None:
         """Keep `looked` as the rows of the list `key` (the LOOKUP_MEMO most recent lists)."""
@@ -259,16 +296,17 @@ def score_matrix(
     matrix: NodeMatrix,
     nodes: Mapping[str, NodeView],
     params: PolicyParams,
-) -> list[tuple[str, int]]:
+) -> Scores:
     """`score_nodes` computed over the matrix (1-GPU pods vectorised; larger pods per node)."""
     looked = matrix.lookup(names)
     unique = looked.names
     if not pod.gpu_job or not unique:
         neutral = min(max(params.neutral_score, MIN_SCORE), MAX_SCORE)
-        return [(n, neutral) for n in unique]
+        return Scores(unique, np.full(len(unique), neutral, dtype=np.int64), looked)
     count = max(pod.gpus, 1)
     if count > 1:
-        return [(n, score_node(pod, nodes.get(n), params)) for n in unique]
+        values = np.array([score_node(pod, nodes.get(n), params) for n in unique], dtype=np.int64)
+        return Scores(unique, values, looked)
     a = matrix.arrays
     rows = looked.rows
     known = rows >= 0
@@ -297,7 +335,7 @@ def score_matrix(
         whole = 1.0 - partly / a.healthy[sub]
         value = (1.0 - weight) * np.clip(main, 0.0, 1.0) + weight * whole
         scores[ok] = np.clip(np.rint(MAX_SCORE * value), MIN_SCORE, MAX_SCORE).astype(np.int64)
-    return list(zip(unique, scores.tolist(), strict=True))
+    return Scores(unique, scores, looked)
 
 
 def score_matrix_fragaware(
@@ -308,7 +346,7 @@ def score_matrix_fragaware(
     mix: DemandMix,
     sharpness: float = DEFAULT_SHARPNESS,
     memo: FragmentationMemo | None = None,
-) -> list[tuple[str, int]]:
+) -> Scores:
     """`fragmentation.score_nodes_fragaware` (without a CPU term) over the matrix: the live extender's
     packing score at 500 candidates in about a millisecond instead of ~15 ms; with a `memo`, only
     the nodes whose rows changed since the last pod of the same shape and mix are evaluated.
@@ -323,7 +361,7 @@ def score_matrix_fragaware(
     unique, rows = looked.names, looked.rows
     if not pod.gpu_job or not unique:
         neutral = min(max(params.neutral_score, 0), MAX_SCORE)
-        return [(n, neutral) for n in unique]
+        return Scores(unique, np.full(len(unique), neutral, dtype=np.int64), looked)
     a = matrix.arrays
     known = rows >= 0
     safe = np.where(known, rows, 0)
@@ -348,8 +386,14 @@ def score_matrix_fragaware(
         ranked = np.minimum(MAX_SCORE - 2, (MAX_SCORE - 1) * np.maximum(node_merits, 0) // MAX_MERIT)
         ranked[top] = MAX_SCORE - 1
         scores[members] = ranked
-        scores[min(members[top].tolist(), key=unique.__getitem__)] = MAX_SCORE  # the tie rule: first by name
-    return list(zip(unique, scores.tolist(), strict=True))
+        tied = members[top]
+        ranks = matrix.name_ranks(looked.layout) if len(tied) > 1 else None
+        if ranks is not None:  # the tie rule: first by name
+            first = int(tied[np.argmin(ranks[safe[tied]])])
+        else:
+            first = min(tied.tolist(), key=unique.__getitem__)
+        scores[first] = MAX_SCORE
+    return Scores(unique, scores, looked)
 
 
 def _merits(a: _Arrays, r: I64, pod: PodRequest, mix: DemandMix, sharpness: float) -> I64:

@@ -327,9 +327,9 @@ def test_columnar_filter_and_score_equal_the_reference(nodes: dict[str, NodeView
     for view in nodes.values():
         matrix.put(view)
     assert filter_matrix(request, names, matrix, nodes, NOW, P) == filter_nodes(request, names, nodes, NOW, P)
-    assert score_matrix(request, names, matrix, nodes, P) == score_nodes(request, names, nodes, P)
+    assert score_matrix(request, names, matrix, nodes, P).pairs() == score_nodes(request, names, nodes, P)
     spread = PodRequest(request.uid, "ns", "p", request.gpus, request.admission_mib, 0.0, 40.0)
-    assert score_matrix(spread, names, matrix, nodes, P) == score_nodes(spread, names, nodes, P)
+    assert score_matrix(spread, names, matrix, nodes, P).pairs() == score_nodes(spread, names, nodes, P)
 
 
 @settings(max_examples=150, deadline=None)
