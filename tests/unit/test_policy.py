@@ -372,6 +372,32 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
         matrix.lookup(["a", "c"])  # another list is
 
 
+def test_the_index_is_compacted_once_the_nodes_stop_changing_and_answers_the_same() -> None:
+    """After COMPACT_AFTER_PUTS writes without a node joining or leaving, the name index is rebuilt
+    from new objects; lookups and filters answer as before, and a join afterwards still counts."""
+    from extender.policy.columnar import COMPACT_AFTER_PUTS
+
+    nodes = {n.name: n for n in (node("a", (40, 0, 0)), node("b", (16, 0, 0)), node("c", (40, 10, 0)))}
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    before = matrix.index
+    expected = filter_nodes(pod(20), ["c", "b", "a", "x"], nodes, NOW, P)
+    for _ in range(COMPACT_AFTER_PUTS - 2):  # the last join's own write counts as the first
+        matrix.put(nodes["b"])
+    assert matrix.index is before
+    matrix.put(nodes["b"])
+    assert matrix.index is not before and matrix.index == dict(before)
+    assert all(a is not b for a, b in zip(matrix.index, before, strict=True))
+    assert filter_matrix(pod(20), ["c", "b", "a", "x"], matrix, nodes, NOW, P) == expected
+    nodes["d"] = node("d", (40, 0, 0))
+    matrix.put(nodes["d"])
+    matrix.remove("a")
+    del nodes["a"]
+    assert filter_matrix(pod(20), ["d", "c", "a"], matrix, nodes, NOW, P) == \
+        filter_nodes(pod(20), ["d", "c", "a"], nodes, NOW, P)
+
+
 class Unreadable(dict[str, int]):
     def get(self, *_: object) -> None:  # type: ignore[override]
         raise AssertionError("a remembered lookup read the index")
