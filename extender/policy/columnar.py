@@ -295,6 +295,12 @@ def filter_matrix(
         ok = np.ones(len(unique), dtype=bool)
     else:
         ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib)
+    if ok.all():  # every candidate passes (the usual answer in a cluster with room): no per-node work
+        key = names if isinstance(names, tuple) else None
+        passed_all = key if key is not None and len(key) == len(unique) else tuple(unique)
+        if passed_all is not key:  # else `lookup` remembered this very list
+            matrix.remember(passed_all, looked)  # the list kube-scheduler sends to prioritize next
+        return FilterResult(passed_all, {}, {}, {PASSED: len(passed_all)})
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -370,6 +371,23 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
     assert not looked.rows.flags.writeable  # shared between verbs
     with pytest.raises(AssertionError):
         matrix.lookup(["a", "c"])  # another list is
+
+
+@pytest.mark.parametrize("names", [("c", "a", "b"), ("c", "a", "c", "b"), ["c", "a", "b"]])
+def test_when_every_candidate_passes_the_prioritize_list_is_looked_up_once(names: Any) -> None:
+    """The usual answer (every node passes), with the names as ExtenderArgs has them (a tuple),
+    repeated, or a list: the passed list is what the filter looked up, remembered for prioritize."""
+    nodes = {n.name: n for n in (node("a", (40, 0, 0)), node("b", (40, 10, 0)), node("c", (40, 0, 0)))}
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    result = filter_matrix(pod(20), names, matrix, nodes, NOW, P)
+    assert result == filter_nodes(pod(20), names, nodes, NOW, P)
+    assert result.passed == ("c", "a", "b")
+    rows = dict(matrix.index)
+    matrix.index = Unreadable(rows)
+    looked = matrix.lookup(list(result.passed))
+    assert looked.names == ["c", "a", "b"] and looked.rows.tolist() == [rows["c"], rows["a"], rows["b"]]
 
 
 def test_the_index_is_compacted_once_the_nodes_stop_changing_and_answers_the_same() -> None:
