@@ -307,7 +307,7 @@ def host_priority_json(hosts: Sequence[str], scores: npt.NDArray[np.int64],
     template = derived.get(_TEMPLATE_KEY) if derived is not None else None
     if template is None:
         template = _host_priority_template(hosts)
-        if derived is not None:
+        if derived is not None and len(hosts) <= TEMPLATE_KEPT_MAX_HOSTS:
             derived[_TEMPLATE_KEY] = template
     if not isinstance(template, tuple) or scores.min() < 0 or scores.max() > 99:
         return orjson.dumps(host_priority_list(zip(hosts, scores.tolist(), strict=True)))
@@ -319,6 +319,8 @@ def host_priority_json(hosts: Sequence[str], scores: npt.NDArray[np.int64],
 
 
 _TEMPLATE_KEY = "host_priority_json"
+#: Longest list whose template is kept with it (~40 bytes a host; the lists kept are bounded too).
+TEMPLATE_KEPT_MAX_HOSTS = 20_000
 
 
 def _host_priority_template(hosts: Sequence[str]) -> tuple[bytes, npt.NDArray[np.int64]] | bool:
