@@ -208,6 +208,13 @@ class NodeMatrix:
         self.index = {name.encode().decode(): int(str(row)) for name, row in pairs}
         self._compacted = self._layout
 
+    def touch(self, name: str, received_s: float) -> None:
+        """The node reported again with nothing changed: only its receipt time moves. The row keeps
+        its version, which says when its GPUs last changed (what FragmentationMemo keys on)."""
+        row = self.index.get(name)
+        if row is not None:
+            self.arrays.received[row] = received_s
+
     def remove(self, name: str) -> None:
         row = self.index.pop(name, None)
         if row is None:
