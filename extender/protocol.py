@@ -90,6 +90,8 @@ class PreemptionArgs:
 
 #: A string that must be given and not be empty.
 Required = Annotated[str, msgspec.Meta(min_length=1)]
+#: Kubernetes' int32 (a priority, a count of PodDisruptionBudget violations).
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 
 
 class PodMetadata(msgspec.Struct):
@@ -102,7 +104,7 @@ class PodMetadata(msgspec.Struct):
 
 
 class PodSpec(msgspec.Struct):
-    priority: int | None = None  # resolved from the PriorityClass by admission
+    priority: Int32 | None = None  # resolved from the PriorityClass by admission
     priorityClassName: str | None = None
     nodeName: str | None = None
     schedulerName: str | None = None
@@ -156,14 +158,14 @@ class MetaPod(msgspec.Struct):
 
 class MetaVictims(msgspec.Struct):
     Pods: list[MetaPod] | None = None
-    NumPDBViolations: int | None = None
+    NumPDBViolations: Int32 | None = None
 
 
 class Victims(msgspec.Struct):
     """Victims as full Pods: each must carry `metadata.uid`."""
 
     Pods: list[Pod] | None = None
-    NumPDBViolations: int | None = None
+    NumPDBViolations: Int32 | None = None
 
 
 class ExtenderPreemptionArgs(msgspec.Struct):

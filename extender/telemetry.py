@@ -22,7 +22,7 @@ at receipt, so clock skew between nodes cannot make telemetry look fresh.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
@@ -42,6 +42,8 @@ MAX_MIB = float(2**30)
 MAX_SECONDS = 1e12
 #: Bound of a sensor reading (Celsius, watts): a sensor's nonsense is kept; only infinities are not.
 SENSOR_BOUND = 1e9
+#: Largest whole number taken (a signed 64-bit one): JSON readers turn larger ones into floats.
+MAX_WHOLE = 2**63 - 1
 
 # The field types: each is a type and its range, read by msgspec (validation) and by the OpenAPI
 # generator (JSON Schema); NaN fails every range, and an upper bound keeps infinities out.
@@ -49,10 +51,11 @@ MiB = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_MIB)]
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="a ratio in [0, 1]")]
 Sensor = Annotated[float, msgspec.Meta(ge=-SENSOR_BOUND, le=SENSOR_BOUND)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_WHOLE)]
 Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_UUID)]
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NODE_NAME)]
-Source = Literal["nvml", "simulated"]
+SOURCES = ("nvml", "simulated")
+Source = Annotated[str, msgspec.Meta(pattern=f"^(?:{'|'.join(SOURCES)})$", extra_json_schema={"enum": list(SOURCES)})]
 
 
 class ReportError(ValueError):
@@ -113,7 +116,8 @@ class PodUsage:
 
 @dataclass(frozen=True)
 class NodeReport:
-    """One node's report. A GPU entry that breaks its schema does not refuse the report (see above)."""
+    """One node's report. A GPU entry that breaks its schema does not refuse the report: it is taken as
+    an unhealthy, full GPU whose `error` says why."""
 
     node: NodeName
     sequence: Count
@@ -123,7 +127,7 @@ class NodeReport:
     gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
     pods: Annotated[tuple[PodUsage, ...], msgspec.Meta(max_length=MAX_PODS_PER_NODE)] = ()
     interval_s: Seconds = 5.0
-    schema_version: Annotated[int, msgspec.Meta(ge=1)] = SCHEMA_VERSION
+    schema_version: Annotated[int, msgspec.Meta(ge=1, le=MAX_WHOLE)] = SCHEMA_VERSION
     #: new at every agent start: the extender orders reports by sequence within it
     boot_id: Annotated[str, msgspec.Meta(max_length=MAX_BOOT_ID)] = ""
 
