@@ -21,6 +21,7 @@ at receipt, so clock skew between nodes cannot make telemetry look fresh.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Any
 
@@ -36,21 +37,18 @@ MAX_BOOT_ID = 64
 #: Kubernetes' limit on a node name (a DNS subdomain).
 MAX_NODE_NAME = 253
 MAX_UUID = 256
-#: Largest memory figure taken (MiB): 1 PiB, past any GPU or node; also keeps infinities out.
-MAX_MIB = float(2**30)
-#: Largest time figure taken (seconds): keeps infinities out.
-MAX_SECONDS = 1e12
-#: Bound of a sensor reading (Celsius, watts): a sensor's nonsense is kept; only infinities are not.
-SENSOR_BOUND = 1e9
+#: Every float must be finite (NaN fails every range): the upper bound of a figure that has no other.
+FINITE = sys.float_info.max
 #: Largest whole number taken (a signed 64-bit one): JSON readers turn larger ones into floats.
 MAX_WHOLE = 2**63 - 1
 
 # The field types: each is a type and its range, read by msgspec (validation) and by the OpenAPI
-# generator (JSON Schema); NaN fails every range, and an upper bound keeps infinities out.
-MiB = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_MIB)]
-Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
+# generator (JSON Schema). Absurd but finite figures (a peak of 1e12 MiB) are taken: the ledger bounds
+# what it learns by the GPU, and refusing them would refuse the node's whole report.
+MiB = Annotated[float, msgspec.Meta(ge=0.0, le=FINITE)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=FINITE)]
 Ratio = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="a ratio in [0, 1]")]
-Sensor = Annotated[float, msgspec.Meta(ge=-SENSOR_BOUND, le=SENSOR_BOUND)]
+Sensor = Annotated[float, msgspec.Meta(ge=-1e9, le=FINITE)]  # Celsius, watts
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_WHOLE)]
 Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_UUID)]
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NODE_NAME)]
@@ -191,7 +189,7 @@ def _gpu_or_invalid(raw: Any, path: str, node: str, position: int, seen: set[str
         err = failure if isinstance(failure, ReportError) else _report_error(failure, path)
         obj = raw if isinstance(raw, dict) else {}
         uuid, index, model, total = obj.get("uuid"), obj.get("index"), obj.get("model"), obj.get("memory_total_mib")
-        if isinstance(total, bool) or not isinstance(total, int | float) or not 0 <= total <= MAX_MIB:
+        if isinstance(total, bool) or not isinstance(total, int | float) or not 0 <= total <= FINITE:
             total = 0.0
         if not (isinstance(uuid, str) and 0 < len(uuid) <= MAX_UUID) or uuid in seen:
             uuid = f"{node}/invalid-gpu-{position}"
