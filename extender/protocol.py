@@ -99,8 +99,7 @@ class PodMetadata(msgspec.Struct):
     namespace: str | None = None  # none or empty: "default"
     uid: str | None = None
     annotations: dict[str, str] | None = None
-    creationTimestamp: Annotated[str | None, msgspec.Meta(
-        description="RFC 3339 with a zone (a time without one is refused)")] = None
+    creationTimestamp: Annotated[str | None, msgspec.Meta(extra_json_schema={"format": "date-time"})] = None
 
 
 class PodSpec(msgspec.Struct):
@@ -140,7 +139,7 @@ class ExtenderArgsBody(msgspec.Struct):
     """Filter / prioritize input. Exactly one of `NodeNames` (nodeCacheCapable: true) and `Nodes` (false):
     with neither, the answer carries an Error. `Pod` is kept as sent and read as a `Pod`."""
 
-    Pod: dict[str, Any] | None = None
+    Pod: dict[str, Any]
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
 
