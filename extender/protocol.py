@@ -15,6 +15,7 @@ validates against them, and the OpenAPI document's request schemas are generated
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -399,17 +400,22 @@ def _string_list(raw: Any, path: str) -> list[str]:
     return raw
 
 
+#: RFC 3339 allows a leap second (23:59:60); Python's datetime does not: read as :59.
+_LEAP_SECOND = re.compile(r"([Tt ]\d\d:\d\d:)60")
+
+
 def _timestamp(raw: Any, path: str) -> float | None:
     if raw is None or raw == "":
         return None
     if not isinstance(raw, str):
         raise ProtocolError(path, f"must be an RFC 3339 string, got {_kind(raw)}")
+    text = _LEAP_SECOND.sub(r"\g<1>59", raw.replace("Z", "+00:00").replace("z", "+00:00"))
     try:
-        moment = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+        moment = datetime.fromisoformat(text)
     except ValueError:
-        raise ProtocolError(path, f"must be an RFC 3339 time, got {raw!r}") from None
+        raise ProtocolError(path, f"must be an RFC 3339 time, got {raw[:64]!r}") from None
     if moment.tzinfo is None:
-        raise ProtocolError(path, f"must carry a time zone, got {raw!r}")
+        raise ProtocolError(path, f"must carry a time zone, got {raw[:64]!r}")
     value = moment.timestamp()
     return value if math.isfinite(value) else None
 
