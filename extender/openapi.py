@@ -22,7 +22,6 @@ from extender.protocol import READ_AS, REQUEST_RECORDS
 from extender.telemetry import NodeReport
 
 _REF = "#/components/schemas/{name}"
-_OBJ = {"type": "object"}
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 
@@ -61,12 +60,14 @@ def request_schemas() -> dict[str, Any]:
             prop["items"] = _ref(target)
         else:
             schemas[record]["properties"][field] = _ref(target)
-    job = {key: value_schema(key) for key in ACCEPTED}
+    for key in ACCEPTED:  # one component per value, named by both forms below
+        schemas[f"Annotation.{key}"] = value_schema(key)
+    job = {key: _ref(f"Annotation.{key}") for key in ACCEPTED}
     schemas["JobAnnotations"] = {
         "type": "object", "properties": job, "additionalProperties": False,
         "description": "A job's annotations without the `deepres.io/` prefix (the keys are accepted with it too)."}
     schemas["PodAnnotations"] = {
-        "type": "object", "properties": {PREFIX + key: ref for key, ref in job.items()},
+        "type": "object", "properties": {PREFIX + key: value for key, value in job.items()},
         "additionalProperties": {"type": "string"},
         "description": "A pod's annotations: the `deepres.io/` keys are read, others are ignored."}
     schemas["PredictRequest"] = {"description": "JobSpec keys, `{\"annotations\": {...}}` of them, or a Pod.",

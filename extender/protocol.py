@@ -176,10 +176,11 @@ class ExtenderPreemptionArgs(msgspec.Struct):
     NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
 
 
-#: The request records whose schemas the OpenAPI document is generated from; where a field is kept
-#: as sent and read later as another record, that record (ExtenderArgsBody.Pod is read as a Pod).
+#: The request records whose schemas the OpenAPI document is generated from.
 REQUEST_RECORDS: tuple[type[msgspec.Struct], ...] = (ExtenderArgsBody, ExtenderBindingArgs, ExtenderPreemptionArgs, Pod,
                                                      Node)
+#: (record, field) that the decoder keeps as sent and reads later as another record (`parse_pod`, the
+#: Node's name): the schema names that record.
 READ_AS: dict[tuple[str, str], str] = {("ExtenderArgsBody", "Pod"): "Pod", ("NodeList", "items"): "Node"}
 
 _T = TypeVar("_T")
