@@ -43,9 +43,9 @@ GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 MAX_DEADLINE_S = 366 * 86400.0
 
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
-#: Keys whose written value must be in range: JobSpec takes 0 for "not given" and fills the default,
-#: so a pod saying `input-dim: 0` would silently be planned as another job.
-EXPLICIT_RANGES: dict[str, tuple[int, int]] = {"input-dim": INPUT_DIM_RANGE, "num-layers": NUM_LAYERS_RANGE}
+#: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
+#: default, so a pod saying `input-dim: 0` would silently be planned as another job.
+EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers")
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -248,8 +248,9 @@ def parse_job(
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
     if described:
-        for key, (low, high) in EXPLICIT_RANGES.items():  # JobSpec reads 0 as "the family's default"
+        for key in EXPLICIT_KEYS:  # JobSpec reads 0 as "the family's default"
             if key in ours and _is_zero(ours[key]):
+                low, high = int(ACCEPTED[key].low), int(ACCEPTED[key].high)
                 raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
                                       f"(leave the key out for the family's default)")
         try:
