@@ -3,7 +3,8 @@ gets generated bodies, and a schema-valid body must be accepted (positive_data_a
 must conform to the document, and none may be a server error.
 
 The request schemas are generated from the records the decoders validate against (extender/openapi.py),
-so a range tightened in a decoder alone makes this test fail (the report says how it was seen to).
+so a rule tightened in a decoder alone makes this test fail (seen: `deepres.io/gpus` capped at 8 in the
+annotation parser, `interval_s` capped at 600 in the report parser, a Pod name capped at 5 characters).
 negative_data_rejection stays off, by the protocols' design, not for convenience: the verbs answer a
 malformed body with 200 and the problem in `Error` (kube-scheduler reads any other status as an
 extender failure), a report keeps a schema-breaking GPU as an unhealthy one, and a number in an
