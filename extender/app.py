@@ -90,6 +90,8 @@ FILTER_PLANS_MAX = 1_024
 NUDGE_WINDOW_S = 600.0
 #: The Node annotation the extender sets to nudge kube-scheduler (a Node update is a cluster event).
 TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
+#: Events waiting to be sent at most; more are dropped (events are best effort).
+EVENTS_QUEUED_MAX = 4_096
 #: Local mode checks for silent nodes and unseen reservations at most this often.
 EXPIRY_EVERY_S = 10.0
 
@@ -156,6 +158,8 @@ class Extender:
                                   audience=k.token_audience, allowed_accounts=k.agent_service_accounts,
                                   cache_s=k.token_cache_s)
         self.worker = Worker()
+        # Events are best effort and off the request path: a bind answers without waiting for one
+        self.events = Worker("deepres-events", limit=EVENTS_QUEUED_MAX)
         self._predictor = predictor
         self._predictor_error = ""
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -281,6 +285,16 @@ class Extender:
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
 
+    def record_event(self, raw_pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """An Event on the pod, sent by the events worker (dropped when EVENTS_QUEUED_MAX are waiting)."""
+        meta = {k: v for k, v in (raw_pod.get("metadata") or {}).items() if k in ("namespace", "name", "uid")}
+        target = {"metadata": meta}
+
+        def send() -> None:
+            self.cluster.event(target, reason, message, warning=warning)
+
+        self.events.submit(f"{meta.get('uid') or meta.get('name')}/{reason}/{message}", send)
+
     def warn_once(self, raw_pod: Mapping[str, Any], uid: str, reason: str, message: str) -> None:
         """A Warning event on the pod, once per pod and message (kube-scheduler retries often)."""
         key = (uid, message)
@@ -290,20 +304,37 @@ class Extender:
             self._warned[key] = None
             while len(self._warned) > WARNED_MAX:
                 self._warned.popitem(last=False)
-        self.cluster.event(raw_pod, reason, message, warning=True)
+        self.record_event(raw_pod, reason, message, warning=True)
 
     # ---- trust ----
-    def confirmed_pod(self, namespace: str, name: str, uid: str) -> tuple[dict[str, Any], PodInfo] | str:
+    def confirmed_pod(self, namespace: str, name: str, uid: str, *, pending_from_watch: bool = False,
+                      ) -> tuple[dict[str, Any], PodInfo] | str:
         """The pod as the API server has it, when it is one this extender may act on: ours
         (schedulerName), the same pod (uid), not finished; else why not. What a request claimed
-        about the pod never enters: a filter body is not the pod."""
+        about the pod never enters: a filter body is not the pod.
+
+        `pending_from_watch` (bind): the pod watch's copy (the API server's, as of a moment ago)
+        is enough when it shows that very pod pending and unbound: uid and schedulerName never
+        change, and the Binding that follows carries the uid as a precondition, so the API server
+        itself refuses a pod that was bound, deleted or replaced meanwhile. Anything else (not
+        seen yet, another uid, bound, deleting) asks the API server, as every other caller does.
+        This saves one API round trip per bind (about a fifth of the extender's CPU per pod)."""
         key = f"{namespace}/{name}"
+        if pending_from_watch:
+            watched = self.cluster.watched_pod(namespace, name)
+            if watched is not None and not (watched.get("metadata") or {}).get("deletionTimestamp"):
+                checked = self._check_pod(key, watched, uid)
+                if not isinstance(checked, str) and not checked[1].node_name:
+                    return checked
         try:
             raw = self.cluster.read_pod(namespace, name)
         except ClusterError as err:
             return f"pod {key} could not be read: {err}"
         if raw is None:
             return f"pod {key} does not exist"
+        return self._check_pod(key, raw, uid)
+
+    def _check_pod(self, key: str, raw: dict[str, Any], uid: str) -> tuple[dict[str, Any], PodInfo] | str:
         try:
             pod = parse_pod(raw)
         except ProtocolError as err:
@@ -421,7 +452,7 @@ class Extender:
         if not_ready:
             self.metrics.binds.labels("failed").inc()
             return binding_result(not_ready)
-        confirmed = self.confirmed_pod(args.pod_namespace, args.pod_name, args.pod_uid)
+        confirmed = self.confirmed_pod(args.pod_namespace, args.pod_name, args.pod_uid, pending_from_watch=True)
         if isinstance(confirmed, str):
             self.metrics.binds.labels("failed").inc()
             log.info("bind refused pod=%s: %s", key, confirmed)
@@ -465,18 +496,12 @@ class Extender:
             ann.PREFIX + ann.PREDICTOR_VERSION: version or "none",
             ann.PREFIX + ann.ASSIGNED_NODE: args.node,
         }
-        patched = False
-        try:
-            self.cluster.patch_pod_annotations(raw, written)
-            patched = True
-            self.cluster.bind(raw, args.node)
+        try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
+            self.cluster.bind(raw, args.node, written)
         except ClusterError as err:
+            # a Binding that timed out may still have landed: the watch then shows the pod bound
+            # with these annotations and `_restore` takes the reservation back
             self.ledger.release(res.pod_uid, forget_bound=False)
-            if patched:
-                try:
-                    self.cluster.patch_pod_annotations(raw, dict.fromkeys(written))
-                except ClusterError as undo:
-                    log.warning("pod=%s could not remove annotations after failed bind: %s", key, undo)
             self.metrics.binds.labels("failed").inc()
             log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)
             return binding_result(str(err))
@@ -484,7 +509,7 @@ class Extender:
         self.ledger.mark_bound(res.pod_uid, args.node, res)
         view = self.ledger.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
-        self.cluster.event(raw, "Placed", self._placed_message(plan, args.node, indexes))
+        self.record_event(raw, "Placed", self._placed_message(plan, args.node, indexes))
         log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),
                  res.admission_mib)
         return binding_result("")

@@ -3,8 +3,13 @@ Events and TokenReviews, behind the small `Cluster` interface.
 
 `KubeCluster` (the production default) uses the official `kubernetes` client; `InMemoryCluster`
 serves local mode (`--no-kube`) and tests with the same behaviour and no API server. Pods travel
-as plain dicts in Kubernetes' JSON casing (what `ApiClient().sanitize_for_serialization` yields),
-so the extender parses a watched pod and a pod sent by kube-scheduler with one parser.
+as plain dicts in Kubernetes' JSON casing (the API server's own JSON), so the extender parses a
+watched pod and a pod sent by kube-scheduler with one parser.
+
+Why raw JSON and not the client's models: the client turns every pod into model objects and the
+extender turned them back into dicts; measured, that cost about 1 ms of CPU per watch event and per
+API answer, several per scheduled pod, more than the extender's own filter. Pods, lists and watch
+events are read with `_preload_content=False` and `json.loads`; answers nobody reads are not parsed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import random
 import threading
 import uuid as uuid_module
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,7 +87,10 @@ class Cluster(Protocol):
 
     def stop(self) -> None: ...
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def watched_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod of this scheduler as the pod watch last saw it (the API server's own copy, never
+        a request's; read-only), or None when the watch has not seen it. Bind trusts it only to
+        confirm what the Binding then enforces again (extender.app `confirmed_pod`)."""
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as the API server has it now (no cache): what bind and eviction check against.
@@ -99,8 +107,10 @@ class Cluster(Protocol):
     def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         """Set (or with None remove) annotations; raises ClusterError."""
 
-    def bind(self, pod: Mapping[str, Any], node: str) -> None:
-        """Create the pod's Binding to `node`; raises ClusterError."""
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
+        """Create the pod's Binding to `node` with its uid as a precondition; the API server
+        refuses it for a pod that is already bound, being deleted or another pod of the same
+        name, and writes `annotations` onto the pod in the same update; raises ClusterError."""
 
     def event(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Record an Event on the pod; never raises (events are best effort)."""
@@ -197,6 +207,12 @@ class InMemoryCluster:
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_pod(namespace, name)
 
+    def watched_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored pod (this double is its own watch); never one only learned from a request."""
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
     def learn_pod(self, pod: Mapping[str, Any]) -> None:
         if not self.learn_pods:
             return
@@ -239,19 +255,24 @@ class InMemoryCluster:
             meta["annotations"] = current
             self._save()
 
-    def bind(self, pod: Mapping[str, Any], node: str) -> None:
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
         if self.fail_bind:
             raise ClusterError("create binding: injected failure")
         ns, name, uid = pod_meta(pod)
         with self._lock:
             stored = self._stored(pod)
-            stored_uid = str((stored.get("metadata") or {}).get("uid") or "")
+            meta = stored.setdefault("metadata", {})
+            stored_uid = str(meta.get("uid") or "")
             if uid and stored_uid and stored_uid != uid:
                 raise ClusterError(f"create binding: pod {ns}/{name} has uid {stored_uid}, not {uid}")
             spec = stored.setdefault("spec", {})
             if spec.get("nodeName"):
                 raise ClusterError(f"create binding: pod {ns}/{name} is already assigned to {spec['nodeName']}")
+            if meta.get("deletionTimestamp"):
+                raise ClusterError(f"create binding: pod {ns}/{name} is being deleted")
             spec["nodeName"] = node
+            if annotations:
+                meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             stored.setdefault("status", {})["phase"] = "Running"
             self._save()
         handlers = self._handlers
@@ -324,7 +345,6 @@ class KubeCluster:
         self._api: Any = api_client if api_client is not None else client.ApiClient()
         self._core: Any = client.CoreV1Api(self._api)
         self._auth: Any = client.AuthenticationV1Api(self._api)
-        self._watch: Any = importlib.import_module("kubernetes.watch")
         self.scheduler_name = scheduler_name
         self.resync_s = resync_s
         self.token_cache_s = token_cache_s
@@ -365,29 +385,40 @@ class KubeCluster:
         self._stop.wait(delay)
         return failures
 
+    def _stream(self, list_call: Any, resource_version: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """The events of one watch as dicts (the API server's JSON); an ERROR event (410 Gone: the
+        version is too old) raises WatchExpired; BOOKMARKs are skipped."""
+        resp = list_call(watch=True, resource_version=resource_version, _preload_content=False,
+                         **self._watch_timeouts(), **kwargs)
+        try:
+            for line in _lines(resp):
+                event = json.loads(line)
+                kind = event.get("type")
+                if kind == "ERROR":
+                    raise WatchExpired(str(event.get("object")))
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(event.get("object"), dict):
+                    yield event
+        finally:
+            resp.release_conn()
+
     def _watch_pods(self, handlers: ClusterHandlers) -> None:
         selector = f"spec.schedulerName={self.scheduler_name}"
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_pod_for_all_namespaces(field_selector=selector,
-                                                                _request_timeout=self.api_timeout_s)
-                pods = [self._api.sanitize_for_serialization(p) for p in listed.items]
+                listed = _json(self._core.list_pod_for_all_namespaces(
+                    field_selector=selector, _preload_content=False, _request_timeout=self.api_timeout_s))
+                pods = [p for p in listed.get("items") or [] if isinstance(p, dict)]
                 with self._lock:
                     self._pods = {pod_meta(p)[:2]: p for p in pods}
                 handlers.pods_listed(pods)
                 self._synced.set()
                 failures = 0
-                stream = self._watch.Watch().stream(
-                    self._core.list_pod_for_all_namespaces, field_selector=selector,
-                    resource_version=listed.metadata.resource_version, **self._watch_timeouts(),
-                )
-                for event in stream:
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                for event in self._stream(self._core.list_pod_for_all_namespaces, version, field_selector=selector):
                     if self._stop.is_set():
                         return
-                    if event.get("type") == "ERROR":
-                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
-                    pod = self._api.sanitize_for_serialization(event["object"])
+                    pod = event["object"]
                     deleted = event["type"] == "DELETED"
                     with self._lock:
                         if deleted:
@@ -402,54 +433,44 @@ class KubeCluster:
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._core.list_node(_request_timeout=self.api_timeout_s)
-                handlers.nodes_listed([n.metadata.name for n in listed.items])
+                listed = _json(self._core.list_node(_preload_content=False, _request_timeout=self.api_timeout_s))
+                handlers.nodes_listed([pod_meta(n)[1] for n in listed.get("items") or [] if isinstance(n, dict)])
                 failures = 0
-                stream = self._watch.Watch().stream(
-                    self._core.list_node, resource_version=listed.metadata.resource_version,
-                    **self._watch_timeouts())
-                for event in stream:
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+                for event in self._stream(self._core.list_node, version):
                     if self._stop.is_set():
                         return
-                    if event.get("type") == "ERROR":
-                        raise WatchExpired(str(event.get("raw_object") or event.get("object")))
                     if event["type"] == "DELETED":
-                        handlers.node_deleted(event["object"].metadata.name)
+                        handlers.node_deleted(pod_meta(event["object"])[1])
                     elif event["type"] == "ADDED":
-                        handlers.node_added(event["object"].metadata.name)
+                        handlers.node_added(pod_meta(event["object"])[1])
             except Exception as err:
                 failures = self._rewatch("node", err, failures)
 
     # ---- calls ----
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def watched_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
-            cached = self._pods.get((namespace, name))
-        if cached is not None:
-            return copy.deepcopy(cached)
-        try:
-            pod = self._core.read_namespaced_pod(name, namespace, _request_timeout=self.api_timeout_s)
-        except Exception as err:
-            log.info("pod=%s/%s read failed: %s", namespace, name, err)
-            return None
-        result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
-        return result
+            return self._pods.get((namespace, name))
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            pod = self._core.read_namespaced_pod(name, namespace, _request_timeout=self.api_timeout_s)
+            resp = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                  _request_timeout=self.api_timeout_s)
+            pod = _json(resp)
         except Exception as err:
             if getattr(err, "status", None) == 404:
                 return None
             raise ClusterError(f"read pod {namespace}/{name}: {_api_reason(err)}") from None
-        result: dict[str, Any] = self._api.sanitize_for_serialization(pod)
-        return result
+        if not isinstance(pod, dict):
+            raise ClusterError(f"read pod {namespace}/{name}: the answer is not an object")
+        return pod
 
     def learn_pod(self, pod: Mapping[str, Any]) -> None:
         return None  # the API server is the only truth about pods
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
         try:
-            self._core.patch_node(node, {"metadata": {"annotations": dict(annotations)}},
+            self._core.patch_node(node, {"metadata": {"annotations": dict(annotations)}}, _preload_content=False,
                                   _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"patch annotations of node {node}: {_api_reason(err)}") from None
@@ -458,15 +479,16 @@ class KubeCluster:
         ns, name, _ = pod_meta(pod)
         try:
             self._core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": dict(annotations)}},
-                                            _request_timeout=self.api_timeout_s)
+                                            _preload_content=False, _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"patch annotations of pod {ns}/{name}: {_api_reason(err)}") from None
 
-    def bind(self, pod: Mapping[str, Any], node: str) -> None:
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
         c: Any = self._client
         ns, name, uid = pod_meta(pod)
         body = c.V1Binding(
-            metadata=c.V1ObjectMeta(name=name, namespace=ns, uid=uid or None),
+            metadata=c.V1ObjectMeta(name=name, namespace=ns, uid=uid or None,
+                                    annotations=dict(annotations) if annotations else None),
             target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:  # _preload_content=False: the client cannot deserialise a Binding response (target unset)
@@ -486,7 +508,7 @@ class KubeCluster:
             source=c.V1EventSource(component="deepres-extender"), first_timestamp=now, last_timestamp=now, count=1,
         )
         try:
-            self._core.create_namespaced_event(ns, body, _request_timeout=self.api_timeout_s)
+            self._core.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=self.api_timeout_s)
         except Exception as err:
             log.info("pod=%s/%s event %s not recorded: %s", ns, name, reason, _api_reason(err))
 
@@ -497,7 +519,8 @@ class KubeCluster:
             delete_options=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid) if uid else None),
         )
         try:
-            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=self.api_timeout_s)
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                      _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
@@ -515,6 +538,27 @@ class KubeCluster:
         extra = status.user.extra or {}
         node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
         return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
+
+
+def _json(resp: Any) -> Any:
+    """The body of an answer read with `_preload_content=False`, parsed."""
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The lines of a streamed answer (a watch), as they arrive."""
+    pending = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
 
 
 def _api_reason(err: Exception) -> str:

@@ -3,18 +3,13 @@ Events, TokenReview with node binding and caching, watches that list, watch and 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import json
 from typing import Any
 
 import pytest
 from kubernetes.client import (
     ApiClient,
     Configuration,
-    V1ListMeta,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodList,
-    V1PodSpec,
     V1TokenReview,
     V1TokenReviewStatus,
     V1UserInfo,
@@ -74,12 +69,13 @@ def cluster() -> tuple[KubeCluster, FakeCore]:
     return kube, core
 
 
-def test_bind_creates_a_binding_with_uid_and_node_target() -> None:
+def test_bind_creates_a_binding_with_uid_node_target_and_the_annotations() -> None:
     kube, core = cluster()
-    kube.bind(POD, "n1")
+    kube.bind(POD, "n1", {"deepres.io/assigned-gpus": "GPU-1"})
     namespace, body, kw = core.calls[0][1]
     assert namespace == "ml" and kw == {"_preload_content": False, "_request_timeout": 10.0}
     assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
+    assert body.metadata.annotations == {"deepres.io/assigned-gpus": "GPU-1"} and len(core.calls) == 1
 
 
 def test_every_api_call_carries_a_client_timeout() -> None:
@@ -140,40 +136,77 @@ def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -
     assert empty is not None and empty.audiences == ()
 
 
-def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
+class RawAnswer:
+    """What the client returns with `_preload_content=False`: the API server's bytes."""
+
+    def __init__(self, body: Any, lines: bool = False) -> None:
+        self.data = (("\n".join(json.dumps(e) for e in body) + "\n") if lines else json.dumps(body)).encode()
+        self.released = False
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        yield self.data[:7]  # events split across chunks arrive whole
+        yield self.data[7:]
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def test_pod_watch_lists_then_streams_raw_json_and_reports_deletions() -> None:
     kube, _ = cluster()
-    pod = V1Pod(metadata=V1ObjectMeta(name="p", namespace="ml", uid="u-1",
-                                      annotations={"deepres.io/assigned-gpus": "GPU-1"}),
-                spec=V1PodSpec(containers=[], scheduler_name="deepres-scheduler", node_name="n1"))
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                        "annotations": {"deepres.io/assigned-gpus": "GPU-1"}},
+           "spec": {"containers": [], "schedulerName": "deepres-scheduler", "nodeName": "n1"}}
     selectors: list[str] = []
+    calls: list[dict[str, Any]] = []
 
     class Core:
-        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> V1PodList:
+        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> RawAnswer:
             selectors.append(field_selector)
-            return V1PodList(items=[pod], metadata=V1ListMeta(resource_version="10"))
-
-        def read_namespaced_pod(self, name: str, namespace: str) -> V1Pod:
-            raise ApiException(status=404, reason="Not Found")
-
-    class Watch:
-        def stream(self, *args: Any, **kw: Any) -> Any:
-            assert kw["resource_version"] == "10"
-            yield {"type": "DELETED", "object": pod}
-            kube.stop()
-            yield {"type": "MODIFIED", "object": pod}
+            calls.append(kw)
+            assert kw["_preload_content"] is False  # no model objects: the raw JSON is parsed once
+            if kw.get("watch"):
+                assert kw["resource_version"] == "10"
+                return RawAnswer([{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
+                                  {"type": "DELETED", "object": pod}, {"type": "MODIFIED", "object": pod}], lines=True)
+            return RawAnswer({"kind": "PodList", "items": [pod], "metadata": {"resourceVersion": "10"}})
 
     kube._core = Core()
-    kube._watch = SimpleNamespace(Watch=Watch)
     listed: list[list[dict[str, Any]]] = []
     changed: list[tuple[dict[str, Any], bool]] = []
-    handlers = ClusterHandlers(pod_changed=lambda p, d: changed.append((p, d)), pods_listed=listed.append,
-                               node_deleted=lambda n: None)
+
+    def pod_changed(pod: dict[str, Any], deleted: bool) -> None:
+        changed.append((pod, deleted))
+        kube.stop()  # the next event ends the watch: no relist
+
+    handlers = ClusterHandlers(pod_changed=pod_changed, pods_listed=listed.append, node_deleted=lambda n: None)
     kube._watch_pods(handlers)
-    assert selectors == ["spec.schedulerName=deepres-scheduler"] and kube.synced()
+    assert selectors == ["spec.schedulerName=deepres-scheduler"] * 2 and kube.synced()
     assert listed[0][0]["metadata"]["annotations"] == {"deepres.io/assigned-gpus": "GPU-1"}
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
-    assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
-    assert kube.get_pod("ml", "p") is None  # the deletion left the cache
+    assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]  # stopped after one
+    assert kube.watched_pod("ml", "p") is None  # the deletion left the cache
+
+
+def test_watched_pod_is_the_watch_copy_and_read_pod_parses_the_raw_answer() -> None:
+    kube, _ = cluster()
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}, "spec": {"nodeName": ""}}
+
+    class Core:
+        def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> RawAnswer:
+            assert kw["_preload_content"] is False and kw["_request_timeout"] == 10.0
+            if name == "gone":
+                raise ApiException(status=404, reason="Not Found")
+            if name == "broken":
+                raise ApiException(status=500, reason="Internal Server Error")
+            return RawAnswer(pod)
+
+    kube._core = Core()
+    assert kube.watched_pod("ml", "p") is None  # not seen by the watch yet
+    kube._pods[("ml", "p")] = pod
+    assert kube.watched_pod("ml", "p") is pod
+    assert kube.read_pod("ml", "p") == pod and kube.read_pod("ml", "gone") is None
+    with pytest.raises(ClusterError, match="read pod ml/broken: HTTP 500"):
+        kube.read_pod("ml", "broken")
 
 
 def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
