@@ -1,5 +1,5 @@
-"""The only module that talks to the Kubernetes API: watches, pod annotation patches, Bindings,
-Events and TokenReviews, behind the small `Cluster` interface.
+"""The only module that talks to the Kubernetes API: watches, pod reads, Bindings (with the
+pod's annotations), Node annotation patches, evictions, Events and TokenReviews, behind the small `Cluster` interface.
 
 `KubeCluster` (the production default) uses the official `kubernetes` client; `InMemoryCluster`
 serves local mode (`--no-kube`) and tests with the same behaviour and no API server. Pods travel
@@ -104,9 +104,6 @@ class Cluster(Protocol):
         """Set annotations on a Node (a Node update is a cluster event: kube-scheduler retries
         the pods it could not place); raises ClusterError."""
 
-    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
-        """Set (or with None remove) annotations; raises ClusterError."""
-
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
         """Create the pod's Binding to `node` with its uid as a precondition; the API server
         refuses it for a pod that is already bound, being deleted or another pod of the same
@@ -134,7 +131,7 @@ class InMemoryCluster:
     With `learn_pods` (local mode), a pod it does not have is learned from the first request that
     names it (`learn_pod`; later requests do not change it) and kept once bound; without it (a
     stand-in for an API server in tests) only `add_pod` creates pods. `state_file` keeps the bound
-    pods across restarts. `fail_patch` / `fail_bind` make the next calls fail (tests).
+    pods across restarts. `fail_bind` makes the next Bindings fail (tests).
     """
 
     def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None, *, learn_pods: bool = True,
@@ -147,7 +144,6 @@ class InMemoryCluster:
         self.node_annotations: dict[str, dict[str, str]] = {}
         self.events: list[tuple[str, str, str, bool]] = []  # (namespace/name, reason, message, warning)
         self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
-        self.fail_patch = False
         self.fail_bind = False
         self.evictions: list[str] = []  # namespace/name, in order
         self.deleted_nodes: list[str] = []
@@ -239,21 +235,6 @@ class InMemoryCluster:
             stored = copy.deepcopy(dict(learned if learned is not None else pod))
             self.pods[key] = stored
         return stored
-
-    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
-        if self.fail_patch:
-            raise ClusterError("patch pod annotations: injected failure")
-        with self._lock:
-            stored = self._stored(pod)
-            meta = stored.setdefault("metadata", {})
-            current = meta.get("annotations") or {}
-            for key, value in annotations.items():
-                if value is None:
-                    current.pop(key, None)
-                else:
-                    current[key] = value
-            meta["annotations"] = current
-            self._save()
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
         if self.fail_bind:
@@ -474,14 +455,6 @@ class KubeCluster:
                                   _request_timeout=self.api_timeout_s)
         except Exception as err:
             raise ClusterError(f"patch annotations of node {node}: {_api_reason(err)}") from None
-
-    def patch_pod_annotations(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
-        ns, name, _ = pod_meta(pod)
-        try:
-            self._core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": dict(annotations)}},
-                                            _preload_content=False, _request_timeout=self.api_timeout_s)
-        except Exception as err:
-            raise ClusterError(f"patch annotations of pod {ns}/{name}: {_api_reason(err)}") from None
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str] | None = None) -> None:
         c: Any = self._client

@@ -33,12 +33,6 @@ class FakeCore:
         if self.fail:
             raise self.fail
 
-    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
-        self.kwargs.append(kw)
-        self.calls.append(("patch", (name, namespace, body)))
-        if self.fail:
-            raise self.fail
-
     def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
         self.kwargs.append(kw)
         self.calls.append(("evict", (name, namespace, body)))
@@ -82,10 +76,9 @@ def test_every_api_call_carries_a_client_timeout() -> None:
     kube, core = cluster()
     kube.api_timeout_s = 3.5
     kube.bind(POD, "n1")
-    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
     kube.evict("ml", "p", "u-1")
     kube.event(POD, "Placed", "x")
-    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 4
+    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 3
 
 
 def test_api_failures_become_cluster_errors_naming_the_call() -> None:
@@ -93,8 +86,6 @@ def test_api_failures_become_cluster_errors_naming_the_call() -> None:
     core.fail = ApiException(status=409, reason="Conflict")
     with pytest.raises(ClusterError, match=r"bind pod ml/p to n1: HTTP 409 Conflict"):
         kube.bind(POD, "n1")
-    with pytest.raises(ClusterError, match=r"patch annotations of pod ml/p: HTTP 409 Conflict"):
-        kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
     kube.event(POD, "Placed", "x")  # events are best effort: no exception
 
 
@@ -108,13 +99,10 @@ def test_eviction_carries_the_uid_precondition_and_pdb_refusals_surface() -> Non
         kube.evict("ml", "low", "u-9")
 
 
-def test_patch_and_event_bodies() -> None:
+def test_event_bodies() -> None:
     kube, core = cluster()
-    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None})
-    assert core.calls[0] == ("patch", ("p", "ml", {"metadata": {"annotations": {
-        "deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None}}}))
     kube.event(POD, "InvalidAnnotation", "deepres.io/gpus='x' is not valid", warning=True)
-    namespace, event = core.calls[1][1]
+    namespace, event = core.calls[0][1]
     assert namespace == "ml" and event.type == "Warning" and event.reason == "InvalidAnnotation"
     assert event.involved_object.uid == "u-1" and event.source.component == "deepres-extender"
 
