@@ -380,7 +380,7 @@ class KubeCluster:
                 if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(event.get("object"), dict):
                     yield event
         finally:
-            resp.release_conn()
+            resp.close()  # a watch left early has unread bytes: its connection must not be reused
 
     def _watch_pods(self, handlers: ClusterHandlers) -> None:
         selector = f"spec.schedulerName={self.scheduler_name}"
@@ -451,8 +451,8 @@ class KubeCluster:
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str]) -> None:
         try:
-            self._core.patch_node(node, {"metadata": {"annotations": dict(annotations)}}, _preload_content=False,
-                                  _request_timeout=self.api_timeout_s)
+            _drain(self._core.patch_node(node, {"metadata": {"annotations": dict(annotations)}},
+                                         _preload_content=False, _request_timeout=self.api_timeout_s))
         except Exception as err:
             raise ClusterError(f"patch annotations of node {node}: {_api_reason(err)}") from None
 
@@ -464,9 +464,9 @@ class KubeCluster:
                                     annotations=dict(annotations) if annotations else None),
             target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
-        try:  # _preload_content=False: the client cannot deserialise a Binding response (target unset)
-            self._core.create_namespaced_binding(ns, body, _preload_content=False,
-                                                 _request_timeout=self.api_timeout_s)
+        try:  # pods/NAME/binding, the subresource the chart's RBAC grants (not the legacy `bindings`)
+            _drain(self._core.create_namespaced_pod_binding(name, ns, body, _preload_content=False,
+                                                            _request_timeout=self.api_timeout_s))
         except Exception as err:
             raise ClusterError(f"bind pod {ns}/{name} to {node}: {_api_reason(err)}") from None
 
@@ -481,7 +481,8 @@ class KubeCluster:
             source=c.V1EventSource(component="deepres-extender"), first_timestamp=now, last_timestamp=now, count=1,
         )
         try:
-            self._core.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=self.api_timeout_s)
+            _drain(self._core.create_namespaced_event(ns, body, _preload_content=False,
+                                                      _request_timeout=self.api_timeout_s))
         except Exception as err:
             log.info("pod=%s/%s event %s not recorded: %s", ns, name, reason, _api_reason(err))
 
@@ -492,8 +493,8 @@ class KubeCluster:
             delete_options=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid) if uid else None),
         )
         try:
-            self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
-                                                      _request_timeout=self.api_timeout_s)
+            _drain(self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                             _request_timeout=self.api_timeout_s))
         except Exception as err:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
@@ -511,6 +512,17 @@ class KubeCluster:
         extra = status.user.extra or {}
         node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
         return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
+
+
+def _drain(resp: Any) -> None:
+    """Read an answer nobody parses to its end, so its connection goes back to the pool clean
+    (an unread body would be taken for the next answer on that connection)."""
+    if resp is None:  # test doubles
+        return
+    try:
+        resp.data  # noqa: B018  (reading it is the point)
+    finally:
+        resp.release_conn()
 
 
 def _json(resp: Any) -> Any:

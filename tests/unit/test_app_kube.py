@@ -27,7 +27,8 @@ class FakeCore:
         self.kwargs: list[dict[str, Any]] = []
         self.fail: ApiException | None = None
 
-    def create_namespaced_binding(self, namespace: str, body: Any, **kw: Any) -> None:
+    def create_namespaced_pod_binding(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        assert name == body.metadata.name
         self.kwargs.append(kw)
         self.calls.append(("bind", (namespace, body, kw)))
         if self.fail:
