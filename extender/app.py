@@ -711,7 +711,8 @@ class Extender:
     def predict(self, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
             return 400, {"error": "body must be a JSON object: a Pod, {\"annotations\": {...}} or JobSpec keys"}
-        if isinstance(body.get("metadata"), dict):
+        is_pod = isinstance(body.get("metadata"), dict)
+        if is_pod:
             raw_annotations = body["metadata"].get("annotations") or {}
         elif "annotations" in body:
             raw_annotations = body["annotations"]
@@ -720,7 +721,9 @@ class Extender:
         if not isinstance(raw_annotations, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in raw_annotations.items()):
             return 400, {"error": "annotations must be an object of strings"}
-        annotations = {k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
+        # a Pod is read as the extender reads it (other tools' annotations ignored); JobSpec keys may omit the prefix
+        annotations = raw_annotations if is_pod else {
+            k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
         now = self.clock()
         pod = PodInfo(name="predict", namespace="default", uid="", annotations=annotations)
         try:

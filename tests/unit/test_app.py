@@ -266,6 +266,10 @@ def test_predict_probes_metrics_and_openapi() -> None:
     assert out["gpu_job"] and out["demand"]["model_version"] == "test-double-1" and out["admission_source"] == "model"
     assert client.post("/v1/predict", json={"model-type": "cnnx"}).status_code == 400
     assert client.post("/v1/predict", json=[1]).status_code == 400
+    # a Pod is read as the extender reads a pod: another tool's annotation is not a deepres key
+    other = {"kubectl.kubernetes.io/last-applied-configuration": "{}", "deepres.io/model-type": "cnn"}
+    as_pod = client.post("/v1/predict", json={"metadata": {"name": "p", "annotations": other}})
+    assert as_pod.status_code == 200 and as_pod.get_json()["gpu_job"], as_pod.get_json()
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").get_json()["ready"] is True
     send_report(client, "a", 1, [(1000.0, 0.0)], clock)
     client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"]))

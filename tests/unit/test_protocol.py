@@ -161,3 +161,9 @@ def test_bind_args_require_name_uid_and_node(body: dict[str, str]) -> None:
     with pytest.raises(ProtocolError):
         parse_binding_args(body)
 
+
+
+def test_an_rfc3339_leap_second_is_a_time() -> None:
+    """The schema says date-time (RFC 3339), which allows second 60; Python's datetime does not."""
+    raw = {"Pod": {"metadata": {"name": "p", "creationTimestamp": "2016-12-31T23:59:60Z"}}, "NodeNames": []}
+    assert parse_extender_args(raw).pod.created_s == 1483228799.0
