@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
@@ -63,6 +64,7 @@ from extender.protocol import (
     filter_all_unresolvable,
     filter_error,
     filter_result,
+    host_priority_json,
     host_priority_list,
     parse_binding_args,
     parse_extender_args,
@@ -384,8 +386,9 @@ class Extender:
                       len(result.failed), len(result.unresolvable))
         return filter_result(result, args)
 
-    def prioritize(self, body: Any) -> list[dict[str, Any]]:
-        """Scores; on any problem an empty list (kube-scheduler ignores prioritize errors anyway)."""
+    def prioritize(self, body: Any) -> list[dict[str, Any]] | orjson.Fragment:
+        """Scores (the HostPriorityList's JSON, already encoded); on any problem an empty list
+        (kube-scheduler ignores prioritize errors anyway)."""
         try:
             args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
         except ProtocolError as err:
@@ -405,7 +408,8 @@ class Extender:
                                             memo=self.merits)
         else:
             scores = score_matrix(req, args.node_names, self.ledger.matrix, self.ledger.views, self.params)
-        return host_priority_list(scores)
+        return orjson.Fragment(host_priority_json(scores.names, scores.values,
+                                                  scores.lookup.derived if scores.lookup else None))
 
     def _keep_filter_plan(self, pod: PodInfo, plan: Plan, now: float) -> None:
         if not pod.uid:

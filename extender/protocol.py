@@ -22,6 +22,8 @@ from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from extender.policy.types import FilterResult
@@ -366,6 +368,59 @@ def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]
     """HostPriorityList. The scores are Python ints already (an int() per host doubled the cost)."""
     return [{"Host": host, "Score": score} for host, score in scores]
 
+
+#: The JSON of one HostPriority entry around its host's name (`host_priority_json`).
+_HOST_OPEN, _HOST_CLOSE = b'{"Host":"', b'","Score":'
+#: Bytes of an entry besides its name: the two above, a 2-character score and "}"; then a ",".
+_ENTRY_EXTRA = len(_HOST_OPEN) + len(_HOST_CLOSE) + 3
+#: Scores 0..99 as two characters: a space for the tens below 10 (JSON allows it before a number).
+_TENS = np.frombuffer(b"".join(b" " if v < 10 else str(v // 10).encode() for v in range(100)), dtype=np.uint8)
+_ONES = np.frombuffer(b"".join(str(v % 10).encode() for v in range(100)), dtype=np.uint8)
+
+
+def host_priority_json(hosts: Sequence[str], scores: npt.NDArray[np.int64],
+                       derived: dict[str, object] | None = None) -> bytes:
+    """The HostPriorityList JSON of `hosts` with `scores` (0..99), written without a Python object
+    per host: the JSON of the list with every score "00" is made from the names' JSON (orjson) and
+    the digits are written at their places with numpy. At 5,000 hosts ~0.3 ms against ~1 ms for a
+    list of pairs then of dicts through orjson; ~0.04 ms when `derived` (kept with the list, see
+    `columnar.Lookup`) holds the template already. Names that JSON must escape, or not ASCII, take
+    the dicts' path."""
+    if not hosts:
+        return b"[]"
+    template = derived.get(_TEMPLATE_KEY) if derived is not None else None
+    if template is None:
+        template = _host_priority_template(hosts)
+        if derived is not None and len(hosts) <= TEMPLATE_KEPT_MAX_HOSTS:
+            derived[_TEMPLATE_KEY] = template
+    if not isinstance(template, tuple) or scores.min() < 0 or scores.max() > 99:
+        return orjson.dumps(host_priority_list(zip(hosts, scores.tolist(), strict=True)))
+    body, at = template
+    out = np.frombuffer(body, dtype=np.uint8).copy()
+    out[at] = _TENS[scores]
+    out[at + 1] = _ONES[scores]
+    return out.tobytes()
+
+
+_TEMPLATE_KEY = "host_priority_json"
+#: Longest list whose template is kept with it (~40 bytes a host; the lists kept are bounded too).
+TEMPLATE_KEPT_MAX_HOSTS = 20_000
+
+
+def _host_priority_template(hosts: Sequence[str]) -> tuple[bytes, npt.NDArray[np.int64]] | bool:
+    """(the answer's JSON with every score "00", where each score's 2 characters are); False when a
+    name is escaped by JSON or not ASCII."""
+    names = orjson.dumps(hosts if isinstance(hosts, list) else list(hosts))  # ["a","b",...]
+    if not names.isascii() or b"\\" in names:
+        return False
+    # nothing escaped, so every '"' delimits a name and every '","' separates two of them
+    quotes = np.flatnonzero(np.frombuffer(names, dtype=np.uint8) == ord('"'))
+    lengths = quotes[1::2] - quotes[::2] - 1
+    body = b"[" + _HOST_OPEN + names[2:-2].replace(b'","', _HOST_CLOSE + b'00},' + _HOST_OPEN) + _HOST_CLOSE + b"00}]"
+    ends = np.cumsum(lengths + _ENTRY_EXTRA + 1)  # one past each entry: where its "," (or the "]") is
+    at: npt.NDArray[np.int64] = ends - 3  # an entry ends with its 2 score characters and "}"
+    at.flags.writeable = False
+    return body, at
 
 
 def binding_result(error: str = "") -> dict[str, str]:

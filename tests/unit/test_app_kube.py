@@ -4,6 +4,8 @@ Events, TokenReview with node binding and caching, watches that list, watch and 
 from __future__ import annotations
 
 import json
+import urllib.parse
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
 
@@ -128,48 +131,59 @@ def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -
 class RawAnswer:
     """What the client returns with `_preload_content=False`: the API server's bytes."""
 
-    def __init__(self, body: Any, lines: bool = False) -> None:
-        self.data = (("\n".join(json.dumps(e) for e in body) + "\n") if lines else json.dumps(body)).encode()
+    def __init__(self, body: Any) -> None:
+        self.data = json.dumps(body).encode()
         self.released = False
-
-    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-        yield self.data[:7]  # events split across chunks arrive whole
-        yield self.data[7:]
 
     def release_conn(self) -> None:
         self.released = True
 
 
-def test_pod_watch_lists_then_streams_raw_json_and_reports_deletions() -> None:
-    kube, _ = cluster()
-    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
+    """Through the real client over loopback HTTP: the list, then the watch from its resourceVersion;
+    a stop during the stream handles no further event."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
                         "annotations": {"deepres.io/assigned-gpus": "GPU-1"}},
            "spec": {"containers": [], "schedulerName": "deepres-scheduler", "nodeName": "n1"}}
-    selectors: list[str] = []
-    calls: list[dict[str, Any]] = []
+    paths: list[str] = []
 
-    class Core:
-        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> RawAnswer:
-            selectors.append(field_selector)
-            calls.append(kw)
-            assert kw["_preload_content"] is False  # no model objects: the raw JSON is parsed once
-            if kw.get("watch"):
-                assert kw["resource_version"] == "10"
-                return RawAnswer([{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
-                                  {"type": "DELETED", "object": pod}, {"type": "MODIFIED", "object": pod}], lines=True)
-            return RawAnswer({"kind": "PodList", "items": [pod], "metadata": {"resourceVersion": "10"}})
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
 
-    kube._core = Core()
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            if "/namespaces/" in self.path:  # read one pod: gone
+                send_json(self, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}).encode(), 404)
+                return
+            if "watch=true" not in self.path:
+                send_json(self, json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "10"},
+                                            "items": [pod]}).encode())
+                return
+            lines = [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
+                     {"type": "DELETED", "object": pod}, {"type": "MODIFIED", "object": pod}]
+            send_json(self, "".join(json.dumps(line) + "\n" for line in lines).encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client())
     listed: list[list[dict[str, Any]]] = []
     changed: list[tuple[dict[str, Any], bool]] = []
 
-    def pod_changed(pod: dict[str, Any], deleted: bool) -> None:
-        changed.append((pod, deleted))
-        kube.stop()  # the next event ends the watch: no relist
+    def pod_changed(p: dict[str, Any], deleted: bool) -> None:
+        changed.append((p, deleted))
+        kube.stop()
 
-    handlers = ClusterHandlers(pod_changed=pod_changed, pods_listed=listed.append, node_deleted=lambda n: None)
-    kube._watch_pods(handlers)
-    assert selectors == ["spec.schedulerName=deepres-scheduler"] * 2 and kube.synced()
+    try:
+        kube._watch_pods(ClusterHandlers(pod_changed=pod_changed, pods_listed=listed.append,
+                                         node_deleted=lambda n: None))
+    finally:
+        loopback.close()
+    selector = urllib.parse.quote("spec.schedulerName=deepres-scheduler")
+    assert paths[0] == f"/api/v1/pods?fieldSelector={selector}" and kube.synced()
+    assert "resourceVersion=10" in paths[1] and "watch=true" in paths[1]
     assert listed[0][0]["metadata"]["annotations"] == {"deepres.io/assigned-gpus": "GPU-1"}
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
     assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]  # stopped after one
