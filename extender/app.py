@@ -43,6 +43,7 @@ from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, L
 from extender.metrics import ExtenderMetrics
 from extender.openapi import openapi_document
 from extender.policy import (
+    FilterResult,
     PodRequest,
     PriorityInputs,
     Reservation,
@@ -166,6 +167,8 @@ class Extender:
         self._predictor_error = ""
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (mono)
+        # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
+        self._holds: dict[str, tuple[str, float, float]] = {}
         self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
         self._lock = threading.Lock()  # the small request caches above; learned state is the ledger's
         self._synced_s: float | None = None  # mono time of the first pod list applied
@@ -374,6 +377,8 @@ class Extender:
         self._keep_filter_plan(args.pod, plan, now)
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
+        if self._holds and plan.request.gpu_job:
+            result = self._respect_holds(plan.request, result, mono)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
@@ -410,6 +415,34 @@ class Extender:
             scores = score_matrix(req, args.node_names, self.ledger.matrix, self.ledger.views, self.params)
         return orjson.Fragment(host_priority_json(scores.names, scores.values,
                                                   scores.lookup.derived if scores.lookup else None))
+
+    def held_for_another(self, req: PodRequest, node: str, mono: float) -> str:
+        """Why `node` is not for `req`: its room was freed by evicting pods for a pod of at least
+        `req`'s priority that has not bound yet (kube-scheduler's nominated node, for the
+        extender's own evictions); "" when it is free to take. Without this, a lower-priority pod
+        waiting in kube-scheduler's queue took the freed GPU before the pod it was freed for."""
+        with self._lock:
+            held = self._holds.get(node)
+            if held is not None and held[2] <= mono:
+                del self._holds[node]
+                held = None
+        if held is None or held[0] == req.uid or req.priority > held[1]:
+            return ""
+        return f"room held for a pod of priority {held[1]:.1f} that preemption made room for"
+
+    def _respect_holds(self, req: PodRequest, result: FilterResult, mono: float) -> FilterResult:
+        held = {n: why for n in result.passed if (why := self.held_for_another(req, n, mono))}
+        if not held:
+            return result
+        kinds = dict(result.kinds)
+        kinds["held"] = kinds.get("held", 0) + len(held)
+        return FilterResult(tuple(n for n in result.passed if n not in held), result.failed,
+                            {**result.unresolvable, **held}, kinds)
+
+    def _release_holds(self, uid: str) -> None:
+        with self._lock:
+            for node in [n for n, held in self._holds.items() if held[0] == uid]:
+                del self._holds[node]
 
     def _keep_filter_plan(self, pod: PodInfo, plan: Plan, now: float) -> None:
         if not pod.uid:
@@ -478,6 +511,10 @@ class Extender:
             return self._bind_plain(raw, key, args.node)
         version = self.predictor_version
         req = plan.request
+        held = self.held_for_another(req, args.node, mono)
+        if held:
+            self.metrics.binds.labels("refused").inc()
+            return binding_result(f"cannot bind {key} to {args.node}: {held}")
 
         template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
                                req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
@@ -511,6 +548,7 @@ class Extender:
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
         self.ledger.mark_bound(res.pod_uid, args.node, res)
+        self._release_holds(req.uid)
         view = self.ledger.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
         self.record_event(raw, "Placed", self._placed_message(plan, args.node, indexes))
@@ -650,6 +688,8 @@ class Extender:
                                "Preempted", f"evicted by deepres for {req.key} on {node}: priority "
                                f"{victim_priority:.1f} < {req.priority:.1f}", warning=True)
         if evicted:
+            with self._lock:  # the room is this pod's until it binds, or the grace runs out
+                self._holds[node] = (req.uid, req.priority, mono + self.settings.kube.preemption_grace_s)
             self.metrics.preemptions.inc(len(evicted))
             self.cluster.event(raw_pod, "Preempting", f"evicting {', '.join(evicted)} (lower priority) on {node} "
                                f"to make room for {gib(req.admission_mib)} per GPU")
@@ -755,6 +795,8 @@ class Extender:
             log.debug("ignoring unparsable pod from the watch: %s", err)
             return
         if deleted or pod.phase in TERMINAL_PHASES:
+            if self._holds:
+                self._release_holds(pod.uid)
             if self.ledger.release(pod.uid) is not None:
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return

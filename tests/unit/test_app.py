@@ -512,3 +512,41 @@ def test_bind_trusts_the_watch_only_for_that_pod_pending_else_asks_the_api_serve
     cluster.watched[("default", "ghost")] = copy.deepcopy(ghost)
     assert "not found" in client.post("/bind", json=binding_args(ghost, "a")).get_json()["Error"]
     assert ghost["metadata"]["uid"] not in {r.pod_uid for r in extender_of(client.application).ledger.reservations()}
+
+
+def test_room_freed_by_the_extenders_eviction_is_held_for_the_pod_it_was_freed_for() -> None:
+    """A lower-priority pod waiting in kube-scheduler's queue must not take the GPU the extender just
+    emptied for a higher-priority pod (seen in the cluster suite: the critical pod then waited on)."""
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    client.post("/filter", json=extender_args(victim, names=["a"]))
+    assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
+    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    assert client.post("/filter", json=extender_args(high, names=["a"])).get_json()["NodeNames"] == []
+    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    out = client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()
+    assert out["NodeNames"] == [] and "room held" in out["FailedAndUnresolvableNodes"]["a"]
+    assert "room held" in client.post("/bind", json=binding_args(waiting, "a")).get_json()["Error"]
+    assert client.post("/filter", json=extender_args(high, names=["a"])).get_json()["NodeNames"] == ["a"]
+    assert client.post("/bind", json=binding_args(high, "a")).get_json() == {"Error": ""}
+    # bound: the hold is gone (the node is simply full now)
+    out = client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()
+    assert "room held" not in str(out["FailedNodes"]) + str(out["FailedAndUnresolvableNodes"])
+
+
+def test_a_hold_ends_with_the_preemption_grace() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    client.post("/filter", json=extender_args(victim, names=["a"]))
+    assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
+    client.post("/filter", json=extender_args(high, names=["a"]))
+    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    assert client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()["NodeNames"] == []
+    clock.now += 121  # preemption_grace_s: the pod it was held for never came
+    send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+    assert client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()["NodeNames"] == ["a"]
