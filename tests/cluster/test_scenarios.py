@@ -17,7 +17,6 @@ import pytest
 
 from tests.cluster.conftest import LocalCluster, node_body
 from tests.e2e import scenarios as s
-from tests.e2e import shared_scenarios as shared
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
 
 
@@ -25,13 +24,7 @@ def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalClu
     s.annotated_pods_land_where_their_predicted_memory_fits(clean)
 
 
-# the scenarios both suites run as they are, here in file order (scenarios run in file order)
-test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason = (
-    shared.test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason)
-test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority = (
-    shared.test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority)
-test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends = (
-    shared.test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends)
+from tests.e2e.shared_scenarios import *  # noqa: E402,F403  (scenarios 2-4, here in file order)
 
 
 def test_5_thirty_concurrent_pods_on_four_gpus_never_overcommit(clean: LocalCluster) -> None:

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from tests.e2e import scenarios as s
-from tests.e2e import shared_scenarios as shared
 from tests.e2e.conftest import CONTEXT, Cluster, kubectl, run
 from tests.e2e.scenarios import JOBS_NAMESPACE, NAMESPACE, RELEASE
 
@@ -36,13 +35,7 @@ def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: Cluster)
     s.annotated_pods_land_where_their_predicted_memory_fits(clean, container_env)
 
 
-# the scenarios both suites run as they are, here in file order (scenarios run in file order)
-test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason = (
-    shared.test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason)
-test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority = (
-    shared.test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority)
-test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends = (
-    shared.test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends)
+from tests.e2e.shared_scenarios import *  # noqa: E402,F403  (scenarios 2-4, here in file order)
 
 
 def test_5_killing_the_extender_loses_no_reservation_and_double_books_nothing(clean: Cluster) -> None:
