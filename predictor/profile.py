@@ -36,21 +36,26 @@ PREFIX = "deepres.io/"
 
 
 @dataclass(frozen=True)
-class Profile:
-    """One traced training step of the user's code, and what to annotate the pod with."""
+class Profile(tracing.Trace):
+    """One traced training step of the user's code (the tracer's `Trace`: peak, breakdown, FLOPs,
+    seconds) and what to annotate the pod with."""
 
-    traced_peak_mib: float
-    breakdown_mib: dict[str, float]
     memory_mib: float
     memory_mib_upper: float
-    gflops_per_iteration: float
     params_millions: float
     batch_size: int
     input_dim: int
     model_type: str
     precision: str
     optimizer: str
-    seconds: float
+
+    @property
+    def traced_peak_mib(self) -> float:
+        return round(self.peak_mib, 1)
+
+    @property
+    def gflops_per_iteration(self) -> float:
+        return round(self.flops / 1e9, 3)
 
     def annotations(self) -> dict[str, str]:
         return {
@@ -157,11 +162,10 @@ def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tupl
         input_dim = int(first.shape[-1])  # features
     family = MODEL_ALIASES.get((model_type or guess_model_type(model)).lower(), "mlp")
     return Profile(
-        traced_peak_mib=round(peak_mib, 1), breakdown_mib={k: round(v / tracing.MIB, 1) for k, v in parts.items()},
-        memory_mib=memory, memory_mib_upper=upper, gflops_per_iteration=round(components.flops / 1e9, 3),
-        params_millions=sum(components.numel_by_dtype.values()) / 1e6, batch_size=batch_size, input_dim=input_dim,
-        model_type=family, precision=precision, optimizer=optimizer_name(optimizer),
-        seconds=time.perf_counter() - started)
+        peak_bytes=peak, breakdown_bytes=parts, flops=components.flops, seconds=time.perf_counter() - started,
+        memory_mib=memory, memory_mib_upper=upper, params_millions=sum(components.numel_by_dtype.values()) / 1e6,
+        batch_size=batch_size, input_dim=input_dim, model_type=family, precision=precision,
+        optimizer=optimizer_name(optimizer))
 
 
 def build_on_meta(build: Callable[[], Any]) -> tuple[nn.Module, torch.optim.Optimizer, tuple[Any, Any], Any]:
@@ -230,7 +234,7 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 
 def render(target: str, prof: Profile) -> str:
-    parts = ", ".join(f"{k} {v:.1f}" for k, v in prof.breakdown_mib.items())
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in prof.breakdown_mib().items())
     lines = [
         f"# deepres profile {target}: one {prof.precision} training step with {prof.optimizer}, "
         f"traced on the CPU in {prof.seconds:.1f} s (meta device, no GPU)",

@@ -5,12 +5,13 @@ Four sources, all built on the meta device without any weights:
 - torchvision: every classification model (`weights=None`);
 - Hugging Face transformers: the named models of `hf_models.json`, built from their config class
   with the published hyper-parameters (the table names each source; never `from_pretrained`);
-- torch.nn: recurrent stacks (RNN, LSTM, GRU) and MLPs over depths and widths.
+- torch.nn: custom stacks a data scientist writes by hand (a labelled minority, source `nn`):
+  recurrent stacks (RNN, LSTM, GRU), MLPs and small CNNs over depths and widths.
 
 Each architecture carries what the grouped splits need: `group` (resnet50 and resnet50d are one
 group: a timm module, the same module for torchvision's copy of a timm family, an HF model type
 with its close relatives) and `family`, the `deepres.io/model-type` a data scientist would write.
-The rules (README, "Annotating a pod"):
+The rules (README, "How to fill the family annotations"):
 
 - model-type: `vit` for image models whose blocks are attention (ViT, DeiT, BEiT, EVA, Swin, CaiT,
   XCiT, PVT, MaxViT, CoAtNet, LeViT...: the timm modules in `_VIT_MODULES`); `mlp` for MLP-Mixer,
@@ -18,13 +19,14 @@ The rules (README, "Annotating a pod"):
   ResNeXt, Wide ResNet, Res2Net, ResNeSt, RegNet, NFNet, EfficientNet: `_RESNET_NAME`); `cnn` for every
   other image model (MobileNet, ConvNeXt, Inception, DenseNet...); `transformer` for encoders and
   encoder-decoders (BERT, RoBERTa, DeBERTa, XLNet, T5, BART); `gpt` for decoder-only LMs; `rnn`,
-  `lstm`, `gru`, `mlp` for the torch.nn stacks.
+  `lstm`, `gru`, `mlp`, `cnn` for the torch.nn stacks (a hand-written CNN is `cnn`).
 - params-millions: trainable parameters / 1e6 of the model as trained (at that input size).
 - input-dim: image side (vision), sequence length (text, recurrent), input features (MLP).
 - num-layers: the depth in the name when the name states one (resnet50 -> 50, vgg16 -> 16,
   densenet121 -> 121, wide_resnet50_2 -> 50); else for attention and mixer image models the number
   of blocks (ViT-B 12, Swin-T 2+2+6+2 = 12); else for other image models the number of weight
-  layers (Conv2d and Linear modules: efficientnet_b0 82); for text models the
+  layers (Conv2d and Linear modules: efficientnet_b0 82, a hand-written CNN of four convolutions
+  and a Linear head 5); for text models the
   transformer blocks (encoder + decoder for encoder-decoders: t5-base 24, bert-base 12); for
   recurrent stacks the recurrent layers; for MLPs the Linear layers.
 """
@@ -48,7 +50,7 @@ from predictor.dataset import templates
 
 HF_TABLE = Path(__file__).with_name("hf_models.json")
 IMAGE_BATCHES = (8, 32, 128)
-TEXT_BATCHES = (1, 4, 16)
+TEXT_BATCHES = (1, 8, 64)
 SEQ_BATCHES = (8, 32, 128)
 MLP_BATCHES = (32, 256, 2048)
 TEXT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -83,7 +85,10 @@ _HF_GROUPS = {
     "bert": "bert", "roberta": "bert", "distilbert": "bert", "albert": "bert", "deberta": "deberta",
     "deberta-v2": "deberta", "xlnet": "xlnet", "t5": "t5", "bart": "bart", "gpt2": "gpt2", "opt": "opt",
     "gpt_neox": "gpt_neox", "llama": "llama", "mistral": "llama", "qwen2": "llama", "phi": "phi",
-    "vit": "vision_transformer", "swin": "swin_transformer", "convnext": "convnext", "resnet": "resnet",
+    "xlm-roberta": "bert", "electra": "bert", "modernbert": "modernbert", "mbart": "bart", "pegasus": "bart",
+    "marian": "bart", "gpt_neo": "gpt_neo", "gptj": "gpt_neo", "bloom": "bloom", "gemma": "llama", "phi3": "phi",
+    "vit": "vision_transformer", "beit": "beit", "swin": "swin_transformer", "convnext": "convnext",
+    "resnet": "resnet",
 }
 
 
@@ -201,10 +206,15 @@ def hf_archs() -> list[Arch]:
     return out
 
 
-#: torch.nn stacks: (cell, layers, hidden) and (depth, width); inputs are sequence lengths / features.
-RNN_GRID = [(cell, layers, hidden) for cell in ("rnn", "lstm", "gru") for layers in (1, 2, 4)
-            for hidden in (256, 1024, 2048)]
-MLP_GRID = [(depth, width) for depth in (2, 4, 8, 16) for width in (256, 1024, 4096)]
+#: torch.nn stacks a data scientist writes by hand: (cell, layers, hidden), (depth, width) and small
+#: CNNs (depth = Conv2d + Linear layers, base width, head); inputs are sequence lengths / features / sides.
+RNN_GRID = [(cell, layers, hidden) for cell in ("rnn", "lstm", "gru") for layers in (1, 2, 4, 8)
+            for hidden in (128, 256, 1024, 2048)]
+MLP_GRID = [(depth, width) for depth in (2, 3, 4, 6, 8, 12, 16) for width in (256, 1024, 4096)]
+MLP_GRID += [(depth, 64) for depth in (2, 3, 4, 6)]
+CNN_GRID = [(depth, width, "gap") for depth in (2, 3, 4, 5, 6, 8, 10, 12) for width in (16, 64, 256)]
+CNN_GRID += [(depth, width, "fc") for depth in (3, 5, 8, 12) for width in (32, 128)]
+CNN_SIDES = (224, 32, 64)  # ImageNet-sized, CIFAR-sized, Tiny-ImageNet-sized
 RNN_FEATURES = 256
 RNN_CLASSES = 10
 
@@ -214,7 +224,35 @@ def nn_archs() -> list[Arch]:
            for cell, layers, hidden in RNN_GRID]
     out += [Arch(f"nn/mlp-d{depth}-w{width}", "nn", "nn-mlp", "mlp", "features", (1024, 784, 16384), MLP_BATCHES)
             for depth, width in MLP_GRID]
+    out += [Arch(f"nn/cnn-d{depth}-w{width}-{head}", "nn", "nn-cnn", "cnn", "image", CNN_SIDES, IMAGE_BATCHES)
+            for depth, width, head in CNN_GRID]
     return out
+
+
+def small_cnn(depth: int, width: int, head: str, classes: int = IMAGE_CLASSES) -> nn.Module:
+    """The plain CNN people write by hand: `depth` weight layers, i.e. 3x3 Conv2d + BatchNorm + ReLU
+    blocks in up to four stages (widths w, 2w, 4w, 8w, 2x2 max-pool after each), then a head of one
+    Linear after global average pooling (`gap`) or two Linear layers with dropout after a 4x4
+    adaptive pool (`fc`, the VGG-style classifier)."""
+    convs = depth - (1 if head == "gap" else 2)
+    if convs < 1:
+        raise ValueError(f"small_cnn: depth {depth} leaves no convolution for head {head!r}")
+    n_stages = min(4, convs)
+    per_stage = [convs // n_stages + (1 if s >= n_stages - convs % n_stages else 0) for s in range(n_stages)]
+    layers: list[nn.Module] = []
+    c_in = 3
+    for stage, count in enumerate(per_stage):
+        c_out = width * 2 ** stage
+        for _ in range(count):
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+            c_in = c_out
+        layers.append(nn.MaxPool2d(2))
+    if head == "gap":
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
+    else:
+        layers += [nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(c_in * 16, 512), nn.ReLU(inplace=True),
+                   nn.Dropout(0.5), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
 
 
 def all_archs(sources: tuple[str, ...] = ("timm", "torchvision", "hf", "nn")) -> list[Arch]:
@@ -324,6 +362,9 @@ def build(arch: Arch, input_dim: int) -> tuple[nn.Module, BatchOf, Loss]:
               "classes": RNN_CLASSES}
         model = templates._TimeParallelRecurrent(arch.family, hp)  # same parameters, FLOPs and saved tensors
         return model, _sequence_batch(input_dim), F.cross_entropy
+    if arch.family == "cnn":
+        depth, width, head = re.match(r"cnn-d(\d+)-w(\d+)-(\w+)", base).groups()  # type: ignore[union-attr]
+        return small_cnn(int(depth), int(width), head), _image_batch(input_dim), F.cross_entropy
     depth, width = (int(v) for v in re.match(r"mlp-d(\d+)-w(\d+)", base).groups())  # type: ignore[union-attr]
     modules: list[nn.Module] = []
     n_in = input_dim

@@ -11,12 +11,17 @@ traced range to within the residual the data card shows (`fit_check`).
 
 Work is done in units (architecture, tier): tier 0 is the default input, tier 1 the two other inputs,
 so an interrupted run has every architecture at its default input before any at other inputs
-(breadth first), and units are interleaved across groups. The work file
-(predictor/dataset/_work/real.jsonl) gets one JSON line per finished unit; a restart skips the units
-it holds. Outputs are rebuilt from the work file, sorted, so they do not depend on the order units
-finished in: predictor/data/real_traces.csv (one row per trace), predictor/data/real_jobs.csv.gz
-(one row per trace and optimizer, the jobs.csv columns plus group/family/name) and
-predictor/data/exact.json (the exact-architecture table read by predictor/exact.py).
+(breadth first), and units are interleaved across groups. Every finished unit is one JSON record;
+the records are the state of the dataset and live in the repository, sorted, in
+predictor/data/real_units.jsonl.gz (exact bytes, FLOPs, parameters, errors), so a fresh clone resumes
+where the last run stopped. A running command also appends each record to the git-ignored work file
+predictor/dataset/_work/real.jsonl (crash safety: nothing finished is lost before the outputs are
+rewritten); a restart reads both and skips the units they hold, unless the architecture's definition
+changed since (other inputs or batches: traced again). Outputs are rebuilt from the records, sorted,
+so they do not depend on the order units finished in: predictor/data/real_traces.csv.gz (one row per
+trace), predictor/data/real_jobs.csv.gz (one row per trace and optimizer, the jobs.csv columns plus
+group/family/name/source) and predictor/data/exact.json (the exact-architecture table read by
+predictor/exact.py).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import math
 import signal
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -52,9 +57,10 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "predictor" / "data"
 WORK = calibration.WORK_DIR / "real.jsonl"
-TRACES_OUT = DATA_DIR / "real_traces.csv"
+TRACES_OUT = DATA_DIR / "real_traces.csv.gz"
 JOBS_OUT = DATA_DIR / "real_jobs.csv.gz"
 EXACT_OUT = DATA_DIR / "exact.json"
+STORE = DATA_DIR / "real_units.jsonl.gz"
 PRECISIONS = ("fp32", "amp", "bf16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
 JOB_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -284,10 +290,11 @@ def plan_units(arch_list: list[A.Arch], tiers: tuple[int, ...] = (0, 1)) -> list
 
 
 def read_work(path: Path) -> dict[str, dict[str, Any]]:
+    """Unit records by key from a work file (`.jsonl`) or the store (`.jsonl.gz`); a later line wins."""
     done: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return done
-    with open(path) as handle:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as handle:
         for line in handle:
             try:
                 record = json.loads(line)
@@ -297,15 +304,40 @@ def read_work(path: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
+def read_state(store: Path | None, work: Path) -> dict[str, dict[str, Any]]:
+    """The records of the store (the repository's) updated by those of the work file (newer)."""
+    done = read_work(store) if store is not None else {}
+    done.update(read_work(work))
+    return done
+
+
+def write_store(done: dict[str, dict[str, Any]], path: Path) -> None:
+    """Every record, sorted by key, one JSON line each, gzip without a timestamp (byte-identical reruns)."""
+    text = "".join(json.dumps(done[k], sort_keys=True, separators=(",", ":")) + "\n" for k in sorted(done))
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    tmp.replace(path)
+
+
+def _current(record: dict[str, Any], arch: A.Arch) -> bool:
+    """The record was traced from this definition of the architecture (same inputs and batches)."""
+    return bool(record["arch"] == json.loads(json.dumps(asdict(arch))))
+
+
 def generate(arch_list: list[A.Arch], work: Path, workers: int, tiers: tuple[int, ...] = (0, 1),
              limit: int | None = None, timeout_s: float = UNIT_TIMEOUT_S,
-             retry_errors: bool = False) -> dict[str, dict[str, Any]]:
-    """Trace every unit not yet in `work` (appending one line per unit), with progress on stderr.
-    `retry_errors` traces again the units that recorded an error (the new line wins)."""
-    done = read_work(work)
+             retry_errors: bool = False, store: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Trace every unit that neither `store` nor `work` holds for the architecture's current
+    definition (appending one line per unit to `work`), with progress on stderr. `retry_errors`
+    traces again the units that recorded an error (the new line wins)."""
+    done = read_state(store, work)
     units = plan_units(arch_list, tiers)
-    todo = [(a, t) for a, t in units
-            if unit_key(a, t) not in done or (retry_errors and done[unit_key(a, t)]["errors"])]
+
+    def wanted(a: A.Arch, t: int) -> bool:
+        record = done.get(unit_key(a, t))
+        return record is None or not _current(record, a) or (retry_errors and bool(record["errors"]))
+
+    todo = [(a, t) for a, t in units if wanted(a, t)]
     if limit is not None:
         todo = todo[:limit]
     work.parent.mkdir(parents=True, exist_ok=True)
@@ -504,8 +536,9 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
     bound = {"calibration_rel": round(float(constants.get("bound_rel", 0.05)), 4),
              "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}
     data_dir.mkdir(parents=True, exist_ok=True)
+    write_store(done, data_dir / STORE.name)
     traces = trace_rows(done)
-    _write_csv(data_dir / TRACES_OUT.name, TRACE_COLUMNS, traces, compress=False)
+    _write_csv(data_dir / TRACES_OUT.name, TRACE_COLUMNS, traces, compress=True)
     jobs = job_rows(done, fit)
     _write_csv(data_dir / JOBS_OUT.name, (*COLUMNS, *JOB_EXTRA), jobs, compress=True)
     table = exact_table(done, fit, bound)
@@ -519,6 +552,7 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
     errors = {r["key"]: r["errors"] for r in done.values() if r["errors"]}
     memories = [float(r["memory_mib"]) for r in jobs]
     summary = {"rows_over_80gib": sum(m > 81920 for m in memories),
+               "rows_by_source": dict(sorted(Counter(str(r["source"]) for r in jobs).items())),
                "memory_mib_min": min(memories, default=0.0), "memory_mib_max": max(memories, default=0.0),
                "units": len(done), "architectures": len(archs_ok), "traces": len(traces), "job_rows": len(jobs),
                "groups": len({a["group"] for a, _ in _records(done)}), "exact_models": len(table["models"]),
@@ -556,7 +590,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--unit-timeout-s", type=float, default=UNIT_TIMEOUT_S)
     group.add_argument("--real-work", type=Path, default=WORK, help=f"work file (default {WORK})")
     group.add_argument("--data-dir", type=Path, default=DATA_DIR, help=f"output folder (default {DATA_DIR})")
-    group.add_argument("--outputs-only", action="store_true", help="rebuild the outputs from the work file only")
+    group.add_argument("--outputs-only", action="store_true",
+                       help="trace nothing: rebuild the outputs from the unit records (store + work file)")
     group.add_argument("--retry-errors", action="store_true", help="trace again the units that recorded errors")
     group.add_argument("--fit-check", type=int, default=0, metavar="N",
                        help="only check the batch fit on a sample of N architectures (reports/dataset-batch-fit.json)")
@@ -584,14 +619,15 @@ def run(args: argparse.Namespace) -> int:
         fit_figure(report, args.data_dir / FIT_FIGURE.name)
         print(json.dumps({k: v for k, v in report.items() if k != "points"}), file=sys.stderr)
         return 0
+    store = args.data_dir / STORE.name
     if args.outputs_only:
-        done = read_work(args.real_work)
+        done = read_state(store, args.real_work)
     else:
         arch_list = [a for a in A.all_archs(sources) if args.match in a.name]
         print(f"dataset real: {len(arch_list)} architectures from {', '.join(sources)}; work file {args.real_work}",
               file=sys.stderr)
         done = generate(arch_list, args.real_work, args.workers, tiers, args.limit, args.unit_timeout_s,
-                        args.retry_errors)
+                        args.retry_errors, store)
     registry = A.all_archs()
     names = {a.name for a in registry}
     done = {k: r for k, r in done.items() if r["arch"]["name"] in names}  # units of a model since dropped
@@ -611,8 +647,8 @@ def seconds_per_trace(done: dict[str, dict[str, Any]]) -> float:
 # ---------------------------------------------------------------------------------------------
 # Does the batch fit hold? (`deepres dataset real --fit-check N`)
 
-EXTRA_BATCHES = {"image": (1, 2, 16, 64, 256), "text": (2, 8, 32), "seq2seq": (2, 8, 32), "sequence": (1, 16, 256),
-                 "features": (1, 64, 4096)}
+EXTRA_BATCHES = {"image": (1, 2, 16, 64, 256), "text": (2, 16, 32, 128), "seq2seq": (2, 16, 32, 128),
+                 "sequence": (1, 16, 256), "features": (1, 64, 4096)}
 FIT_REPORT = REPO_ROOT / "reports" / "dataset-batch-fit.json"
 FIT_FIGURE = DATA_DIR / "batch_fit.png"
 
@@ -629,7 +665,7 @@ def fit_check_run(arch_list: list[A.Arch], n: int, optimizer: str = "adamw", pre
     piecewise-linear curve and with the least-squares affine line through the three points."""
     points: list[dict[str, Any]] = []
     for arch in fit_sample(arch_list, n):
-        extra = EXTRA_BATCHES[arch.kind]
+        extra = tuple(b for b in EXTRA_BATCHES[arch.kind] if b not in arch.batches)
         try:
             info = trace_input(arch, arch.inputs[0], batches=tuple(sorted({*arch.batches, *extra})),
                                precisions=(precision,))
@@ -713,23 +749,27 @@ def fit_figure(report: dict[str, Any], path: Path) -> None:
 
 
 def _family_rows(records: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
-    by: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    """Per family (and source within it): counts, medians and the ranges a predictor trained on it covers."""
+    by: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
     for arch, info in records:
-        by[arch["family"]].append((arch, info))
+        by[(arch["family"], "nn" if arch["source"] == "nn" else "real")].append((arch, info))
     rows = []
-    for family, items in sorted(by.items()):
+    for (family, kind), items in sorted(by.items()):
         params = sorted(i["params"] / 1e6 for _, i in items)
         peaks = sorted(t["fb"] / MIB for _, i in items for t in i["traces"])
-        rows.append(f"| {family} | {len({a['name'] for a, _ in items})} | {len({a['group'] for a, _ in items})} | "
-                    f"{sum(len(i['traces']) for _, i in items)} | {params[len(params) // 2]:.1f} | "
+        batches = [t["batch"] for _, i in items for t in i["traces"]]
+        inputs = [i["input"] for _, i in items]
+        layers = [i["num_layers"] for _, i in items]
+        rows.append(f"| {family} | {kind} | {len({a['name'] for a, _ in items})} | "
+                    f"{len({a['group'] for a, _ in items})} | {sum(len(i['traces']) for _, i in items)} | "
+                    f"{params[0]:.3g}..{params[-1]:.4g} (median {params[len(params) // 2]:.1f}) | "
+                    f"{min(batches)}..{max(batches)} | {min(inputs)}..{max(inputs)} | {min(layers)}..{max(layers)} | "
                     f"{peaks[len(peaks) // 2]:.0f} |")
     return rows
 
 
 def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], path: Path,
                    all_units: int | None = None) -> None:
-    from collections import Counter
-
     records = _records(done)
     archs_ok = {a["name"]: a for a, _ in records}
     fams = Counter(a["family"] for a in archs_ok.values())
@@ -751,7 +791,8 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "device (no weights, no GPU): timm image models (`pretrained=False`), torchvision classification models",
         "(`weights=None`), Hugging Face transformers built from config classes with the published hyper-parameters",
         "of each named model (`predictor/dataset/hf_models.json` names the config each copies; never",
-        "`from_pretrained`), and torch.nn recurrent stacks and MLPs. Written by `deepres dataset real`",
+        "`from_pretrained`), and hand-written torch.nn stacks (RNN/LSTM/GRU, MLPs, small CNNs). Written by",
+        "`deepres dataset real`",
         "(predictor/dataset/real.py); the architectures and the annotation rules are in predictor/dataset/archs.py.",
         "", "## Files", "",
         "| file | what |", "|---|---|",
@@ -759,9 +800,11 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "optimizer); the columns of "
         "jobs.csv (docs/CONTRACTS.md) plus `name`, `source`, `group` (for grouped splits), `family` (the model-type "
         "annotation; `vgg` kept, `model_type` holds its canonical family) |",
-        "| `real_traces.csv` | one row per trace: the forward/backward peak and the bytes left after backward, "
+        "| `real_traces.csv.gz` | one row per trace: the forward/backward peak and the bytes left after backward, "
         "each with its breakdown, and the GFLOPs (optimizer-free: any optimizer's peak follows from it) |",
         "| `exact.json` | the exact-architecture table read by predictor/exact.py (`deepres.io/model`) |",
+        "| `real_units.jsonl.gz` | the unit records (exact bytes, FLOPs, errors): the dataset's state, from "
+        "which every other file is rebuilt and a run resumes |",
         "| `real_summary.json` | the figures below, as JSON |",
         "| `batch_fit.png`, `../../reports/dataset-batch-fit.json` | the batch-fit check |",
         "", "## Size", "",
@@ -779,27 +822,51 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         f"- rows above 80 GiB (`memory_mib` > 81920: no single GPU holds them, the extender must reject them): "
         f"{summary.get('rows_over_80gib', 0):,} of {summary['job_rows']:,}; `memory_mib` spans "
         f"{summary.get('memory_mib_min', 0):,.0f} .. {summary.get('memory_mib_max', 0):,.0f} MiB.",
-        "", "| family | architectures | groups | traces | median params (M) | median traced peak (MiB) |",
-        "|---|---|---|---|---|---|",
+        "- rows by source: " + ", ".join(f"{k} {v:,} ({v / max(1, summary['job_rows']):.0%})"
+                                          for k, v in sorted(summary.get("rows_by_source", {}).items()))
+        + "; `nn` rows are the hand-written torch.nn stacks (a labelled minority: filter or weight on `source`).",
+        "", "Per family, real architectures and the hand-written `nn` stacks apart; the ranges are those of the "
+        "rows (batch, `input_dim`, `num_layers`), what a model trained on them has seen:", "",
+        "| family | source | architectures | groups | traces | params (M) | batch | input | layers | "
+        "median traced peak (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *_family_rows(records),
         "", "## Regenerate", "",
         "```bash",
-        "nice -n 10 .venv/bin/deepres dataset real --workers 1      # resumable: skips the units in the work file",
-        ".venv/bin/deepres dataset real --outputs-only               # rebuild these files from the work file",
+        "nice -n 19 .venv/bin/deepres dataset real --workers 2      # resumable: skips the units it holds",
+        ".venv/bin/deepres dataset real --outputs-only               # rebuild these files from the records",
         ".venv/bin/deepres dataset real --fit-check 30               # the batch-fit check below",
         "```", "",
-        "The work file `predictor/dataset/_work/real.jsonl` gets one JSON line per finished unit; every output",
-        "is rebuilt from it sorted, so the files are byte-identical whatever order units finished in (tested);",
-        "only the measured `trace_seconds` differ between machines. Options: `--sources timm,hf`, `--match bert`,",
-        "`--tiers 0`, `--limit N`, `--retry-errors`, `--unit-timeout-s`.",
+        "Every finished unit is one record; `real_units.jsonl.gz` holds them all, sorted, so a fresh clone",
+        "resumes where the last run stopped (the running command also appends each record to the git-ignored",
+        "`predictor/dataset/_work/real.jsonl`, read on restart, so an interrupted run loses nothing). A record",
+        "whose architecture changed definition (inputs, batches) is traced again. Every output is rebuilt from",
+        "the records sorted, so the files are byte-identical whatever order units finished in (tested); only the",
+        "measured `trace_seconds` differ between machines. Options: `--sources timm,hf`, `--match bert`,",
+        "`--tiers 0`, `--limit N`, `--retry-errors`, `--unit-timeout-s`. The first 2,280 records were rebuilt",
+        "from the outputs of commit 805526e when that run's work file was lost: their bytes carry the outputs'",
+        "0.001 MiB resolution (optimizer state and step recomputed exactly, equal to its exact table), their",
+        "`build_seconds` are 0, and an input missing from those outputs is recorded as not traced.",
         "", "## Grid", "",
         "Per architecture: three inputs (images: the default side of the model's pretrained config, 3/4 and 3/2",
         "of it rounded to 32 px; text: three lengths among 128..4096 within the model's position limit, the",
         "decoder of encoder-decoders at a quarter of the input; recurrent: 64, 256, 1024 steps of 256 features;",
-        "MLP: 784, 1024, 16384 features) x fp32, amp, bf16 x three batch sizes (images 8, 32, 128; text 1, 4, 16;",
-        "recurrent 8, 32, 128; MLP 32, 256, 2048) x six optimizers (the exact table; the rows carry sgd, momentum,",
-        "adam, adamw). Work goes breadth first (tier 0: the",
+        "MLP: 784, 1024, 16384 features; small CNNs: 224, 32, 64 px) x fp32, amp, bf16 x three batch sizes",
+        "(images 8, 32, 128; text 1, 8, 64; recurrent 8, 32, 128; MLP 32, 256, 2048) x six optimizers (the",
+        "exact table; the rows carry sgd, momentum, adam, adamw). Text models of every size get the same",
+        "batches: a peak is convex in the batch (the phase that holds the peak changes), so reading a large",
+        "batch off the last traced segment underestimates it (the batch-fit check below: on an earlier grid that",
+        "gave the 1B+ models batches 1, 4, 16, a 2.7B decoder at batch 32 came out 5% low and a 13B one at 128",
+        "24% low; on this grid the worst is 5.6%, the 13B one at 128). Work goes breadth first (tier 0: the",
         "default input; round-robin over groups), so a partial run covers every group before it deepens one.",
+        "",
+        "The hand-written torch.nn stacks (`source` = `nn`, groups `nn-rnn`, `nn-lstm`, `nn-gru`, `nn-mlp`,",
+        "`nn-cnn`): RNN/LSTM/GRU of 1, 2, 4, 8 layers x 128..2048 hidden units; MLPs of 2..16 Linear layers x",
+        "64..4096 units; plain CNNs of 2..12 weight layers (3x3 Conv2d + BatchNorm + ReLU in up to four",
+        "stages of widths w..8w, 2x2 max-pool after each, w = 16, 64, 256; a global-average-pool + Linear head,",
+        "or, for w = 32, 128 and 3, 5, 8, 12 layers, a VGG-style 4x4-pool + Linear(512) + dropout + Linear head;",
+        "`archs.small_cnn`). They stand for the custom models a data scientist describes with the family",
+        "fields, which real architectures do not cover (a 5-layer CNN: real CNNs have 8..489 weight layers).",
         "", "## How a label is made", "",
         "1. The model is built on the meta device with random initialisation skipped (`tracing._SkipInit`), in",
         "   train mode, with the training head of its task: ImageNet-1k classification (1000 classes), masked LM",
@@ -839,8 +906,9 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
             "",
             f"On a sample of {fit['architectures']} architectures (every k-th by name across sources; "
             f"{fit['precision']}, "
-            f"{fit['optimizer']}) traced at batches the table never saw (images 1, 2, 16, 64, 256; text 2, 8, 32; "
-            "recurrent 1, 16, 256; MLP 1, 64, 4096), the table's curve is off by: "
+            f"{fit['optimizer']}) traced at batches the table never saw (of "
+            + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in EXTRA_BATCHES.items())
+            + ", those not traced for the model), the table's curve is off by: "
             f"median {t['median_abs_rel_err']:.2%}, p90 {t['p90_abs_rel_err']:.2%}, max {t['max_abs_rel_err']:.2%} "
             f"({t['n']} points; inside the traced range: median {tin.get('median_abs_rel_err', math.nan):.2%}, max "
             f"{tin.get('max_abs_rel_err', math.nan):.2%}; beyond it: median "
@@ -886,16 +954,18 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "`params_millions` = trainable parameters of the model as traced (at that input); `input_dim` = image",
         "side / sequence length / features; `num_layers` = the depth in the name when it states one (resnet50",
         "50, vgg16 16, densenet121 121), else blocks for attention/mixer image models (ViT-B 12, Swin-T 12), else",
-        "Conv2d + Linear layers for other image models (efficientnet_b0 82), transformer blocks for text models",
-        "(encoder + decoder: t5-base 24), recurrent layers, Linear layers of an MLP; `model_type` by the family",
-        "rule of predictor/dataset/archs.py; `regularization` = 1 when the model trains with an active dropout",
+        "Conv2d + Linear layers for other image models (efficientnet_b0 82; a hand-written CNN of four",
+        "convolutions and one Linear layer 5), transformer blocks for text models (encoder + decoder: t5-base 24),",
+        "recurrent layers, Linear layers of an MLP; `model_type` by the family rule of predictor/dataset/archs.py",
+        "(a hand-written CNN is `cnn`); `regularization` = 1 when the model trains with an active dropout",
         "layer; `data_augmentation` = 1 for image models (it does not change GPU memory); `iterations` 10000 and",
         "`learning_rate` 0.001 (no effect on memory or FLOPs per iteration).",
         "",
         "Groups (for grouped splits): the timm module (resnet50 and resnet50d are both `resnet`), torchvision",
         "models in the timm module of the same family (torchvision resnet50 is `resnet`, vit_b_16",
         "`vision_transformer`), HF model types with close relatives together (`bert`: BERT, RoBERTa, DistilBERT,",
-        "ALBERT; `llama`: LLaMA, Mistral, Qwen2), `nn-<cell>` and `nn-mlp` for the torch.nn stacks.",
+        "ALBERT, XLM-R, ELECTRA; `llama`: LLaMA, Mistral, Qwen2, Gemma; `bart`: BART, mBART, Pegasus, Marian;",
+        "`gpt_neo`: GPT-Neo, GPT-J; `phi`: Phi, Phi-3), `nn-<cell>`, `nn-mlp` and `nn-cnn` for the torch.nn stacks.",
     ]
     if errors:
         lines += ["", f"## Failures ({len(errors)} units; the first 15)", ""]

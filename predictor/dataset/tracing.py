@@ -289,18 +289,7 @@ def trace_training_step(
         for t in opt_state:
             tracker.classify(t, "optimizer")
         with _grad_classifier(params, tracker), tracker:
-            x, y = make_batch(torch.float16 if precision == "amp" else dtype)
-            if precision == "amp":  # fp16 compute copies of the fp32 master weights
-                state = {n: _half(t) for n, t in (*model.named_parameters(), *model.named_buffers())}
-                out = functional_call(model, state, (x,)).float()
-                del state  # autocast drops its cast cache when the forward pass ends
-            else:
-                out = model(x)
-            loss = loss_fn(out, y)
-            del x, out
-            tracker.phase = "backward"
-            loss.backward()  # type: ignore[no-untyped-call]
-            del loss
+            _targets = _forward_backward(model, make_batch, loss_fn, precision, tracker)  # held to the step's end
             tracker.phase = "optimizer"
             tracker.transient("temporaries", step_extra)
     return Trace(tracker.peak, dict(tracker.peak_breakdown), tracker.flops, time.perf_counter() - started)
@@ -365,25 +354,7 @@ def trace_components(
             if id(t) not in seen:
                 tracker.classify(t, "params")
         with _grad_classifier(params, tracker), tracker:
-            x, y = make_batch(torch.float16 if precision == "amp" else _DTYPES[precision])
-            if precision == "amp":
-                # functional_call restores a module shared under two names with the cast copy
-                # (timm's CoaT): put every original back ourselves
-                saved = [(m, kind, name, t) for m in model.modules() for kind in ("_parameters", "_buffers")
-                         for name, t in getattr(m, kind).items()]
-                state = {n: _half(t) for n, t in (*model.named_parameters(), *model.named_buffers())}
-                out = functional_call(model, state, (x,)).float()
-                del state
-                for m, kind, name, t in saved:
-                    getattr(m, kind)[name] = t
-                del saved
-            else:
-                out = model(x)
-            loss = loss_fn(out, y)
-            del x, out
-            tracker.phase = "backward"
-            loss.backward()  # type: ignore[no-untyped-call]
-            del loss
+            y = _forward_backward(model, make_batch, loss_fn, precision, tracker)
             components = StepComponents(
                 tracker.peak, dict(tracker.peak_breakdown), tracker.current, dict(tracker.totals),
                 tracker.flops, numel, 0.0)
@@ -391,6 +362,39 @@ def trace_components(
     for p in params:
         p.grad = None
     return replace(components, seconds=time.perf_counter() - started)
+
+
+def _forward_backward(
+    model: nn.Module,
+    make_batch: Callable[[torch.dtype], tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    precision: str,
+    tracker: LiveTensorTracker,
+) -> torch.Tensor:
+    """Forward, loss and backward of one iteration under `tracker` (already entered); returns the
+    targets, which the caller holds until its step ends. The input batch and the output die before
+    backward, as in a training loop. `amp` runs on fp16 copies of the weights (autocast's cast cache)
+    and drops them when the forward pass ends."""
+    x, y = make_batch(torch.float16 if precision == "amp" else _DTYPES[precision])
+    if precision == "amp":
+        # functional_call restores a module shared under two names with the cast copy
+        # (timm's CoaT): put every original back ourselves
+        saved = [(m, kind, name, t) for m in model.modules() for kind in ("_parameters", "_buffers")
+                 for name, t in getattr(m, kind).items()]
+        state = {n: _half(t) for n, t in (*model.named_parameters(), *model.named_buffers())}
+        out = functional_call(model, state, (x,)).float()
+        del state
+        for m, kind, name, t in saved:
+            getattr(m, kind)[name] = t
+        del saved
+    else:
+        out = model(x)
+    loss = loss_fn(out, y)
+    del x, out
+    tracker.phase = "backward"
+    loss.backward()  # type: ignore[no-untyped-call]
+    del loss
+    return y
 
 
 def optimizer_cost(name: str, numel_by_dtype: dict[str, int], learning_rate: float = 1e-3,

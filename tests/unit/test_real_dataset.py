@@ -110,13 +110,74 @@ def test_annotation_rules_per_family() -> None:
 @pytest.mark.parametrize(("name", "layers"), [
     ("timm/vit_base_patch16_224", 12), ("timm/swin_tiny_patch4_window7_224", 12), ("timm/resnet50", 50),
     ("timm/efficientnet_b0", 82), ("hf/bert-base-uncased", 12), ("hf/t5-base", 24), ("nn/lstm-l2-h1024", 2),
-    ("nn/mlp-d4-w1024", 4)])
+    ("nn/mlp-d4-w1024", 4), ("nn/cnn-d5-w64-gap", 5), ("nn/cnn-d5-w128-fc", 5), ("hf/flan-t5-small", 16)])
 def test_num_layers_rule(name: str, layers: int) -> None:
     arch = next(a for a in A.all_archs(("timm", "hf", "nn")) if a.name == name) if not name.startswith(
         "timm/") else next(a for a in A.timm_archs() if a.name == name)
     with torch.device("meta"), tracing._SkipInit():
         model, _, _ = A.build(arch, arch.inputs[0])
     assert A.num_layers(arch, model) == layers
+
+
+def test_small_cnns_have_the_depth_of_their_name_in_weight_layers() -> None:
+    cnns = [a for a in A.nn_archs() if a.family == "cnn"]
+    assert {a.group for a in cnns} == {"nn-cnn"} and {a.source for a in cnns} == {"nn"} and len(cnns) >= 30
+    for arch in cnns:
+        depth = int(arch.name.split("-d")[1].split("-")[0])
+        with torch.device("meta"):
+            model, _, _ = A.build(arch, 32)
+        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        assert len(convs) + len(linears) == depth, arch.name
+        assert convs[0].in_channels == 3 and linears[-1].out_features == 1000
+    # the data scientist's example (deploy/examples/cnn-small.yaml: 5 layers, 15 M parameters at 224 px)
+    # lies inside the grid: 5-layer nets span 15 M
+    sizes = []
+    for arch in cnns:
+        if arch.name.startswith("nn/cnn-d5-"):
+            with torch.device("meta"):
+                model, _, _ = A.build(arch, 224)
+            sizes.append(A.trainable_params(model) / 1e6)
+    assert min(sizes) < 15 < max(sizes)
+    with pytest.raises(ValueError, match="no convolution"):
+        A.small_cnn(2, 16, "fc")
+
+
+def test_the_examples_family_fields_lie_inside_the_rows_of_their_family(repo_root: Path) -> None:
+    """Every example pod's batch, input and depth are within what the training rows of its family
+    hold (a 5-layer CNN, a transformer at batch 32), so the predictor answers them from data."""
+    import csv
+
+    import yaml
+
+    ranges: dict[str, dict[str, list[float]]] = {}
+    with gzip.open(R.JOBS_OUT, "rt") as handle:
+        for row in csv.DictReader(handle):
+            r = ranges.setdefault(row["model_type"], {})
+            for key in ("batch_size", "input_dim", "num_layers", "params_millions"):
+                lo_hi = r.setdefault(key, [float("inf"), float("-inf")])
+                value = float(row[key])
+                lo_hi[0], lo_hi[1] = min(lo_hi[0], value), max(lo_hi[1], value)
+    checked = 0
+    for path in sorted((repo_root / "deploy" / "examples").glob("*.yaml")):
+        notes = yaml.safe_load(path.read_text())["metadata"]["annotations"]
+        family = notes["deepres.io/model-type"]
+        for key in ("batch_size", "input_dim", "num_layers", "params_millions"):
+            value = float(notes["deepres.io/" + key.replace("_", "-")])
+            lo, hi = ranges[family][key]
+            assert lo <= value <= hi, (path.name, key, value, (lo, hi))
+        checked += 1
+    assert checked >= 4
+
+
+def test_the_committed_records_rebuild_the_committed_outputs() -> None:
+    """The repository alone resumes: the store holds a record for every traced input of the outputs."""
+    done = R.read_work(R.STORE)
+    summary = json.loads((R.DATA_DIR / "real_summary.json").read_text())
+    traces = sum(len(i["traces"]) for r in done.values() for i in r["inputs"])
+    assert (len(done), traces) == (summary["units"], summary["traces"])
+    exact_names = set(json.loads(R.EXACT_OUT.read_text())["models"])
+    assert exact_names <= {r["arch"]["name"] for r in done.values()}
 
 
 def test_groups_join_sources_of_one_family() -> None:
@@ -148,11 +209,31 @@ def test_generation_resumes_and_rebuilds_identical_outputs(tmp_path: Path) -> No
     work.write_text("\n".join(reversed(lines)) + "\n")  # units finished in another order
     second = R.write_outputs(R.read_work(work), tmp_path / "b")
     assert first == second
-    for name in ("exact.json", "real_traces.csv", "real_jobs.csv.gz"):
+    for name in ("exact.json", "real_traces.csv.gz", "real_jobs.csv.gz", R.STORE.name):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     rows = gzip.decompress((tmp_path / "a" / "real_jobs.csv.gz").read_bytes()).decode().splitlines()
     assert len(rows) == 1 + 3 * 3 * 3 * 4  # header + archs x precisions x batches x optimizers
     assert "group" in rows[0] and "family" in rows[0]
+
+
+def test_a_fresh_clone_resumes_from_the_store_and_retraces_changed_architectures(tmp_path: Path) -> None:
+    arch_list, work = _small_run(tmp_path)
+    done = R.generate(arch_list, work, workers=1, tiers=(0,))
+    R.write_outputs(done, tmp_path / "data")
+    store = tmp_path / "data" / R.STORE.name
+    work.unlink()  # the git-ignored work file is gone: only the repository's files are left
+    fresh = tmp_path / "fresh.jsonl"
+    again = R.generate(arch_list, fresh, workers=1, tiers=(0,), store=store)
+    assert again == json.loads(json.dumps(done)) and not fresh.read_text()  # nothing traced again
+    changed = [A.Arch(a.name, a.source, a.group, a.family, a.kind, a.inputs, (1, 2, 4)) if a.source == "nn"
+               and a.family == "mlp" else a for a in arch_list]
+    R.generate(changed, fresh, workers=1, tiers=(0,), store=store)
+    retraced = [json.loads(line) for line in fresh.read_text().splitlines()]
+    assert [r["key"] for r in retraced] == ["nn/mlp-d2-w256|t0"]
+    assert [t["batch"] for t in retraced[0]["inputs"][0]["traces"]][:3] == [1, 2, 4]
+    R.write_outputs(again, tmp_path / "again")
+    for name in (R.STORE.name, "exact.json", "real_traces.csv.gz"):
+        assert (tmp_path / "data" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
 
 
 def test_an_input_that_does_not_build_is_recorded_not_fatal() -> None:
