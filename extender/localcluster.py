@@ -261,115 +261,82 @@ def stop_pid(pid: int, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> None
         os.waitpid(pid, 0)
 
 
+#: Go template pieces of kwok's statusTemplates (plain strings: their braces are Go's, not Python's)
+_NOW = "{{ $now | Quote }}"
+_NODE_STATUS = """\
+{{ $now := Now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $now | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type | Quote }}
+{{ end }}
+addresses:
+- {address: 127.0.0.1, type: InternalIP}
+- {address: {{ .metadata.name | Quote }}, type: Hostname}
+allocatable:
+{{ with .status.allocatable }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
+capacity:
+{{ with .status.capacity }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
+nodeInfo: {architecture: amd64, kubeletVersion: kwok, operatingSystem: linux, kernelVersion: kwok,
+           containerRuntimeVersion: kwok, kubeProxyVersion: kwok, osImage: kwok, bootID: "", machineID: "",
+           systemUUID: ""}
+phase: Running
+"""
+
+
+def _pod_status(phase: str, conditions: dict[str, str], ready: bool, state: str, extra: str = "") -> str:
+    """A pod statusTemplate: its phase, conditions (type -> status), and every container in `state`."""
+    flag = "true" if ready else "false"
+    lines = ["{{ $now := Now }}", "conditions:"]
+    lines += ["- {lastTransitionTime: " + _NOW + f", status: \"{status}\", type: {kind}}}"
+              for kind, status in conditions.items()]
+    lines += ["containerStatuses:", "{{ range .spec.containers }}", "- image: {{ .image | Quote }}",
+              "  name: {{ .name | Quote }}", f"  ready: {flag}", "  restartCount: 0", f"  started: {flag}",
+              f"  state: {state}", "{{ end }}", f"phase: {phase}"]
+    return "\n".join(lines) + "\n" + extra
+
+
+def _stage(name: str, kind: str, expressions: list[tuple[str, str, list[str]]], next_: dict[str, Any],
+           delay: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One kwok Stage: objects of `kind` matching every (key, operator, values) expression get `next_`."""
+    spec: dict[str, Any] = {"resourceRef": {"apiGroup": "v1", "kind": kind}, "selector": {"matchExpressions": [
+        {"key": key, "operator": op, **({"values": values} if values else {})} for key, op, values in expressions]}}
+    if delay:
+        spec["delay"] = delay
+    spec["next"] = next_
+    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": name}, "spec": spec}
+
+
 def _kwok_stages() -> str:
     """Nodes turn Ready once; pods run, complete after `deepres-test.io/complete-after` (a Go duration) if they carry it
     (a training job ending), and go when deleted (after their grace period)."""
-    return """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: node-ready}
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      {{ range NodeConditions }}
-      - lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ $now | Quote }}
-        message: {{ .message | Quote }}
-        reason: {{ .reason | Quote }}
-        status: {{ .status | Quote }}
-        type: {{ .type | Quote }}
-      {{ end }}
-      addresses:
-      - {address: 127.0.0.1, type: InternalIP}
-      - {address: {{ .metadata.name | Quote }}, type: Hostname}
-      allocatable:
-      {{ with .status.allocatable }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
-      capacity:
-      {{ with .status.capacity }}{{ YAML . 1 }}{{ else }}  {cpu: "32", memory: 256Gi, pods: "110"}{{ end }}
-      nodeInfo: {architecture: amd64, kubeletVersion: kwok, operatingSystem: linux, kernelVersion: kwok,
-                 containerRuntimeVersion: kwok, kubeProxyVersion: kwok, osImage: kwok, bootID: "", machineID: "",
-                 systemUUID: ""}
-      phase: Running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-running}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
-    - {key: .status.phase, operator: In, values: [Pending]}
-    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Ready}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: ContainersReady}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: true
-        restartCount: 0
-        started: true
-        state: {running: {startedAt: {{ $now | Quote }}}}
-      {{ end }}
-      hostIP: 127.0.0.1
-      podIP: 127.0.0.1
-      phase: Running
-      startTime: {{ $now | Quote }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-complete-after}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}
-    - {key: .status.phase, operator: In, values: [Running]}
-    - {key: '.metadata.annotations["deepres-test.io/complete-after"]', operator: Exists}
-  delay:
-    durationMilliseconds: 1000
-    durationFrom: {expressionFrom: '.metadata.annotations["deepres-test.io/complete-after"]'}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        restartCount: 0
-        started: false
-        state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ $now | Quote }},
-                             finishedAt: {{ $now | Quote }}}}
-      {{ end }}
-      phase: Succeeded
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-delete}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: .metadata.deletionTimestamp, operator: Exists}
-  next:
-    finalizers: {empty: true}
-    delete: true
-"""
+    import yaml
+
+    alive: tuple[str, str, list[str]] = (".metadata.deletionTimestamp", "DoesNotExist", [])
+    not_ready = ('.status.conditions.[] | select( .type == "Ready" ) | .status', "NotIn", ["True"])
+    complete_after = '.metadata.annotations["deepres-test.io/complete-after"]'
+    now = _NOW
+    running = _pod_status("Running", {"Initialized": "True", "Ready": "True", "ContainersReady": "True"}, True,
+                          "{running: {startedAt: " + now + "}}",
+                          "hostIP: 127.0.0.1\npodIP: 127.0.0.1\nstartTime: " + now + "\n")
+    completed = _pod_status("Succeeded", {"Ready": "False"}, False, "{terminated: {exitCode: 0, reason: Completed, "
+                            "startedAt: " + now + ", finishedAt: " + now + "}}")
+    stages = [
+        _stage("node-ready", "Node", [not_ready], {"statusTemplate": _NODE_STATUS}),
+        _stage("pod-running", "Pod", [alive, (".status.phase", "In", ["Pending"]), not_ready],
+               {"statusTemplate": running}),
+        _stage("pod-complete-after", "Pod", [alive, (".status.phase", "In", ["Running"]),
+                                             (complete_after, "Exists", [])],
+               {"statusTemplate": completed},
+               delay={"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": complete_after}}),
+        _stage("pod-delete", "Pod", [(".metadata.deletionTimestamp", "Exists", [])],
+               {"finalizers": {"empty": True}, "delete": True}),
+    ]
+    return str(yaml.safe_dump_all(stages, sort_keys=False, width=1000))
 
 
 @dataclass

@@ -1,73 +1,101 @@
 """The OpenAPI 3 description of every HTTP endpoint of the extender (served at /openapi.json).
 
-The extender v1 schemas mirror kube-scheduler's Go structs (keys are the Go field names); Pod and
-Node objects are left open (`type: object`), as they are Kubernetes' own.
+The request bodies' schemas are generated from the records their decoders validate against, so the
+document and the decoders cannot disagree: the verbs' from extender/protocol.py's msgspec records (keys
+are kube-scheduler's Go field names; Pod and Node keep Kubernetes' casing and only the fields read are
+listed), the agent's report from extender/telemetry.py's, and /v1/predict's annotation values from
+extender/annotations.py's ACCEPTED table. The answers' schemas are written here, beside their encoders'
+shapes. Rules across fields are stated in the descriptions.
 """
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
 from typing import Any
 
-from extender import __version__
+import msgspec
 
-_OBJ = {"type": "object"}
+from extender import __version__
+from extender.annotations import ACCEPTED, PREFIX, value_schema
+from extender.protocol import READ_AS, REQUEST_RECORDS
+from extender.telemetry import NodeReport
+
+_REF = "#/components/schemas/{name}"
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 
-SCHEMAS: dict[str, Any] = {
-    "Pod": {"type": "object", "description": "A Kubernetes Pod (v1) as kube-scheduler serialises it.",
-            "properties": {"metadata": {"type": "object", "properties": {
-                "name": {"type": "string"}, "namespace": {"type": "string"}, "uid": {"type": "string"},
-                "annotations": _STR_MAP, "creationTimestamp": {"type": "string"}}},
-                "spec": _OBJ, "status": _OBJ}},
-    "NodeList": {"type": "object", "properties": {"items": {"type": "array", "items": _OBJ}}},
-    "ExtenderArgs": {"type": "object", "properties": {
-        "Pod": {"$ref": "#/components/schemas/Pod"},
-        "Nodes": {"oneOf": [{"$ref": "#/components/schemas/NodeList"}], "nullable": True},
-        "NodeNames": {"type": "array", "items": {"type": "string"}, "nullable": True}}},
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _openapi30(schema: Any) -> Any:
+    """msgspec's JSON Schema (2020-12) in OpenAPI 3.0's dialect: `anyOf [X, null]` -> X, nullable; no
+    empty `required`."""
+    if isinstance(schema, list):
+        return [_openapi30(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _openapi30(value) for key, value in schema.items() if not (key == "required" and not value)}
+    if isinstance(out.get("description"), str):  # a record's docstring
+        out["description"] = inspect.cleandoc(out["description"])
+    options = out.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options:
+        rest = [o for o in options if o != {"type": "null"}]
+        del out["anyOf"]
+        single = rest[0] if len(rest) == 1 else {"anyOf": rest}
+        out.update({"allOf": [single]} if "$ref" in single else single)
+        out["nullable"] = True
+    return out
+
+
+def request_schemas() -> dict[str, Any]:
+    """The request bodies' component schemas, generated from the decoders' records."""
+    _, generated = msgspec.json.schema_components((*REQUEST_RECORDS, NodeReport), ref_template=_REF)
+    schemas: dict[str, Any] = _openapi30(generated)
+    for (record, field), target in READ_AS.items():  # kept as sent by the decoder, then read as `target`
+        prop = schemas[record]["properties"][field]
+        if prop.get("type") == "array":
+            prop["items"] = _ref(target)
+        else:
+            schemas[record]["properties"][field] = _ref(target)
+    for key in ACCEPTED:  # one component per value, named by both forms below
+        schemas[f"Annotation.{key}"] = value_schema(key)
+    job = {key: _ref(f"Annotation.{key}") for key in ACCEPTED}
+    schemas["JobAnnotations"] = {
+        "type": "object", "properties": job, "additionalProperties": False,
+        "description": "A job's annotations without the `deepres.io/` prefix (the keys are accepted with it too)."}
+    schemas["PodAnnotations"] = {
+        "type": "object", "properties": {PREFIX + key: value for key, value in job.items()},
+        "additionalProperties": {"type": "string"},
+        "description": "A pod's annotations: the `deepres.io/` keys are read, others are ignored."}
+    schemas["PredictRequest"] = {"description": "JobSpec keys, `{\"annotations\": {...}}` of them, or a Pod.",
+                                 "anyOf": [
+        _ref("JobAnnotations"),
+        {"type": "object", "properties": {"annotations": _ref("JobAnnotations")}, "required": ["annotations"],
+         "additionalProperties": False},
+        {"type": "object", "required": ["metadata"], "properties": {"metadata": {
+            "type": "object", "properties": {"annotations": _ref("PodAnnotations")}}}},
+    ]}
+    return schemas
+
+
+RESPONSE_SCHEMAS: dict[str, Any] = {
     "ExtenderFilterResult": {"type": "object", "properties": {
-        "Nodes": {"oneOf": [{"$ref": "#/components/schemas/NodeList"}], "nullable": True},
+        "Nodes": {"allOf": [_ref("NodeList")], "nullable": True},
         "NodeNames": {"type": "array", "items": {"type": "string"}},
         "FailedNodes": _STR_MAP, "FailedAndUnresolvableNodes": _STR_MAP, "Error": {"type": "string"}},
         "required": ["NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]},
     "HostPriorityList": {"type": "array", "items": {"type": "object", "properties": {
         "Host": {"type": "string"}, "Score": {"type": "integer", "minimum": 0, "maximum": 10}},
         "required": ["Host", "Score"]}},
-    "ExtenderBindingArgs": {"type": "object", "properties": {
-        "PodName": {"type": "string"}, "PodNamespace": {"type": "string"}, "PodUID": {"type": "string"},
-        "Node": {"type": "string"}}},
     "ExtenderBindingResult": {"type": "object", "properties": {"Error": {"type": "string"}}, "required": ["Error"]},
-    "MetaVictims": {"type": "object", "properties": {
-        "Pods": {"type": "array", "items": {"type": "object", "properties": {"UID": {"type": "string"}}}},
-        "NumPDBViolations": {"type": "integer"}}},
-    "Victims": {"type": "object", "properties": {
-        "Pods": {"type": "array", "items": {"$ref": "#/components/schemas/Pod"}},
-        "NumPDBViolations": {"type": "integer"}}},
-    "ExtenderPreemptionArgs": {"type": "object", "properties": {
-        "Pod": {"$ref": "#/components/schemas/Pod"},
-        "NodeNameToVictims": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Victims"},
-                              "nullable": True},
-        "NodeNameToMetaVictims": {"type": "object",
-                                  "additionalProperties": {"$ref": "#/components/schemas/MetaVictims"},
-                                  "nullable": True}}},
     "ExtenderPreemptionResult": {"type": "object", "properties": {
-        "NodeNameToMetaVictims": {"type": "object",
-                                  "additionalProperties": {"$ref": "#/components/schemas/MetaVictims"}}},
+        "NodeNameToMetaVictims": {"type": "object", "additionalProperties": _ref("MetaVictims")}},
         "required": ["NodeNameToMetaVictims"]},
-    "NodeReport": {"type": "object", "description": "Agent telemetry (extender/telemetry.py).",
-                   "properties": {"node": {"type": "string"}, "sequence": {"type": "integer"},
-                                  "timestamp_s": {"type": "number"}, "agent_version": {"type": "string"},
-                                  "source": {"type": "string", "enum": ["nvml", "simulated"]},
-                                  "gpus": {"type": "array", "items": _OBJ}, "pods": {"type": "array", "items": _OBJ},
-                                  "interval_s": {"type": "number"}, "schema_version": {"type": "integer"},
-                                  "boot_id": {"type": "string", "maxLength": 64}},
-                   "required": ["node", "sequence", "timestamp_s", "agent_version", "source", "gpus"]},
     "TelemetryResult": {"type": "object", "properties": {"accepted": {"type": "boolean"},
                                                           "outcome": {"type": "string"}}},
-    "PredictRequest": {"type": "object", "description": "A Pod, {\"annotations\": {...}}, or JobSpec keys "
-                                                        "(`model-type`, `batch-size`, ... with or without prefix).",
-                       "properties": {"annotations": _STR_MAP, "metadata": _OBJ},
-                       "additionalProperties": {"type": "string"}},
     "PredictResult": {"type": "object", "properties": {
         "gpu_job": {"type": "boolean"}, "gpus": {"type": "integer"},
         "demand": {"type": "object", "nullable": True, "properties": {
@@ -103,16 +131,17 @@ def _verb(summary: str, args: str, result: str) -> dict[str, Any]:
     }}
 
 
+@cache
 def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.0 document."""
+    """The OpenAPI 3.0 document (made once: the caller must not change it)."""
     return {
         "openapi": "3.0.3",
         "info": {"title": "deepres extender", "version": __version__,
                  "description": "kube-scheduler extender v1 verbs, agent telemetry, predictions and probes."},
         "paths": {
-            "/filter": _verb("Nodes that can take the pod, and why the others cannot.", "ExtenderArgs",
+            "/filter": _verb("Nodes that can take the pod, and why the others cannot.", "ExtenderArgsBody",
                              "ExtenderFilterResult"),
-            "/prioritize": _verb("Scores 0..10 (DeepRes).", "ExtenderArgs", "HostPriorityList"),
+            "/prioritize": _verb("Scores 0..10 (DeepRes).", "ExtenderArgsBody", "HostPriorityList"),
             "/bind": _verb("Choose GPUs, reserve, annotate the pod, create the Binding.", "ExtenderBindingArgs",
                            "ExtenderBindingResult"),
             "/preempt": _verb("Victims per node (strictly lower priority only).", "ExtenderPreemptionArgs",
@@ -154,7 +183,7 @@ def openapi_document() -> dict[str, Any]:
                                       "responses": {"200": {"description": "OpenAPI 3."}}}},
         },
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**request_schemas(), **RESPONSE_SCHEMAS},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

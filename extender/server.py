@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbs-access", choices=VERBS_ACCESS,
                         help="who may call the verbs: loopback (default), mtls, any (README: Threat model)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
-    parser.add_argument("--threads", type=int, help="request threads of the worker (default 8)")
+    parser.add_argument("--threads", type=int, help="request threads of the worker (default 32)")
     parser.add_argument("--engine", choices=ENGINES, help="WSGI server (default granian)")
 
 

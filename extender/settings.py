@@ -44,8 +44,11 @@ class ServerSettings:
     """HOST:PORT the HTTP server listens on."""
     engine: str = "granian"
     """WSGI server: granian (HTTP in Rust, less CPU per request) or gunicorn (gthread worker)."""
-    threads: int = 8
-    """Request threads of the single worker process (the cluster state lives in that one process)."""
+    threads: int = 32
+    """Request threads of the single worker process (the cluster state lives in that one process).
+    Under granian they run what may wait on the API server (binds, new agent tokens), the rest runs
+    on the event loop: a bind waits 70-200 ms for the API server's answer in `deepres bench
+    cluster` (the Binding itself, measured at the API server), so 8 threads capped binds near 50/s."""
     timeout_s: float = 30.0
     """gunicorn: worker timeout; granian: time to read a request's headers. kube-scheduler's own
     httpTimeout is 5 s by default."""

@@ -9,7 +9,10 @@ alternates short rounds between them, so each figure's ratio is free of the VM's
     .venv/bin/python scripts/bench-extender-ab.py /tmp/deepres-old . --rounds 3
 
 `--clients 1` plays kube-scheduler's serial scheduling cycle (one pod at a time: per-call latency
-is what counts there); the default, 4 clients, measures throughput. Prints the medians per build
+is what counts there); the default, 4 clients, measures throughput. `--cycle 1000 5000` runs
+`deepres bench extender --cycle`'s rounds instead (every node's name per filter, in a new order;
+prioritize; bind; agents at the chart's heartbeat), per cluster size, to --out
+(default reports/bench-extender-ab-cycle.json). Prints the medians per build
 and mode and writes them to reports/bench-extender-ab.json (or --out). Each server imports the tree
 given (PYTHONPATH, run from a neutral directory), so both use this venv.
 """
@@ -39,8 +42,16 @@ def main() -> None:
                         help="scheduler clients per server (1: kube-scheduler's serial cycle, one pod at a time)")
     parser.add_argument("--no-pin", action="store_true",
                         help="servers and load share every CPU (default: servers on the first CPU, load on the rest)")
-    parser.add_argument("--out", default="reports/bench-extender-ab.json")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--cycle", type=int, nargs="+", default=[], metavar="NODES",
+                        help="kube-scheduler's serial cycle at these cluster sizes (bench extender --cycle)")
+    parser.add_argument("--cycle-pods", type=int, default=200)
+    parser.add_argument("--heartbeat-s", type=float, default=15.0)
     args = parser.parse_args()
+    args.out = args.out or ("reports/bench-extender-ab-cycle.json" if args.cycle else "reports/bench-extender-ab.json")
+    if args.cycle:
+        cycle_ab(args)
+        return
     out = Path(args.out).resolve()
     trees = [tree.resolve() for tree in args.trees]  # before leaving the working directory
     cpus = sorted(os.sched_getaffinity(0))
@@ -87,6 +98,48 @@ def main() -> None:
         print(f"{mode:<16} A {a['pods_per_s']:7.1f} pods/s p99 {a['filter_p99_ms']:5.1f}/{a['prioritize_p99_ms']:5.1f}"
               f"   B {b['pods_per_s']:7.1f} pods/s p99 {b['filter_p99_ms']:5.1f}/{b['prioritize_p99_ms']:5.1f}"
               f"   B/A {b['pods_per_s'] / a['pods_per_s']:.2f}x")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+def cycle_ab(args: argparse.Namespace) -> None:
+    """Per cluster size: both servers loaded with the same nodes, `--rounds` alternating cycle rounds."""
+    out = Path(args.out).resolve()
+    trees = [tree.resolve() for tree in args.trees]
+    load = argparse.Namespace(predictor_factory="", server_cpus=set(), cycle_pods=args.cycle_pods,
+                              heartbeat_s=args.heartbeat_s)
+    os.chdir(tempfile.gettempdir())
+    results: dict[str, Any] = {"rounds": args.rounds, "cycle_pods": args.cycle_pods, "heartbeat_s": args.heartbeat_s,
+                               "A": str(trees[0]), "B": str(trees[1])}
+    for nodes in args.cycle:
+        names = [f"gpu-{i:05d}" for i in range(nodes)]
+        with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
+            servers = []
+            for tree, tmp in zip(trees, (tmp_a, tmp_b), strict=True):
+                os.environ["PYTHONPATH"] = str(tree)
+                servers.append(bench._Server(Path(tmp), load).__enter__())
+            os.environ.pop("PYTHONPATH")
+            try:
+                fleets = [bench._Fleet(names) for _ in servers]
+                for server, fleet in zip(servers, fleets, strict=True):
+                    bench._post_many(server, [fleet.report(n) for n in names], threads=4)
+                runs: list[list[dict[str, float]]] = [[], []]
+                for k in range(args.rounds):
+                    for server, fleet, run in zip(servers, fleets, runs, strict=True):
+                        run.append(bench.cycle_round(server, names, fleet, load, k))
+            finally:
+                for server in servers:
+                    server.__exit__()
+        section: dict[str, Any] = {}
+        for label, run in zip("AB", runs, strict=True):
+            section[label] = {key: round(statistics.median(r[key] for r in run), 3) for key in bench.CYCLE_KEYS}
+        section["B_over_A"] = {key: round(section["B"][key] / section["A"][key], 2) for key in bench.CYCLE_KEYS
+                               if section["A"][key]}
+        section["load_average_1m"] = round(os.getloadavg()[0], 2)
+        results[f"nodes_{nodes}"] = section
+        print(f"{nodes} nodes: " + ", ".join(f"{key} A {section['A'][key]} B {section['B'][key]}"
+                                              for key in bench.CYCLE_KEYS))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}")

@@ -57,8 +57,8 @@ Vectorised equivalents (`extender.policy.columnar`, numpy; same answers, propert
 callers that keep a columnar copy of their NodeViews (the extender's state does):
     NodeMatrix(rows=1024, cols=8).put(view) / .remove(name)
     filter_matrix(pod, names, matrix, nodes, now_s, params) -> FilterResult
-    score_matrix(pod, names, matrix, nodes, params) -> list[(name, score)]
-    score_matrix_fragaware(pod, names, matrix, params, mix) -> list[(name, score)]
+    score_matrix(pod, names, matrix, nodes, params) -> Scores (names, values array; .pairs())
+    score_matrix_fragaware(pod, names, matrix, params, mix) -> Scores
         (score_nodes_fragaware without the CPU term: the live extender's packing score)
 
 Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = priority_of(...)` at

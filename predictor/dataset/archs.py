@@ -11,7 +11,7 @@ Four sources, all built on the meta device without any weights:
 Each architecture carries what the grouped splits need: `group` (resnet50 and resnet50d are one
 group: a timm module, the same module for torchvision's copy of a timm family, an HF model type
 with its close relatives) and `family`, the `deepres.io/model-type` a data scientist would write.
-The rules (README, "Annotating a pod"):
+The rules (README, "How to fill the family annotations"):
 
 - model-type: `vit` for image models whose blocks are attention (ViT, DeiT, BEiT, EVA, Swin, CaiT,
   XCiT, PVT, MaxViT, CoAtNet, LeViT...: the timm modules in `_VIT_MODULES`); `mlp` for MLP-Mixer,
@@ -19,13 +19,14 @@ The rules (README, "Annotating a pod"):
   ResNeXt, Wide ResNet, Res2Net, ResNeSt, RegNet, NFNet, EfficientNet: `_RESNET_NAME`); `cnn` for every
   other image model (MobileNet, ConvNeXt, Inception, DenseNet...); `transformer` for encoders and
   encoder-decoders (BERT, RoBERTa, DeBERTa, XLNet, T5, BART); `gpt` for decoder-only LMs; `rnn`,
-  `lstm`, `gru`, `mlp` for the torch.nn stacks.
+  `lstm`, `gru`, `mlp`, `cnn` for the torch.nn stacks (a hand-written CNN is `cnn`).
 - params-millions: trainable parameters / 1e6 of the model as trained (at that input size).
 - input-dim: image side (vision), sequence length (text, recurrent), input features (MLP).
 - num-layers: the depth in the name when the name states one (resnet50 -> 50, vgg16 -> 16,
   densenet121 -> 121, wide_resnet50_2 -> 50); else for attention and mixer image models the number
   of blocks (ViT-B 12, Swin-T 2+2+6+2 = 12); else for other image models the number of weight
-  layers (Conv2d and Linear modules: efficientnet_b0 82); for text models the
+  layers (Conv2d and Linear modules: efficientnet_b0 82, a hand-written CNN of four convolutions
+  and a Linear head 5); for text models the
   transformer blocks (encoder + decoder for encoder-decoders: t5-base 24, bert-base 12); for
   recurrent stacks the recurrent layers; for MLPs the Linear layers.
 """

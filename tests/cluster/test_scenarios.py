@@ -1,6 +1,7 @@
 """deepres under the real kube-scheduler and kube-apiserver (local control plane, kwok nodes).
 
-The kind suite's scenarios (tests/e2e/scenarios.py), plus what needs a control plane we can poke:
+The kind suite's scenarios (tests/e2e/scenarios.py; 2-4 as they are from tests/e2e/shared_scenarios.py),
+plus what needs a control plane we can poke:
 concurrent submissions, bad annotations, deepres down, hundreds of CPU nodes, restarts of each
 process, and the API server closing every watch. Scenarios run in file order on one cluster.
 """
@@ -18,29 +19,12 @@ from tests.cluster.conftest import LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
 
-PREEMPT_VERB = ("intermittent: the extender's /preempt answered nodes without victims, which kube-scheduler rejects "
-                "('expected at least one victim pod on node'), and its own eviction freed a GPU that bind then "
-                "did not choose; the critical pod waited beyond 120 s (issue 14 item 4)")
-NEEDS_NET = "needs the server's workers to die with their parent (issue 13 net branch)"
-
 
 def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalCluster) -> None:
     s.annotated_pods_land_where_their_predicted_memory_fits(clean)
 
 
-def test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason(clean: LocalCluster) -> None:
-    s.a_pod_larger_than_any_gpu_stays_pending_with_the_reason(clean)
-
-
-@pytest.mark.xfail(strict=False, reason=PREEMPT_VERB)
-def test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority(
-    clean: LocalCluster, priority_classes: None
-) -> None:
-    s.critical_pod_goes_first_and_preemption_evicts_only_lower_priority(clean)
-
-
-def test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends(clean: LocalCluster) -> None:
-    s.a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends(clean)
+from tests.e2e.shared_scenarios import *  # noqa: E402,F403  (scenarios 2-4, here in file order)
 
 
 def test_5_thirty_concurrent_pods_on_four_gpus_never_overcommit(clean: LocalCluster) -> None:

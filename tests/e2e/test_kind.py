@@ -35,18 +35,7 @@ def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: Cluster)
     s.annotated_pods_land_where_their_predicted_memory_fits(clean, container_env)
 
 
-def test_2_a_pod_larger_than_any_gpu_stays_pending_with_the_reason(clean: Cluster) -> None:
-    s.a_pod_larger_than_any_gpu_stays_pending_with_the_reason(clean)
-
-
-def test_3_critical_pod_goes_first_and_preemption_evicts_only_lower_priority(
-    clean: Cluster, priority_classes: None
-) -> None:
-    s.critical_pod_goes_first_and_preemption_evicts_only_lower_priority(clean)
-
-
-def test_4_a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends(clean: Cluster) -> None:
-    s.a_waiting_pod_is_scheduled_within_seconds_when_a_job_ends(clean)
+from tests.e2e.shared_scenarios import *  # noqa: E402,F403  (scenarios 2-4, here in file order)
 
 
 def test_5_killing_the_extender_loses_no_reservation_and_double_books_nothing(clean: Cluster) -> None:

@@ -34,3 +34,24 @@ def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
         assert values["filter_p99_ms"] >= values["filter_p50_ms"]
         assert values["prioritize_p99_ms"] >= values["prioritize_p50_ms"]
     assert 50 < figures["rss_mib"] < 4096
+
+
+def test_the_serial_cycle_writes_its_keys_per_cluster_size(tmp_path: Path) -> None:
+    """`--cycle`: kube-scheduler's one-pod-at-a-time cycle (filter, prioritize, bind) under agents."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out")
+    bench_extender.add_arguments(parser)
+    out = tmp_path / "bench-extender-cycle.json"
+    argv = ["--out", str(out), "--cycle", "30", "40", "--cycle-pods", "12", "--repeats", "1", "--heartbeat-s", "5"]
+    if not real_predictor_available():
+        argv += ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
+    assert bench_extender.run(parser.parse_args(argv)) == 0
+    figures = json.loads(out.read_text())
+    assert list(figures) == ["nodes_30", "nodes_40"]
+    for nodes, section in ((30, figures["nodes_30"]), (40, figures["nodes_40"])):
+        assert section["nodes"] == nodes and section["pods_per_round"] == 12
+        for key in bench_extender.CYCLE_KEYS:
+            assert isinstance(section[key], float) and math.isfinite(section[key]) and section[key] >= 0, key
+        assert section["filter_p99_ms"] >= section["filter_p50_ms"] > 0
+        assert section["server_cpu_ms_per_pod"] > 0 and section["reports_per_s"] > 0

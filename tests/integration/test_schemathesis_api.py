@@ -1,8 +1,20 @@
-"""A bounded schemathesis run against the production server's own /openapi.json: every operation,
-generated bodies, and the responses must conform to the document and never be a server error."""
+"""Schemathesis against the production server's own /openapi.json, with every check but one (below): each
+operation gets generated bodies, a schema-valid body must be accepted (positive_data_acceptance; for
+/filter and /bind, which answer 200 either way, not refused as malformed in `Error`), the answers must
+conform to the document, and none may be a server error.
+
+The request schemas are generated from the records the decoders validate against (extender/openapi.py),
+so a rule tightened in a decoder alone makes this test fail (seen: `deepres.io/gpus` capped at 8 in the
+annotation parser, `interval_s` capped at 600 in the report parser, a Pod name capped at 5 characters).
+negative_data_rejection stays off, by the protocols' design, not for convenience: the verbs answer a
+malformed body with 200 and the problem in `Error` (kube-scheduler reads any other status as an
+extender failure), a report keeps a schema-breaking GPU as an unhealthy one, and a number in an
+annotation is a string whose spellings (3e-4, 032) a pattern cannot list. Bounded for CI (~1 minute).
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,26 +22,39 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
-from tests.fixtures.kube.server import running_server
+from tests.fixtures.kube.server import TOKEN, running_server
 
-EXAMPLES_PER_OPERATION = 15
+EXAMPLES_PER_OPERATION = 150
+#: every operation of the document (schemathesis leaves out the document's own URL)
+OPERATIONS = {"POST /filter", "POST /prioritize", "POST /bind", "POST /preempt", "POST /v1/telemetry",
+              "POST /v1/predict", "GET /healthz", "GET /readyz", "GET /metrics"}
+
+
+def verb_takes_a_schema_valid_body(path: str, body: Any, answer: Any) -> None:
+    """positive_data_acceptance for the verbs, which answer 200 either way: a schema-valid body must not
+    be refused as malformed (`bad Extender...Args`), unless it breaks the one rule across fields that
+    the schema states in words (one of NodeNames / Nodes given)."""
+    if path == "/filter" and body.get("NodeNames") is None and body.get("Nodes") is None:
+        return
+    assert not answer["Error"].startswith("bad Extender"), f"{path} refused a schema-valid body: {answer['Error']}"
 
 
 def test_api_conforms_to_its_openapi_document(tmp_path: Path) -> None:
+    started = time.monotonic()
     with running_server(tmp_path) as url:
         schema = schemathesis.openapi.from_url(url + "/openapi.json")
         operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-        labels = {op.label for op in operations}
-        assert {"POST /filter", "POST /prioritize", "POST /bind", "POST /preempt", "POST /v1/telemetry",
-                "POST /v1/predict", "GET /readyz"} <= labels, labels
+        assert {op.label for op in operations} == OPERATIONS
         for operation in operations:
 
             @given(case=operation.as_strategy())
             @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
                       database=None, derandomize=True)
             def check(case: Any) -> None:
-                # semantic validation (a JobSpec's ranges, the report's cross-field rules) is stricter
-                # than a JSON schema can say: a schema-valid body may rightly get a 400 with a reason
-                case.call_and_validate(excluded_checks=[checks.positive_data_acceptance])
+                response = case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"},
+                                                  excluded_checks=[checks.negative_data_rejection])
+                if case.path in ("/filter", "/bind"):
+                    verb_takes_a_schema_valid_body(case.path, case.body, response.json())
 
             check()
+    print(f"{len(operations)} operations, {EXAMPLES_PER_OPERATION} examples each, {time.monotonic() - started:.1f} s")

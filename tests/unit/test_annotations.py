@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.annotations import (
+    ACCEPTED,
+    KNOWN_KEYS,
     PREFIX,
+    SCHEDULING_KEYS,
+    WRITTEN_KEYS,
     AnnotationError,
     parse_duration_s,
     parse_job,
     parse_memory_quantity,
+    value_schema,
 )
 
 NOW = 1_800_000_000.0
@@ -108,3 +114,43 @@ def test_parser_never_fails_but_with_an_annotation_error(raw: dict[str, str]) ->
     assert request.gpu_job == ("model-type" in raw or "gpu-memory" in raw)
     if request.gpu_job:
         assert 1 <= request.gpus <= 64 and 0 <= request.criticality <= 3
+
+
+# ---- ACCEPTED, the table /v1/predict's schema is generated from, against the parsers ----
+
+def test_the_table_covers_every_key_a_pod_may_carry() -> None:
+    assert set(ACCEPTED) == KNOWN_KEYS - set(WRITTEN_KEYS)
+    assert set(SCHEDULING_KEYS) <= set(ACCEPTED)
+
+
+def parses(key: str, value: str) -> bool:
+    base = {} if key in ("model-type", "model", "gpu-memory") else {"model-type": "cnn"}
+    try:
+        parse_job({PREFIX + k: v for k, v in {**base, key: value}.items()}, created_s=CREATED, now_s=NOW)
+    except AnnotationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("key", [k for k, rule in ACCEPTED.items() if rule.kind == "integer"])
+def test_whole_number_ranges_are_the_parsers_at_both_ends(key: str) -> None:
+    """The schema's range is the parser's: both ends taken, one past either end refused, by both."""
+    rule, pattern = ACCEPTED[key], re.compile(value_schema(key)["pattern"])
+    for value, inside in ((rule.low, True), (rule.high, True), (rule.low - 1, False), (rule.high + 1, False)):
+        text = str(int(value))
+        assert bool(pattern.match(text)) is inside, (key, text)
+        assert parses(key, text) is inside, (key, text)
+
+
+def schema_values(key: str) -> st.SearchStrategy[str]:
+    schema = value_schema(key)
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"][:50])
+    return st.from_regex(schema["pattern"], fullmatch=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(ACCEPTED)).flatmap(lambda key: st.tuples(st.just(key), schema_values(key))))
+def test_every_value_the_schema_allows_is_parsed(item: tuple[str, str]) -> None:
+    key, value = item
+    assert parses(key, value), item

@@ -94,6 +94,7 @@ def test_bad_annotation_fails_every_node_unresolvable_with_one_warning_event() -
     reason = out["FailedAndUnresolvableNodes"]["a"]
     assert set(out["FailedAndUnresolvableNodes"]) == {"a", "b"} and out["NodeNames"] == []
     assert "deepres.io/gpus='many'" in reason and "1 to 64" in reason
+    assert extender_of(client.application).events.drain()  # events are sent off the request path
     assert [e for e in cluster.events if e[1] == "InvalidAnnotation"] == [("default/p", "InvalidAnnotation",
                                                                            reason, True)]
 
@@ -121,6 +122,7 @@ def test_bind_reserves_annotates_binds_and_refuses_overcommit() -> None:
     assert notes["deepres.io/assigned-gpus"] == "a-gpu0" and notes["deepres.io/assigned-node"] == "a"
     assert float(notes["deepres.io/admission-memory-mib"]) == pytest.approx(NEED, abs=1)
     assert notes["deepres.io/predictor-version"] == "test-double-1"
+    assert extender_of(client.application).events.drain()
     placed = [e for e in cluster.events if e[1] == "Placed"]
     assert placed and "placed on a gpu 0" in placed[0][2] and "GFLOP/iter" in placed[0][2]
     refused = client.post("/bind", json=binding_args(second, "a")).get_json()["Error"]
@@ -130,8 +132,9 @@ def test_bind_reserves_annotates_binds_and_refuses_overcommit() -> None:
     assert filtered["NodeNames"] == [] and "a" in filtered["FailedNodes"]
 
 
-@pytest.mark.parametrize("failing", ["fail_patch", "fail_bind"])
-def test_failed_api_call_rolls_the_reservation_back(failing: str) -> None:
+def test_failed_binding_rolls_the_reservation_back_and_writes_no_annotation() -> None:
+    """The annotations travel in the Binding (one API update): a refused Binding leaves none."""
+    failing = "fail_bind"
     client, cluster, clock = make()
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     p = pod("p1", CNN_ANNOTATIONS)
@@ -263,6 +266,10 @@ def test_predict_probes_metrics_and_openapi() -> None:
     assert out["gpu_job"] and out["demand"]["model_version"] == "test-double-1" and out["admission_source"] == "model"
     assert client.post("/v1/predict", json={"model-type": "cnnx"}).status_code == 400
     assert client.post("/v1/predict", json=[1]).status_code == 400
+    # a Pod is read as the extender reads a pod: another tool's annotation is not a deepres key
+    other = {"kubectl.kubernetes.io/last-applied-configuration": "{}", "deepres.io/model-type": "cnn"}
+    as_pod = client.post("/v1/predict", json={"metadata": {"name": "p", "annotations": other}})
+    assert as_pod.status_code == 200 and as_pod.get_json()["gpu_job"], as_pod.get_json()
     assert client.get("/healthz").status_code == 200 and client.get("/readyz").get_json()["ready"] is True
     send_report(client, "a", 1, [(1000.0, 0.0)], clock)
     client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"]))
@@ -449,3 +456,97 @@ def test_preempt_answers_nothing_before_the_rebuild() -> None:
     out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=["a"])).get_json()
     assert out["Error"] == "extender not ready: waiting for first cluster sync" and out["NodeNames"] == []
     assert client.get("/readyz").status_code == 503
+
+
+class WatchLag(InMemoryCluster):
+    """An API server double whose pod watch lags (`watched` is what the watch last saw) and which
+    counts the reads bind makes against the API server itself."""
+
+    def __init__(self) -> None:
+        super().__init__(learn_pods=False)
+        self.watched: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def watched_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.watched.get((namespace, name))
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return super().read_pod(namespace, name)
+
+
+def test_bind_trusts_the_watch_only_for_that_pod_pending_else_asks_the_api_server() -> None:
+    import copy
+
+    cluster = WatchLag()
+    client, _, clock = make(cluster)
+    send_report(client, "a", 1, [(NEED * 9, 0.0)], clock)
+    fresh = pod("fresh", CNN_ANNOTATIONS)
+    cluster.add_pod(fresh)
+    cluster.watched[("default", "fresh")] = copy.deepcopy(fresh)
+    assert client.post("/bind", json=binding_args(fresh, "a")).get_json() == {"Error": ""}
+    assert cluster.reads == 0  # the watch's copy of that very pod, pending: no GET
+    assert cluster.pods[("default", "fresh")]["metadata"]["annotations"]["deepres.io/assigned-node"] == "a"
+
+    # the watch still shows an older pod of that name: the API server decides (and has the new one)
+    replaced = pod("replaced", CNN_ANNOTATIONS)
+    cluster.watched[("default", "replaced")] = {**copy.deepcopy(replaced), "metadata": {
+        **replaced["metadata"], "uid": "an-older-pod"}}
+    cluster.add_pod(replaced)
+    assert client.post("/bind", json=binding_args(replaced, "a")).get_json() == {"Error": ""}
+    assert cluster.reads == 1
+
+    # not seen by the watch yet, or seen being deleted: the API server decides
+    unseen = pod("unseen", CNN_ANNOTATIONS)
+    cluster.add_pod(unseen)
+    assert client.post("/bind", json=binding_args(unseen, "a")).get_json() == {"Error": ""}
+    deleting = pod("deleting", CNN_ANNOTATIONS)
+    cluster.add_pod(deleting)
+    cluster.watched[("default", "deleting")] = {**copy.deepcopy(deleting), "metadata": {
+        **deleting["metadata"], "deletionTimestamp": "2027-01-01T00:00:00Z"}}
+    assert client.post("/bind", json=binding_args(deleting, "a")).get_json() == {"Error": ""}
+    assert cluster.reads == 3
+
+    # a watch copy of a pod the API server no longer has: the Binding itself is refused, nothing held
+    ghost = pod("ghost", CNN_ANNOTATIONS)
+    cluster.watched[("default", "ghost")] = copy.deepcopy(ghost)
+    assert "not found" in client.post("/bind", json=binding_args(ghost, "a")).get_json()["Error"]
+    assert ghost["metadata"]["uid"] not in {r.pod_uid for r in extender_of(client.application).ledger.reservations()}
+
+
+def test_room_freed_by_the_extenders_eviction_is_held_for_the_pod_it_was_freed_for() -> None:
+    """A lower-priority pod waiting in kube-scheduler's queue must not take the GPU the extender just
+    emptied for a higher-priority pod (seen in the cluster suite: the critical pod then waited on)."""
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    client.post("/filter", json=extender_args(victim, names=["a"]))
+    assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
+    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    assert client.post("/filter", json=extender_args(high, names=["a"])).get_json()["NodeNames"] == []
+    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    out = client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()
+    assert out["NodeNames"] == [] and "room held" in out["FailedAndUnresolvableNodes"]["a"]
+    assert "room held" in client.post("/bind", json=binding_args(waiting, "a")).get_json()["Error"]
+    assert client.post("/filter", json=extender_args(high, names=["a"])).get_json()["NodeNames"] == ["a"]
+    assert client.post("/bind", json=binding_args(high, "a")).get_json() == {"Error": ""}
+    # bound: the hold is gone (the node is simply full now)
+    out = client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()
+    assert "room held" not in str(out["FailedNodes"]) + str(out["FailedAndUnresolvableNodes"])
+
+
+def test_a_hold_ends_with_the_preemption_grace() -> None:
+    client, cluster, clock = make()
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    client.post("/filter", json=extender_args(victim, names=["a"]))
+    assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
+    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
+    client.post("/filter", json=extender_args(high, names=["a"]))
+    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
+    assert client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()["NodeNames"] == []
+    clock.now += 121  # preemption_grace_s: the pod it was held for never came
+    send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+    assert client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()["NodeNames"] == ["a"]

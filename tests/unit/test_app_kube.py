@@ -3,18 +3,15 @@ Events, TokenReview with node binding and caching, watches that list, watch and 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import json
+import urllib.parse
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from kubernetes.client import (
     ApiClient,
     Configuration,
-    V1ListMeta,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodList,
-    V1PodSpec,
     V1TokenReview,
     V1TokenReviewStatus,
     V1UserInfo,
@@ -22,6 +19,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
 
@@ -32,15 +30,10 @@ class FakeCore:
         self.kwargs: list[dict[str, Any]] = []
         self.fail: ApiException | None = None
 
-    def create_namespaced_binding(self, namespace: str, body: Any, **kw: Any) -> None:
+    def create_namespaced_pod_binding(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        assert name == body.metadata.name
         self.kwargs.append(kw)
         self.calls.append(("bind", (namespace, body, kw)))
-        if self.fail:
-            raise self.fail
-
-    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
-        self.kwargs.append(kw)
-        self.calls.append(("patch", (name, namespace, body)))
         if self.fail:
             raise self.fail
 
@@ -74,22 +67,22 @@ def cluster() -> tuple[KubeCluster, FakeCore]:
     return kube, core
 
 
-def test_bind_creates_a_binding_with_uid_and_node_target() -> None:
+def test_bind_creates_a_binding_with_uid_node_target_and_the_annotations() -> None:
     kube, core = cluster()
-    kube.bind(POD, "n1")
+    kube.bind(POD, "n1", {"deepres.io/assigned-gpus": "GPU-1"})
     namespace, body, kw = core.calls[0][1]
     assert namespace == "ml" and kw == {"_preload_content": False, "_request_timeout": 10.0}
     assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
+    assert body.metadata.annotations == {"deepres.io/assigned-gpus": "GPU-1"} and len(core.calls) == 1
 
 
 def test_every_api_call_carries_a_client_timeout() -> None:
     kube, core = cluster()
     kube.api_timeout_s = 3.5
     kube.bind(POD, "n1")
-    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
     kube.evict("ml", "p", "u-1")
     kube.event(POD, "Placed", "x")
-    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 4
+    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 3
 
 
 def test_api_failures_become_cluster_errors_naming_the_call() -> None:
@@ -97,8 +90,6 @@ def test_api_failures_become_cluster_errors_naming_the_call() -> None:
     core.fail = ApiException(status=409, reason="Conflict")
     with pytest.raises(ClusterError, match=r"bind pod ml/p to n1: HTTP 409 Conflict"):
         kube.bind(POD, "n1")
-    with pytest.raises(ClusterError, match=r"patch annotations of pod ml/p: HTTP 409 Conflict"):
-        kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": None})
     kube.event(POD, "Placed", "x")  # events are best effort: no exception
 
 
@@ -112,13 +103,10 @@ def test_eviction_carries_the_uid_precondition_and_pdb_refusals_surface() -> Non
         kube.evict("ml", "low", "u-9")
 
 
-def test_patch_and_event_bodies() -> None:
+def test_event_bodies() -> None:
     kube, core = cluster()
-    kube.patch_pod_annotations(POD, {"deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None})
-    assert core.calls[0] == ("patch", ("p", "ml", {"metadata": {"annotations": {
-        "deepres.io/assigned-gpus": "GPU-1", "deepres.io/assigned-node": None}}}))
     kube.event(POD, "InvalidAnnotation", "deepres.io/gpus='x' is not valid", warning=True)
-    namespace, event = core.calls[1][1]
+    namespace, event = core.calls[0][1]
     assert namespace == "ml" and event.type == "Warning" and event.reason == "InvalidAnnotation"
     assert event.involved_object.uid == "u-1" and event.source.component == "deepres-extender"
 
@@ -140,40 +128,88 @@ def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -
     assert empty is not None and empty.audiences == ()
 
 
+class RawAnswer:
+    """What the client returns with `_preload_content=False`: the API server's bytes."""
+
+    def __init__(self, body: Any) -> None:
+        self.data = json.dumps(body).encode()
+        self.released = False
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
 def test_pod_watch_lists_then_streams_and_reports_deletions() -> None:
-    kube, _ = cluster()
-    pod = V1Pod(metadata=V1ObjectMeta(name="p", namespace="ml", uid="u-1",
-                                      annotations={"deepres.io/assigned-gpus": "GPU-1"}),
-                spec=V1PodSpec(containers=[], scheduler_name="deepres-scheduler", node_name="n1"))
-    selectors: list[str] = []
+    """Through the real client over loopback HTTP: the list, then the watch from its resourceVersion;
+    a stop during the stream handles no further event."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                        "annotations": {"deepres.io/assigned-gpus": "GPU-1"}},
+           "spec": {"containers": [], "schedulerName": "deepres-scheduler", "nodeName": "n1"}}
+    paths: list[str] = []
 
-    class Core:
-        def list_pod_for_all_namespaces(self, field_selector: str, **kw: Any) -> V1PodList:
-            selectors.append(field_selector)
-            return V1PodList(items=[pod], metadata=V1ListMeta(resource_version="10"))
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
 
-        def read_namespaced_pod(self, name: str, namespace: str) -> V1Pod:
-            raise ApiException(status=404, reason="Not Found")
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            if "/namespaces/" in self.path:  # read one pod: gone
+                send_json(self, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}).encode(), 404)
+                return
+            if "watch=true" not in self.path:
+                send_json(self, json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "10"},
+                                            "items": [pod]}).encode())
+                return
+            lines = [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
+                     {"type": "DELETED", "object": pod}, {"type": "MODIFIED", "object": pod}]
+            send_json(self, "".join(json.dumps(line) + "\n" for line in lines).encode())
 
-    class Watch:
-        def stream(self, *args: Any, **kw: Any) -> Any:
-            assert kw["resource_version"] == "10"
-            yield {"type": "DELETED", "object": pod}
-            kube.stop()
-            yield {"type": "MODIFIED", "object": pod}
+        def log_message(self, format: str, *args: object) -> None:
+            pass
 
-    kube._core = Core()
-    kube._watch = SimpleNamespace(Watch=Watch)
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client())
     listed: list[list[dict[str, Any]]] = []
     changed: list[tuple[dict[str, Any], bool]] = []
-    handlers = ClusterHandlers(pod_changed=lambda p, d: changed.append((p, d)), pods_listed=listed.append,
-                               node_deleted=lambda n: None)
-    kube._watch_pods(handlers)
-    assert selectors == ["spec.schedulerName=deepres-scheduler"] and kube.synced()
+
+    def pod_changed(p: dict[str, Any], deleted: bool) -> None:
+        changed.append((p, deleted))
+        kube.stop()
+
+    try:
+        kube._watch_pods(ClusterHandlers(pod_changed=pod_changed, pods_listed=listed.append,
+                                         node_deleted=lambda n: None))
+    finally:
+        loopback.close()
+    selector = urllib.parse.quote("spec.schedulerName=deepres-scheduler")
+    assert paths[0] == f"/api/v1/pods?fieldSelector={selector}" and kube.synced()
+    assert "resourceVersion=10" in paths[1] and "watch=true" in paths[1]
     assert listed[0][0]["metadata"]["annotations"] == {"deepres.io/assigned-gpus": "GPU-1"}
     assert listed[0][0]["spec"]["nodeName"] == "n1"  # Kubernetes casing, as the parser expects
-    assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]
-    assert kube.get_pod("ml", "p") is None  # the deletion left the cache
+    assert [(p["metadata"]["uid"], deleted) for p, deleted in changed] == [("u-1", True)]  # stopped after one
+    assert kube.watched_pod("ml", "p") is None  # the deletion left the cache
+
+
+def test_watched_pod_is_the_watch_copy_and_read_pod_parses_the_raw_answer() -> None:
+    kube, _ = cluster()
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}, "spec": {"nodeName": ""}}
+
+    class Core:
+        def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> RawAnswer:
+            assert kw["_preload_content"] is False and kw["_request_timeout"] == 10.0
+            if name == "gone":
+                raise ApiException(status=404, reason="Not Found")
+            if name == "broken":
+                raise ApiException(status=500, reason="Internal Server Error")
+            return RawAnswer(pod)
+
+    kube._core = Core()
+    assert kube.watched_pod("ml", "p") is None  # not seen by the watch yet
+    kube._pods[("ml", "p")] = pod
+    assert kube.watched_pod("ml", "p") is pod
+    assert kube.read_pod("ml", "p") == pod and kube.read_pod("ml", "gone") is None
+    with pytest.raises(ClusterError, match="read pod ml/broken: HTTP 500"):
+        kube.read_pod("ml", "broken")
 
 
 def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:

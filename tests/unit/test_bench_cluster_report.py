@@ -22,3 +22,17 @@ def test_the_report_has_the_issue_keys_and_every_gpu_pod_placed() -> None:
             run = report[section][limits]
             assert run["gpu_pods_unplaced"] == 0 and run["gpus_overcommitted"] == 0, (section, limits, run)
             assert run["ratio"] == round(run["gpu_pods_per_s"] / run["plain_pods_per_s"], 2)
+
+
+def test_the_readme_table_shows_the_report_figures() -> None:
+    """README "Benchmark": one row per size and client limit, each figure as the report has it."""
+    readme = (REPORT.parents[1] / "README.md").read_text()
+    report = json.loads(REPORT.read_text())
+    for section in ("nodes_1000", "nodes_5000"):
+        nodes = f"{report[section]['nodes']:,}"
+        for limits, label in (("default_limits", "default (qps 50)"), ("high_qps", "qps 500")):
+            run = report[section][limits]
+            row = (f"| {nodes} | {label} | {run['gpu_pods_per_s']} | {run['plain_pods_per_s']} | {run['ratio']} | "
+                   f"{run['gpu_latency_p50_s']} / {run['gpu_latency_p99_s']} | "
+                   f"{run['plain_latency_p50_s']} / {run['plain_latency_p99_s']} | {run['extender_cpu_ms_per_pod']} |")
+            assert row in readme, f"README lacks the row {row}"

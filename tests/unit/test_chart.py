@@ -579,7 +579,7 @@ def test_simulated_agents_get_their_node_specs(tmp_path: Path) -> None:
 
 EXPECTED_RULES = {
     "deepres-extender": {
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
         ("", "pods/binding", "create"), ("", "pods/eviction", "create"),
         ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"),
         ("", "events", "create"), ("", "events", "patch"), ("events.k8s.io", "events", "create"),

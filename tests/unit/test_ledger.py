@@ -65,6 +65,38 @@ def test_ordering_is_by_sequence_within_a_boot_never_by_the_agents_clock() -> No
     assert state.apply_report(report(seq=0, boot=""), NOW + 3 + P.telemetry_ttl_s + 1) == ACCEPTED
 
 
+def test_an_unchanged_report_refreshes_the_node_and_keeps_what_it_knew() -> None:
+    """An idle node's heartbeat (the same GPUs and readings) keeps the node fresh, keeps its
+    reservations and foreign memory in the view, and leaves its matrix row's version (the merits
+    memo's key) alone; ordering still applies, and a changed reading rebuilds."""
+    state = ClusterState(P)
+    foreign = (ProcessReport(7, 9_000.0),)  # a process deepres did not place
+    assert state.apply_report(report(seq=1, used=(9_000.0, 0.0), processes=(foreign, ())), NOW) == ACCEPTED
+    reserved(state, request("p1", 25_000.0), "n1")
+    before = state.node_view("n1")
+    assert before is not None and sum(g.reserved_mib for g in before.gpus) == 25_000.0
+    row = state.matrix.index["n1"]
+    version = int(state.matrix.arrays.version[row])
+    later = NOW + P.telemetry_ttl_s - 1
+    assert state.apply_report(report(seq=2, used=(9_000.0, 0.0), processes=(foreign, ())), later) == ACCEPTED
+    assert state.apply_report(report(seq=2, used=(9_000.0, 0.0), processes=(foreign, ())), later) == OLD_SEQUENCE
+    view = state.node_view("n1")
+    assert view is not None and view.received_s == later and state.matrix.arrays.received[row] == later
+    assert int(state.matrix.arrays.version[row]) == version
+    assert view.gpus == before.gpus and view.gpus[0].foreign_mib == 9_000.0
+    fresh = later + P.telemetry_ttl_s - 1  # stale for the first report, fresh for the heartbeat
+    most = max(g.free_mib for g in view.gpus)
+    too_much = request("p2", most + 1.0)
+    assert isinstance(state.reserve_on(too_much, template(too_much, "n1", fresh), fresh), str)  # no over-commit
+    fits = request("p3", most)
+    assert isinstance(state.reserve_on(fits, template(fits, "n1", fresh), fresh), Reserved)
+    version = int(state.matrix.arrays.version[row])
+    assert state.apply_report(report(seq=3, used=(9_000.0, 5_000.0), processes=(foreign, ())), fresh) == ACCEPTED
+    assert int(state.matrix.arrays.version[row]) > version
+    changed = state.node_view("n1")
+    assert changed is not None and [g.used_mib for g in changed.gpus] == [9_000.0, 5_000.0]
+
+
 def test_reports_of_nodes_outside_the_cluster_are_refused_once_the_node_list_is_known() -> None:
     state = ClusterState(P)
     assert state.apply_report(report("phantom"), NOW) == ACCEPTED  # no node list yet (local mode)

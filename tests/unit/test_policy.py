@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -327,9 +328,9 @@ def test_columnar_filter_and_score_equal_the_reference(nodes: dict[str, NodeView
     for view in nodes.values():
         matrix.put(view)
     assert filter_matrix(request, names, matrix, nodes, NOW, P) == filter_nodes(request, names, nodes, NOW, P)
-    assert score_matrix(request, names, matrix, nodes, P) == score_nodes(request, names, nodes, P)
+    assert score_matrix(request, names, matrix, nodes, P).pairs() == score_nodes(request, names, nodes, P)
     spread = PodRequest(request.uid, "ns", "p", request.gpus, request.admission_mib, 0.0, 40.0)
-    assert score_matrix(spread, names, matrix, nodes, P) == score_nodes(spread, names, nodes, P)
+    assert score_matrix(spread, names, matrix, nodes, P).pairs() == score_nodes(spread, names, nodes, P)
 
 
 @settings(max_examples=150, deadline=None)
@@ -370,6 +371,49 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
     assert not looked.rows.flags.writeable  # shared between verbs
     with pytest.raises(AssertionError):
         matrix.lookup(["a", "c"])  # another list is
+
+
+@pytest.mark.parametrize("names", [("c", "a", "b"), ("c", "a", "c", "b"), ["c", "a", "b"]])
+def test_when_every_candidate_passes_the_prioritize_list_is_looked_up_once(names: Any) -> None:
+    """The usual answer (every node passes), with the names as ExtenderArgs has them (a tuple),
+    repeated, or a list: the passed list is what the filter looked up, remembered for prioritize."""
+    nodes = {n.name: n for n in (node("a", (40, 0, 0)), node("b", (40, 10, 0)), node("c", (40, 0, 0)))}
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    result = filter_matrix(pod(20), names, matrix, nodes, NOW, P)
+    assert result == filter_nodes(pod(20), names, nodes, NOW, P)
+    assert result.passed == ("c", "a", "b")
+    rows = dict(matrix.index)
+    matrix.index = Unreadable(rows)
+    looked = matrix.lookup(list(result.passed))
+    assert looked.names == ["c", "a", "b"] and looked.rows.tolist() == [rows["c"], rows["a"], rows["b"]]
+
+
+def test_the_index_is_compacted_once_the_nodes_stop_changing_and_answers_the_same() -> None:
+    """After COMPACT_AFTER_PUTS writes without a node joining or leaving, the name index is rebuilt
+    from new objects; lookups and filters answer as before, and a join afterwards still counts."""
+    from extender.policy.columnar import COMPACT_AFTER_PUTS
+
+    nodes = {n.name: n for n in (node("a", (40, 0, 0)), node("b", (16, 0, 0)), node("c", (40, 10, 0)))}
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    before = matrix.index
+    expected = filter_nodes(pod(20), ["c", "b", "a", "x"], nodes, NOW, P)
+    for _ in range(COMPACT_AFTER_PUTS - 2):  # the last join's own write counts as the first
+        matrix.put(nodes["b"])
+    assert matrix.index is before
+    matrix.put(nodes["b"])
+    assert matrix.index is not before and matrix.index == dict(before)
+    assert all(a is not b for a, b in zip(matrix.index, before, strict=True))
+    assert filter_matrix(pod(20), ["c", "b", "a", "x"], matrix, nodes, NOW, P) == expected
+    nodes["d"] = node("d", (40, 0, 0))
+    matrix.put(nodes["d"])
+    matrix.remove("a")
+    del nodes["a"]
+    assert filter_matrix(pod(20), ["d", "c", "a"], matrix, nodes, NOW, P) == \
+        filter_nodes(pod(20), ["d", "c", "a"], nodes, NOW, P)
 
 
 class Unreadable(dict[str, int]):

@@ -242,9 +242,9 @@ def test_the_columnar_score_equals_the_scalar_one(
     m = demand_mix([(memory, count, weight, 0.0) for memory, count, weight in shapes])
     request = pod(mib, gpus)
     expected = score_nodes_fragaware(request, names, views, PolicyParams(), m)
-    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m) == expected
-    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo) == expected
-    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo) == expected
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m).pairs() == expected
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo).pairs() == expected
+    assert score_matrix_fragaware(request, names, matrix, PolicyParams(), m, memo=memo).pairs() == expected
 
 
 def test_the_memo_recomputes_only_the_nodes_that_changed() -> None:
@@ -264,7 +264,7 @@ def test_the_memo_recomputes_only_the_nodes_that_changed() -> None:
     for name in ("n2", "n3"):
         matrix.put(views[name])
     expected = score_nodes_fragaware(pod(2_000.0), list(views), views, PolicyParams(), m)
-    assert score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), m, memo=memo) == expected
+    assert score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), m, memo=memo).pairs() == expected
     assert (memo.computed, memo.reused) == (7, 10)  # n3 anew; n2 fails the fit test before the memo
     other = mix((4_000.0, 1, 1.0, 0.0))  # another demand mix: nothing of the first one is reused
     score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), other, memo=memo)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from extender.protocol import (
     decode_extender_args,
     filter_error,
     filter_result,
+    host_priority_json,
     host_priority_list,
     parse_binding_args,
     parse_extender_args,
@@ -73,6 +75,22 @@ def test_bind_and_preempt_args_both_victim_modes() -> None:
     assert out == {"NodeNameToMetaVictims": {"gpu-node-1": {
         "Pods": [{"UID": "0b4f5a9e-1111-4c1e-9d1e-000000000002"}], "NumPDBViolations": 0}}}
     assert host_priority_list([("a", 3)]) == [{"Host": "a", "Score": 3}]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.text(max_size=12), st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True)),
+                          st.integers(0, 10)), max_size=30))
+def test_the_spliced_host_priority_json_is_the_list_of_dicts(entries: list[tuple[str, int]]) -> None:
+    """Any names (quotes, backslashes, control characters, non-ASCII, empty: the dicts' path; DNS
+    names: the spliced template), from scratch and from the template kept for the list."""
+    hosts = [host for host, _ in entries]
+    scores = np.array([score for _, score in entries], dtype=np.int64)
+    expected = [{"Host": host, "Score": score} for host, score in entries]
+    derived: dict[str, object] = {}
+    assert json.loads(host_priority_json(hosts, scores, derived)) == expected
+    assert json.loads(host_priority_json(hosts, scores[::-1].copy(), derived)) == [
+        {"Host": host, "Score": score} for host, score in zip(hosts, scores[::-1].tolist(), strict=True)]
+    assert json.loads(host_priority_json(hosts, scores)) == expected
 
 
 @pytest.mark.parametrize(
@@ -161,3 +179,9 @@ def test_bind_args_require_name_uid_and_node(body: dict[str, str]) -> None:
     with pytest.raises(ProtocolError):
         parse_binding_args(body)
 
+
+
+def test_an_rfc3339_leap_second_is_a_time() -> None:
+    """The schema says date-time (RFC 3339), which allows second 60; Python's datetime does not."""
+    raw = {"Pod": {"metadata": {"name": "p", "creationTimestamp": "2016-12-31T23:59:60Z"}}, "NodeNames": []}
+    assert parse_extender_args(raw).pod.created_s == 1483228799.0

@@ -47,7 +47,9 @@ def test_round_trip_through_json() -> None:
         (lambda d: d.update(sequence=-1), "report.sequence"),
         (lambda d: d.update(sequence="7"), "report.sequence"),
         (lambda d: d.update(source="fake"), "report.source"),
-        (lambda d: d["gpus"].append(copy.deepcopy(d["gpus"][0])), "report.gpus"),
+        (lambda d: d.update(boot_id="b" * 65), "report.boot_id"),
+        (lambda d: d.update(node="n" * 254), "report.node"),
+        (lambda d: d.update(sequence=2**63), "report.sequence"),  # past 64 bits JSON readers give a float
         (lambda d: d["pods"][0].update(peak_memory_mib=float("nan")), "report.pods[0].peak_memory_mib"),
         (lambda d: d.update(gpus={}), "report.gpus"),
     ],
@@ -90,6 +92,19 @@ def test_one_bad_gpu_reading_keeps_the_node_report(mutate: Any, path: str, uuid:
     assert good.healthy and good.uuid == "GPU-2222" and good.memory_used_mib == 12000.0
     assert report.node == "gpu-1" and len(report.pods) == 1
     assert checked(report) == report  # what the agent sends is what the extender reads
+
+
+def test_a_gpu_uuid_given_twice_keeps_the_first_and_the_report() -> None:
+    """Uniqueness is a rule across GPUs: the second holder is the bad reading, kept unhealthy and full."""
+    body = sample_report().to_dict()
+    body["gpus"].append({**copy.deepcopy(body["gpus"][0]), "index": 1, "processes": []})
+    report = parse_report(body)
+    first, second = report.gpus
+    assert first.healthy and first.uuid == "GPU-1111"
+    assert not second.healthy and second.uuid == "gpu-1/invalid-gpu-1" and second.memory_used_mib == 40960.0
+    assert second.error.startswith("invalid reading: report.gpus[1].uuid")
+    assert decode_report(json.dumps(body).encode()) is None  # the fast path leaves it to the parser
+    assert checked(report) == report
 
 
 def near(valid: st.SearchStrategy[Any], *, field: bool = True) -> st.SearchStrategy[Any]:
