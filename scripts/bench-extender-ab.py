@@ -20,11 +20,13 @@ given (PYTHONPATH, run from a neutral directory), so both use this venv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,30 +66,21 @@ def main() -> None:
     rng = random.Random(0)
     names = [f"gpu-node-{i:05d}" for i in range(5000)]
     cluster = bench._Cluster(names, rng)
-    with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
-        servers = []
-        for tree, tmp in zip(trees, (tmp_a, tmp_b), strict=True):
-            os.environ["PYTHONPATH"] = str(tree)
-            servers.append(bench._Server(Path(tmp), load).__enter__())
-        os.environ.pop("PYTHONPATH")
-        try:
-            for server in servers:
-                bench._post_many(server, [cluster.report(n) for n in names], threads=4)
-                bench._bind_pods(server, names, 500, random.Random(1))
-            bodies = {"names": bench._names_bodies(names, 500, rng), "nodes": bench._node_bodies(names, 100, rng)}
-            runs: list[dict[str, list[dict[str, float]]]] = [{m: [] for m in MODES} for _ in servers]
-            for _ in range(args.rounds):
-                for server, run in zip(servers, runs, strict=True):
-                    run["names"].append(bench._scheduler_load(server, bodies["names"], load))
-                    run["nodes"].append(bench._scheduler_load(server, bodies["nodes"], load))
-                    reporter = bench._Reporter(server, cluster, names, 500.0)
-                    reporter.start()
-                    run["under_telemetry"].append(bench._scheduler_load(server, bodies["names"], load))
-                    reporter.stop()
-            rss = [round(server.rss_mib(), 1) for server in servers]
-        finally:
-            for server in servers:
-                server.__exit__()
+    with servers_of(trees, load) as servers:
+        for server in servers:
+            bench._post_many(server, [cluster.report(n) for n in names], threads=4)
+            bench._bind_pods(server, names, 500, random.Random(1))
+        bodies = {"names": bench._names_bodies(names, 500, rng), "nodes": bench._node_bodies(names, 100, rng)}
+        runs: list[dict[str, list[dict[str, float]]]] = [{m: [] for m in MODES} for _ in servers]
+        for _ in range(args.rounds):
+            for server, run in zip(servers, runs, strict=True):
+                run["names"].append(bench._scheduler_load(server, bodies["names"], load))
+                run["nodes"].append(bench._scheduler_load(server, bodies["nodes"], load))
+                reporter = bench._Reporter(server, cluster, names, 500.0)
+                reporter.start()
+                run["under_telemetry"].append(bench._scheduler_load(server, bodies["names"], load))
+                reporter.stop()
+        rss = [round(server.rss_mib(), 1) for server in servers]
     results: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration_s, "clients": args.clients,
                                "server_pinned_to_one_cpu": pinned}
     for label, tree, run, rss_mib in zip("AB", trees, runs, rss, strict=True):
@@ -103,6 +96,22 @@ def main() -> None:
     print(f"written to {out}")
 
 
+@contextlib.contextmanager
+def servers_of(trees: list[Path], load: argparse.Namespace) -> Iterator[list[Any]]:
+    """One production server per tree (its code first on PYTHONPATH), each in its own state folder."""
+    with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
+        servers = []
+        try:
+            for tree, tmp in zip(trees, (tmp_a, tmp_b), strict=True):
+                os.environ["PYTHONPATH"] = str(tree)
+                servers.append(bench._Server(Path(tmp), load).__enter__())
+            os.environ.pop("PYTHONPATH")
+            yield servers
+        finally:
+            for server in servers:
+                server.__exit__()
+
+
 def cycle_ab(args: argparse.Namespace) -> None:
     """Per cluster size: both servers loaded with the same nodes, `--rounds` alternating cycle rounds."""
     out = Path(args.out).resolve()
@@ -114,23 +123,14 @@ def cycle_ab(args: argparse.Namespace) -> None:
                                "A": str(trees[0]), "B": str(trees[1])}
     for nodes in args.cycle:
         names = [f"gpu-{i:05d}" for i in range(nodes)]
-        with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
-            servers = []
-            for tree, tmp in zip(trees, (tmp_a, tmp_b), strict=True):
-                os.environ["PYTHONPATH"] = str(tree)
-                servers.append(bench._Server(Path(tmp), load).__enter__())
-            os.environ.pop("PYTHONPATH")
-            try:
-                fleets = [bench._Fleet(names) for _ in servers]
-                for server, fleet in zip(servers, fleets, strict=True):
-                    bench._post_many(server, [fleet.report(n) for n in names], threads=4)
-                runs: list[list[dict[str, float]]] = [[], []]
-                for k in range(args.rounds):
-                    for server, fleet, run in zip(servers, fleets, runs, strict=True):
-                        run.append(bench.cycle_round(server, names, fleet, load, k))
-            finally:
-                for server in servers:
-                    server.__exit__()
+        with servers_of(trees, load) as servers:
+            fleets = [bench._Fleet(names) for _ in servers]
+            for server, fleet in zip(servers, fleets, strict=True):
+                bench._post_many(server, [fleet.report(n) for n in names], threads=4)
+            runs: list[list[dict[str, float]]] = [[], []]
+            for k in range(args.rounds):
+                for server, fleet, run in zip(servers, fleets, runs, strict=True):
+                    run.append(bench.cycle_round(server, names, fleet, load, k))
         section: dict[str, Any] = {}
         for label, run in zip("AB", runs, strict=True):
             section[label] = {key: round(statistics.median(r[key] for r in run), 3) for key in bench.CYCLE_KEYS}

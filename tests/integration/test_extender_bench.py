@@ -3,29 +3,24 @@ binds happen, every mode runs, and the JSON has exactly the keys issue #3 names.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from pathlib import Path
 
 from extender import bench_extender
+from tests.fixtures.bench_cli import run_bench
 from tests.fixtures.kube.server import real_predictor_available
 
 MODE_KEYS = ["pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms"]
 
 
+def _predictor_argv() -> list[str]:
+    return [] if real_predictor_available() else ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
+
+
 def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out")
-    bench_extender.add_arguments(parser)
-    out = tmp_path / "bench-extender.json"
-    argv = ["--out", str(out), "--nodes", "60", "--candidates", "20", "--full-nodes", "5", "--clients", "2",
-            "--duration-s", "0.5", "--telemetry-rate", "50", "--repeats", "2"]
-    if not real_predictor_available():
-        argv += ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
-    assert bench_extender.run(parser.parse_args(argv)) == 0
-    figures = json.loads(out.read_text())
+    argv = ["--nodes", "60", "--candidates", "20", "--full-nodes", "5", "--clients", "2",
+            "--duration-s", "0.5", "--telemetry-rate", "50", "--repeats", "2", *_predictor_argv()]
+    figures = run_bench(bench_extender, tmp_path / "bench-extender.json", argv)
     assert list(figures) == ["names", "nodes", "under_telemetry", "rss_mib"]
     for mode in ("names", "nodes", "under_telemetry"):
         assert list(figures[mode]) == MODE_KEYS
@@ -38,16 +33,8 @@ def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
 
 def test_the_serial_cycle_writes_its_keys_per_cluster_size(tmp_path: Path) -> None:
     """`--cycle`: kube-scheduler's one-pod-at-a-time cycle (filter, prioritize, bind) under agents."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out")
-    bench_extender.add_arguments(parser)
-    out = tmp_path / "bench-extender-cycle.json"
-    argv = ["--out", str(out), "--cycle", "30", "40", "--cycle-pods", "12", "--repeats", "1", "--heartbeat-s", "5"]
-    if not real_predictor_available():
-        argv += ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
-    assert bench_extender.run(parser.parse_args(argv)) == 0
-    figures = json.loads(out.read_text())
+    argv = ["--cycle", "30", "40", "--cycle-pods", "12", "--repeats", "1", "--heartbeat-s", "5", *_predictor_argv()]
+    figures = run_bench(bench_extender, tmp_path / "bench-extender-cycle.json", argv)
     assert list(figures) == ["nodes_30", "nodes_40"]
     for nodes, section in ((30, figures["nodes_30"]), (40, figures["nodes_40"])):
         assert section["nodes"] == nodes and section["pods_per_round"] == 12

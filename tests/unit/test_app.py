@@ -514,18 +514,24 @@ def test_bind_trusts_the_watch_only_for_that_pod_pending_else_asks_the_api_serve
     assert ghost["metadata"]["uid"] not in {r.pod_uid for r in extender_of(client.application).ledger.reservations()}
 
 
-def test_room_freed_by_the_extenders_eviction_is_held_for_the_pod_it_was_freed_for() -> None:
-    """A lower-priority pod waiting in kube-scheduler's queue must not take the GPU the extender just
-    emptied for a higher-priority pod (seen in the cluster suite: the critical pod then waited on)."""
+def _victim_evicted_for_a_high_priority_pod() -> tuple[FlaskClient, Clock, dict[str, Any]]:
+    """Node "a" full with a low-criticality pod; a high-criticality pod's filter made the worker evict it."""
     client, cluster, clock = make()
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
     client.post("/filter", json=extender_args(victim, names=["a"]))
     assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
     high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
-    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
     assert client.post("/filter", json=extender_args(high, names=["a"])).get_json()["NodeNames"] == []
     assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    return client, clock, high
+
+
+def test_room_freed_by_the_extenders_eviction_is_held_for_the_pod_it_was_freed_for() -> None:
+    """A lower-priority pod waiting in kube-scheduler's queue must not take the GPU the extender just
+    emptied for a higher-priority pod (seen in the cluster suite: the critical pod then waited on)."""
+    client, _, high = _victim_evicted_for_a_high_priority_pod()
+    waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
     out = client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()
     assert out["NodeNames"] == [] and "room held" in out["FailedAndUnresolvableNodes"]["a"]
     assert "room held" in client.post("/bind", json=binding_args(waiting, "a")).get_json()["Error"]
@@ -537,14 +543,7 @@ def test_room_freed_by_the_extenders_eviction_is_held_for_the_pod_it_was_freed_f
 
 
 def test_a_hold_ends_with_the_preemption_grace() -> None:
-    client, cluster, clock = make()
-    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
-    victim = pod("victim", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
-    client.post("/filter", json=extender_args(victim, names=["a"]))
-    assert client.post("/bind", json=binding_args(victim, "a")).get_json() == {"Error": ""}
-    high = pod("high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/deadline": "2h"})
-    client.post("/filter", json=extender_args(high, names=["a"]))
-    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/victim"]
+    client, clock, _ = _victim_evicted_for_a_high_priority_pod()
     waiting = pod("waiting", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"})
     assert client.post("/filter", json=extender_args(waiting, names=["a"])).get_json()["NodeNames"] == []
     clock.now += 121  # preemption_grace_s: the pod it was held for never came
