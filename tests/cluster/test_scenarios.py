@@ -8,9 +8,13 @@ process, and the API server closing every watch. Scenarios run in file order on 
 
 from __future__ import annotations
 
+import json
 import socket
+import statistics
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -211,3 +215,54 @@ def test_14_watches_the_api_server_closes_are_resumed(clean: LocalCluster) -> No
     for i in range(30):
         cluster.core.delete_namespaced_config_map(f"churn-{i}", JOBS_NAMESPACE)
     assert node_of(cluster, "before-apiserver-restart")
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float = 10.0) -> int:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            answer.read()
+            return int(answer.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0  # refused, reset or timed out: counted as "not served"
+
+
+def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean: LocalCluster) -> None:
+    """Issue 13 item 7 against the chart's extender process and the real API server's TokenReview:
+    800 reports with invented bearer tokens over 200 connections at once. Each is refused (401; 503 when
+    the 4 reviews allowed in flight are taken), kube-scheduler's filter calls stay quick, a GPU pod
+    created during the flood is placed and the agents' reports are still accepted. A loopback API
+    server answers a review in milliseconds, so this shows the real path end to end; the bound that
+    matters when reviews are slow is held by tests/unit/test_auth.py (a 50 ms TokenReview)."""
+    cluster = clean
+    base = f"http://127.0.0.1:{cluster.extender_port}"
+    accepted_before = s.accepted_reports(cluster)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def flood(k: int) -> None:
+        for i in range(4):
+            status = _post(base + "/v1/telemetry", b"{}", {"Authorization": f"Bearer invented-{k}-{i}"})
+            with lock:
+                statuses.append(status)
+
+    threads = [threading.Thread(target=flood, args=(k,), daemon=True) for k in range(200)]
+    for thread in threads:
+        thread.start()
+    create(cluster, sized("during-token-flood", 4))
+    probe = json.dumps({"Pod": sized("filter-probe", 4), "NodeNames": sorted(cluster.simulated_gpus)}).encode()
+    latencies: list[float] = []
+    while any(thread.is_alive() for thread in threads) or len(latencies) < 10:
+        started = time.monotonic()
+        assert _post(base + "/filter", probe, {}) == 200
+        latencies.append(time.monotonic() - started)
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(60)
+    assert len(statuses) == 800 and set(statuses) <= {401, 503}, sorted(set(statuses))
+    assert statistics.median(latencies) < 0.5 and max(latencies) < 5.0, latencies  # 5 s: the chart's httpTimeout
+    assert scheduled(cluster, "during-token-flood", timeout_s=60) in cluster.simulated_gpus
+    wait_for("an agent report accepted after the flood", lambda: s.accepted_reports(cluster) > accepted_before, 60)
