@@ -8,13 +8,10 @@ process, and the API server closing every watch. Scenarios run in file order on 
 
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -22,6 +19,7 @@ import pytest
 from tests.cluster.conftest import LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
+from tests.fixtures.kube.server import post
 
 
 def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalCluster) -> None:
@@ -217,19 +215,6 @@ def test_14_watches_the_api_server_closes_are_resumed(clean: LocalCluster) -> No
     assert node_of(cluster, "before-apiserver-restart")
 
 
-def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float = 10.0) -> int:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            answer.read()
-            return int(answer.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-    except OSError:
-        return 0  # refused, reset or timed out: counted as "not served"
-
-
 def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean: LocalCluster) -> None:
     """Issue 13 item 7 against the chart's extender process and the real API server's TokenReview:
     800 reports with invented bearer tokens over 200 connections at once. Each is refused (401; 503 when
@@ -245,7 +230,7 @@ def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean
 
     def flood(k: int) -> None:
         for i in range(4):
-            status = _post(base + "/v1/telemetry", b"{}", {"Authorization": f"Bearer invented-{k}-{i}"})
+            status, _ = post(base + "/v1/telemetry", {}, token=f"invented-{k}-{i}")
             with lock:
                 statuses.append(status)
 
@@ -253,11 +238,11 @@ def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean
     for thread in threads:
         thread.start()
     create(cluster, sized("during-token-flood", 4))
-    probe = json.dumps({"Pod": sized("filter-probe", 4), "NodeNames": sorted(cluster.simulated_gpus)}).encode()
+    probe = {"Pod": sized("filter-probe", 4), "NodeNames": sorted(cluster.simulated_gpus)}
     latencies: list[float] = []
     while any(thread.is_alive() for thread in threads) or len(latencies) < 10:
         started = time.monotonic()
-        assert _post(base + "/filter", probe, {}) == 200
+        assert post(base + "/filter", probe)[0] == 200
         latencies.append(time.monotonic() - started)
         time.sleep(0.05)
     for thread in threads:
