@@ -36,9 +36,10 @@ from predictor.train import (
     DEFAULT_MAX_ROWS,
     MODELS,
     REPO_ROOT,
-    UPPER_COVERAGE,
     Dataset,
     DatasetError,
+    add_coverage_argument,
+    check_coverage,
     fit_model,
     load_dataset,
 )
@@ -59,7 +60,7 @@ NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgbm", "catboost")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 #: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
 BOUND_CHOICE_VERSION = 1
 
@@ -134,6 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same on the leave-family-out folds (default %(default)s)")
     parser.add_argument("--random-cv-folds", type=int, default=1,
                         help="the same on the random split (default %(default)s: one held-out calibration fold)")
+    add_coverage_argument(parser)
     parser.add_argument("--no-tune", action="store_true", help="skip the baselines' grid (use the first setting)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="artifact whose runtime is measured (default: the shipped one)")
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     models = _names(args.models, MODELS, "--models")
     family_models = models if args.family_models == "all" else _names(args.family_models, MODELS, "--family-models")
     split_names = _names(args.splits, SPLITS, "--splits")
+    check_coverage(args.coverage)
     for flag, value in (("--epochs-scale", args.epochs_scale), ("--fold-epochs-scale", args.fold_epochs_scale)):
         if not 0 < value <= 1:
             raise UsageError(f"{flag} must be in (0, 1], got {value}")
@@ -192,11 +195,12 @@ def run(args: argparse.Namespace) -> int:
         for split in splits:
             for model_name in names:
                 t0 = time.perf_counter()
-                key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds])
+                key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds],
+                                 args.coverage)
                 hit = _cache_load(cache, key, split.test)
                 if hit is None:
                     model = fit_model(model_name, data, split, args.seed, epochs_scale=scale,
-                                      settings=settings.get(model_name), cv_folds=cv_folds)
+                                      settings=settings.get(model_name), cv_folds=cv_folds, coverage=args.coverage)
                     points, upper = model.predict(data, split.test)
                     _cache_save(cache, key, points, upper)
                 else:
@@ -226,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
             runtime = None
     report = build_json(results, by_family, {"grouped": len(grouped.test), "grouped_train": len(grouped.train)},
                         _calibration(args.out), _exact(cache, args.exact_runs) if args.exact_runs else
-                        {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime)
+                        {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime,
+                        args.coverage)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "predictor.json").write_text(json.dumps(report, indent=2) + "\n")
     elapsed = time.perf_counter() - started
@@ -238,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
         "random_cv_folds": args.random_cv_folds,
         "family_models": family_models, "max_rows": args.max_rows,
-        "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
+        "families": sorted(set(data.report_families.tolist())), "coverage": args.coverage,
     }
     from predictor.report import write_markdown, write_plots
 
@@ -253,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
 def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
                by_family: dict[str, dict[str, dict[str, dict[str, float]]]], n_test: dict[str, int],
                calibration: dict[str, float | None], exact: dict[str, Any],
-               runtime: dict[str, Any] | None) -> dict[str, Any]:
+               runtime: dict[str, Any] | None, coverage: float) -> dict[str, Any]:
     """The issue's shape: splits.<split>.memory.<model>.<metric>, plus per-family, exact and runtime sections."""
     splits: dict[str, Any] = {}
     for split_name, by_model in results.items():
@@ -270,17 +275,18 @@ def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
         if split_name in n_test:
             splits[split_name]["n_test"] = n_test[split_name]
     return {"splits": splits, "exact": exact, "runtime": runtime or {"imports_torch": None, "p99_ms": None},
-            "calibration": calibration, "upper_coverage": UPPER_COVERAGE}
+            "calibration": calibration, "upper_coverage": coverage}
 
 
 def _finite(value: float) -> float | None:
     return round(float(value), 6) if np.isfinite(value) else None
 
 
-def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any) -> str:
+def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any,
+               coverage: float) -> str:
     test = hashlib.sha256(np.asarray(split.test, dtype=np.int64).tobytes()).hexdigest()[:16]
     version = [CACHE_VERSION, BOUND_CHOICE_VERSION] if model == "transformer_bigru_tuned" else CACHE_VERSION
-    text = json.dumps([version, data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE,
+    text = json.dumps([version, data.sha256, model, split.name, test, seed, scale, coverage,
                        CALIBRATION_FRACTION, settings], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
