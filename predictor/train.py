@@ -31,7 +31,14 @@ from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import over_reservation, regression_metrics, under_rate, upper_margin
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
-from predictor.runtime import INPUT_RANGE_COLUMNS, METADATA_FILE, WEIGHTS_FILE, clip_bounds, range_factor
+from predictor.runtime import (
+    INPUT_RANGE_COLUMNS,
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    clip_bounds,
+    margin_for,
+    range_factor,
+)
 from predictor.splits import Split, grouped_calibration_split, grouped_folds, grouped_split
 
 log = logging.getLogger(__name__)
@@ -178,6 +185,8 @@ class FittedModel:
     are held inside their family's range (`clip_to_family`)."""
     coverage: float = UPPER_COVERAGE
     """The coverage the margins were calibrated to (`set_margins`)."""
+    unseen_shift: float | None = None
+    """The margin of a family absent from training (`set_margins`); None: `memory_shift`."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -190,7 +199,8 @@ class FittedModel:
                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition."""
         points_t, base = self.raw(x, families)
-        shift = np.asarray([self.family_shifts.get(str(f), self.memory_shift) for f in families], dtype=np.float64)
+        shift = np.asarray([margin_for(str(f), self.family_shifts, self.memory_shift, self.unseen_shift, self.ranges)
+                            for f in families], dtype=np.float64)
         memory = terms.memory(points_t[:, 0])
         upper = np.maximum(terms.memory(base * np.exp(shift) * factors), memory)
         return np.column_stack([memory, terms.flops(points_t[:, 1])]), upper
@@ -261,7 +271,13 @@ def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], 
     unwidened. Out-of-range rows (a family the fit never saw, sizes beyond its own) err far more
     (log scores of 8 for an MLP-Mixer read as an MLP); pooled in, those few set the margin of every
     in-range job. The runtime serves them the margin times `range_factor`. Fewer than
-    MIN_FAMILY_CALIBRATION in-range rows: all rows calibrate."""
+    MIN_FAMILY_CALIBRATION in-range rows: all rows calibrate. A family the model never saw at all gets
+    `unseen_shift`, the margin over every held-out row, out-of-range ones included (what such rows are
+    like), times `range_factor`'s UNSEEN_FAMILY_FACTOR."""
+    truth_all = data.targets_for(model.feature_set)[rows, 0]
+    unseen = {"point": upper_margin(truth_all, np.maximum(point, TINY), coverage)}
+    if quantile is not None:
+        unseen["quantile"] = upper_margin(truth_all, np.maximum(quantile, TINY), coverage)
     if in_range is not None and int(np.sum(in_range)) >= MIN_FAMILY_CALIBRATION:
         rows, point = rows[in_range], point[in_range]
         quantile = None if quantile is None else quantile[in_range]
@@ -287,6 +303,7 @@ def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], 
             best = (reserved, source, shift, family_shifts)
     assert best is not None
     _, model.bound_source, model.memory_shift, model.family_shifts = best
+    model.unseen_shift = unseen[model.bound_source]
     model.coverage = coverage
 
 
@@ -418,6 +435,7 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "targets": list(TARGETS),
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
+        "memory_upper_shift_unseen_family": model.unseen_shift,
         "memory_upper_base": model.bound_source,
         "target_ranges": model.target_ranges,
         "memory_calibration": dict(zip(("context_mib", "factor"), data.terms.calibration, strict=True)),

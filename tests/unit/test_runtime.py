@@ -270,13 +270,15 @@ def test_the_served_bound_is_the_one_evaluate_scores(tmp_path: Path) -> None:
     batch = data.cols["batch_size"].astype(float)
     rows = np.arange(data.n_rows, dtype=np.int64)
     big = batch > np.quantile(batch, 0.8)  # jobs with the largest batches: outside the trained range
-    test = np.concatenate([rows[big], rows[~big][::5]])
+    unseen = data.families == "rnn"  # a family the model never trains on
+    test = np.unique(np.concatenate([rows[big], rows[~big][::5], rows[unseen]]))
     split = Split("t", np.setdiff1d(rows, test), np.sort(test))
     model = fit_model("transformer_bigru_tuned", data, split, seed=0, epochs_scale=2 / 120, cv_folds=1)
     save_artifact(model, data, tmp_path / "art", 0, {}, 1.0)
     _, upper = model.predict(data, split.test)
     factors = range_factors(data, split.test, model.ranges)
-    assert (factors > 1.0).any() and (factors == 1.0).any()
+    assert (factors > 1.0).any() and (factors == 1.0).any() and unseen[split.test].any()
+    assert model.unseen_shift is not None and "rnn" not in model.ranges
     served = Predictor.load(tmp_path / "art", cache_size=0)
     for i, r in enumerate(split.test):
         d = served.predict(_spec_of_row(data, int(r)))

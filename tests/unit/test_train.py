@@ -118,6 +118,8 @@ def test_margins_cover_held_out_rows_at_the_stated_rate_with_heteroscedastic_err
     quiet, noisy = names[0], names[-1]
     assert model.family_shifts[quiet] < 0.2 < 0.5 < model.family_shifts[noisy]
     assert model.memory_shift < 2.0  # pooled with the out-of-range rows it would be 8
+    # a family never trained on is like the out-of-range rows: its margin is over all of them
+    assert model.unseen_shift is not None and model.unseen_shift > 7.0
     fresh = draw(3)
     for family in names:
         m = families == family
