@@ -39,6 +39,7 @@ from predictor.train import (
     Dataset,
     DatasetError,
     add_coverage_argument,
+    at_coverage,
     check_coverage,
     fit_model,
     load_dataset,
@@ -65,6 +66,11 @@ CACHE_VERSION = 5
 BOUND_CHOICE_VERSION = 1
 
 
+#: Coverages the bound is also recalibrated to (same fits, same held-out jobs) for the trade-off
+#: curve: `splits.<split>.coverage_curve.<model>` in reports/predictor.json.
+CURVE_COVERAGES: tuple[float, ...] = (0.90, 0.95, 0.97)
+
+
 class Predictions:
     """Test-set predictions of one model on one split (pooled over folds for leave_family_out)."""
 
@@ -72,11 +78,25 @@ class Predictions:
         self.rows: list[npt.NDArray[np.int64]] = []
         self.points: list[FloatArray] = []
         self.upper: list[FloatArray] = []
+        self.curve: list[FloatArray] = []  # (len(CURVE_COVERAGES), n) bounds per fold
 
-    def add(self, rows: npt.NDArray[np.int64], points: FloatArray, upper: FloatArray) -> None:
+    def add(self, rows: npt.NDArray[np.int64], points: FloatArray, upper: FloatArray,
+            curve: FloatArray | None = None) -> None:
         self.rows.append(rows)
         self.points.append(points)
         self.upper.append(upper)
+        if curve is not None:
+            self.curve.append(curve)
+
+    def coverage_curve(self, data: Dataset) -> list[dict[str, float]]:
+        """Under-rate and over-reservation of the pooled test rows at each of CURVE_COVERAGES ([] if unknown)."""
+        if not self.curve or len(self.curve) != len(self.rows):
+            return []
+        truth = data.y[np.concatenate(self.rows), 0]
+        bounds = np.concatenate(self.curve, axis=1)
+        return [{"coverage": c, "under_rate": round(under_rate(truth, b), 6),
+                 "over_reservation": round(over_reservation(truth, b), 6)}
+                for c, b in zip(CURVE_COVERAGES, bounds, strict=True)]
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray]:
         return np.concatenate(self.rows), np.concatenate(self.points), np.concatenate(self.upper)
@@ -202,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
                     model = fit_model(model_name, data, split, args.seed, epochs_scale=scale,
                                       settings=settings.get(model_name), cv_folds=cv_folds, coverage=args.coverage)
                     points, upper = model.predict(data, split.test)
-                    _cache_save(cache, key, points, upper)
+                    bounds = np.stack([at_coverage(model, data, c).predict(data, split.test)[1]
+                                       for c in CURVE_COVERAGES])
+                    _cache_save(cache, key, points, upper, bounds)
+                    curve: FloatArray | None = bounds
                 else:
-                    points, upper = hit
-                predictions[split_name][model_name].add(split.test, points, upper)
+                    points, upper, curve = hit
+                predictions[split_name][model_name].add(split.test, points, upper, curve)
                 done += 1
                 one = Predictions()
                 one.add(split.test, points, upper)
@@ -228,10 +251,12 @@ def run(args: argparse.Namespace) -> int:
             runtime = json.loads((args.out / "predictor.json").read_text()).get("runtime")
         except (OSError, ValueError, AttributeError):
             runtime = None
+    curves = {split: {m: p.coverage_curve(data) for m, p in by_model.items()}
+              for split, by_model in predictions.items()}
     report = build_json(results, by_family, {"grouped": len(grouped.test), "grouped_train": len(grouped.train)},
                         _calibration(args.out), _exact(cache, args.exact_runs) if args.exact_runs else
                         {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime,
-                        args.coverage)
+                        args.coverage, curves)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "predictor.json").write_text(json.dumps(report, indent=2) + "\n")
     elapsed = time.perf_counter() - started
@@ -258,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
 def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
                by_family: dict[str, dict[str, dict[str, dict[str, float]]]], n_test: dict[str, int],
                calibration: dict[str, float | None], exact: dict[str, Any],
-               runtime: dict[str, Any] | None, coverage: float) -> dict[str, Any]:
+               runtime: dict[str, Any] | None, coverage: float,
+               curves: dict[str, dict[str, list[dict[str, float]]]] | None = None) -> dict[str, Any]:
     """The issue's shape: splits.<split>.memory.<model>.<metric>, plus per-family, exact and runtime sections."""
     splits: dict[str, Any] = {}
     for split_name, by_model in results.items():
@@ -274,6 +300,8 @@ def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
         }
         if split_name in n_test:
             splits[split_name]["n_test"] = n_test[split_name]
+        if curves and curves.get(split_name):
+            splits[split_name]["coverage_curve"] = {m: c for m, c in curves[split_name].items() if c}
     return {"splits": splits, "exact": exact, "runtime": runtime or {"imports_torch": None, "p99_ms": None},
             "calibration": calibration, "upper_coverage": coverage}
 
@@ -291,20 +319,24 @@ def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float,
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _cache_load(cache: Path, key: str, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray] | None:
+def _cache_load(cache: Path, key: str,
+                rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray, FloatArray | None] | None:
     path = cache / f"{key}.npz"
     try:
         with np.load(path, allow_pickle=False) as archive:
             points, upper = np.asarray(archive["points"]), np.asarray(archive["upper"])
+            curve = np.asarray(archive["curve"]) if "curve" in archive.files else None
     except (OSError, KeyError, ValueError):
         return None
-    return (points, upper) if len(points) == len(rows) == len(upper) else None
+    if curve is not None and curve.shape != (len(CURVE_COVERAGES), len(rows)):
+        curve = None
+    return (points, upper, curve) if len(points) == len(rows) == len(upper) else None
 
 
-def _cache_save(cache: Path, key: str, points: FloatArray, upper: FloatArray) -> None:
+def _cache_save(cache: Path, key: str, points: FloatArray, upper: FloatArray, curve: FloatArray) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"{key}.tmp.npz"
-    np.savez(tmp, points=points, upper=upper)
+    np.savez(tmp, points=points, upper=upper, curve=curve)
     tmp.replace(cache / f"{key}.npz")
 
 

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,9 @@ class FittedModel:
     """The coverage the margins were calibrated to (`set_margins`)."""
     unseen_shift: float | None = None
     """The margin of a family absent from training (`set_margins`); None: `memory_shift`."""
+    held_out: tuple[npt.NDArray[np.int64], FloatArray, FloatArray | None, npt.NDArray[np.bool_] | None] | None = None
+    """What the margins were calibrated on (`set_margins`' rows, point, quantile, in_range): `at_coverage`
+    recalibrates from it without refitting. Not saved in the artifact."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -274,6 +277,7 @@ def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], 
     MIN_FAMILY_CALIBRATION in-range rows: all rows calibrate. A family the model never saw at all gets
     `unseen_shift`, the margin over every held-out row, out-of-range ones included (what such rows are
     like), times `range_factor`'s UNSEEN_FAMILY_FACTOR."""
+    model.held_out = (rows, point, quantile, in_range)
     truth_all = data.targets_for(model.feature_set)[rows, 0]
     unseen = {"point": upper_margin(truth_all, np.maximum(point, TINY), coverage)}
     if quantile is not None:
@@ -305,6 +309,16 @@ def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], 
     _, model.bound_source, model.memory_shift, model.family_shifts = best
     model.unseen_shift = unseen[model.bound_source]
     model.coverage = coverage
+
+
+def at_coverage(model: FittedModel, data: Dataset, coverage: float) -> FittedModel:
+    """The same fitted model with its margins recalibrated, on the same held-out jobs, to another
+    coverage (the coverage / over-reservation trade-off `deepres evaluate` reports)."""
+    if model.held_out is None:
+        raise ValueError(f"{model.name} has no calibration scores to recalibrate from")
+    other = replace(model, family_shifts={})
+    set_margins(other, data, *model.held_out[:3], coverage, model.held_out[3])
+    return other
 
 
 def _fit_estimators(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: int, epochs_scale: float,
