@@ -52,8 +52,9 @@ from extender.policy import (
     packs_by_mix,
     plan_victims,
     priority_of,
+    shortlist,
 )
-from extender.policy.columnar import filter_matrix, score_matrix, score_matrix_fragaware
+from extender.policy.columnar import Lookup, Scores, filter_matrix, score_matrix, score_matrix_fragaware
 from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
@@ -72,6 +73,7 @@ from extender.protocol import (
     parse_pod,
     parse_preemption_args,
     preemption_result,
+    soft_preferences,
 )
 from extender.settings import Settings, describe, load_settings
 from extender.telemetry import NodeReport, ReportError, parse_report
@@ -93,6 +95,8 @@ FILTER_PLANS_MAX = 1_024
 NUDGE_WINDOW_S = 600.0
 #: The Node annotation the extender sets to nudge kube-scheduler (a Node update is a cluster event).
 TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
+#: filter_nodes_total's reason for nodes that fit but the shortlist left out.
+NOT_SHORTLISTED = "not_shortlisted"
 #: Events waiting to be sent at most; more are dropped (events are best effort).
 EVENTS_QUEUED_MAX = 4_096
 #: Local mode checks for silent nodes and unseen reservations at most this often.
@@ -379,12 +383,15 @@ class Extender:
                                self.params)
         if self._holds and plan.request.gpu_job:
             result = self._respect_holds(plan.request, result, mono)
+        if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
+            self.request_preemption(args.pod, list(result.failed), mono)
+        if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0
+                and not soft_preferences(args.raw_pod)):
+            result = self._shortlisted(plan.request, result)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
             self._telemetry_wanted_s = mono
-        if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
-            self.request_preemption(args.pod, list(result.failed), mono)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
                       args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
@@ -404,17 +411,36 @@ class Extender:
             plan = self._filter_plan(args.pod, now) or self.plan(args.pod, now)
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
-        req = plan.request
+        scores = self.scores(plan.request, args.node_names)
+        return orjson.Fragment(host_priority_json(scores.names, scores.values,
+                                                  scores.lookup.derived if scores.lookup else None))
+
+    def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
+        """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""
         mix = self._packing_mix(req)
         if mix is not None:
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
-            scores = score_matrix_fragaware(req, args.node_names, self.ledger.matrix, self.params, mix,
-                                            memo=self.merits)
-        else:
-            scores = score_matrix(req, args.node_names, self.ledger.matrix, self.ledger.views, self.params)
-        return orjson.Fragment(host_priority_json(scores.names, scores.values,
-                                                  scores.lookup.derived if scores.lookup else None))
+            return score_matrix_fragaware(req, names, self.ledger.matrix, self.params, mix, memo=self.merits)
+        return score_matrix(req, names, self.ledger.matrix, self.ledger.views, self.params)
+
+    def _shortlisted(self, req: PodRequest, result: FilterResult) -> FilterResult:
+        """The filter's answer when some nodes fit: the `policy.filter_shortlist` best of them by the
+        prioritize score (`policy.shortlist`), and no failed nodes. kube-scheduler drops every node not
+        named in NodeNames and needs the failures' reasons only when no node is left (its "0/N nodes
+        are available" message, its preemption), so it then scores and sends to /prioritize a few
+        dozen nodes instead of thousands (README: "Filter shortlist")."""
+        keep = self.settings.policy.filter_shortlist
+        if len(result.passed) <= keep:
+            return FilterResult(result.passed, {}, {}, result.kinds)
+        scores = self.scores(req, result.passed)
+        chosen = shortlist(scores.values, keep)
+        picked = tuple(scores.names[i] for i in chosen.tolist())
+        if scores.lookup is not None:  # the rows of the list kube-scheduler sends to prioritize next
+            rows = scores.lookup.rows[chosen]
+            rows.flags.writeable = False
+            self.ledger.matrix.remember(picked, Lookup(list(picked), rows, scores.lookup.layout))
+        return FilterResult(picked, {}, {}, {**result.kinds, NOT_SHORTLISTED: len(result.passed) - len(picked)})
 
     def held_for_another(self, req: PodRequest, node: str, mono: float) -> str:
         """Why `node` is not for `req`: its room was freed by evicting pods for a pod of at least
@@ -881,7 +907,7 @@ def create_app(
         cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods)
     elif cluster is None:
         cluster = KubeCluster(settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
-                              api_timeout_s=settings.kube.api_timeout_s)
+                              api_timeout_s=settings.kube.api_timeout_s, callers=settings.server.threads)
     ext = Extender(settings, predictor, cluster, clock, monotonic)
     log.info("deepres extender settings: %s", describe(settings))
     ext.start()

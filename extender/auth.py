@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,10 @@ TOKEN_CACHE_MAX = 10_000
 MAX_CONCURRENT_REVIEWS = 4
 #: How long a refused token is remembered (a rotating agent token is re-read within this).
 REFUSED_CACHE_S = 5.0
+#: A successful review is trusted for `cache_s` shortened by up to this share, drawn per token: the
+#: agents' first reports after a start all come within one heartbeat, and a fixed lifetime brought
+#: their reviews back together every `cache_s` (a burst of N reviews at N nodes) instead of evenly.
+CACHE_JITTER = 0.25
 
 
 def verb_caller_refused(environ: dict[str, Any], access: str) -> str:
@@ -113,7 +118,8 @@ class TelemetryAuth:
 
     def __init__(self, *, local: bool, shared_token: str, reviewer: Reviewer, audience: str,
                  allowed_accounts: list[str], cache_s: float, clock: Callable[[], float] = time.monotonic,
-                 max_concurrent: int = MAX_CONCURRENT_REVIEWS, cache_max: int = TOKEN_CACHE_MAX) -> None:
+                 max_concurrent: int = MAX_CONCURRENT_REVIEWS, cache_max: int = TOKEN_CACHE_MAX,
+                 rng: Callable[[], float] = random.random) -> None:
         self.local = local
         self.shared_token = shared_token.encode("utf-8")
         self.reviewer = reviewer
@@ -121,6 +127,7 @@ class TelemetryAuth:
         self.allowed = frozenset(allowed_accounts)
         self.cache_s = cache_s
         self.clock = clock
+        self.rng = rng
         self.cache = TokenCache(cache_max)
         self._slots = threading.BoundedSemaphore(max_concurrent)
         if not local and not self.allowed:
@@ -163,8 +170,9 @@ class TelemetryAuth:
             finally:
                 self._slots.release()
             # a refused token is remembered briefly too: a bad agent cannot make us hammer the API server
-            self.cache.put(key, identity, now + (self.cache_s if identity is not None else min(self.cache_s,
-                                                                                               REFUSED_CACHE_S)))
+            trusted_s = self.cache_s * (1.0 - CACHE_JITTER * self.rng())
+            self.cache.put(key, identity, now + (trusted_s if identity is not None else min(self.cache_s,
+                                                                                            REFUSED_CACHE_S)))
         return self._judge(identity)
 
     def _judge(self, identity: TokenIdentity | None) -> AuthResult:

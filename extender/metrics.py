@@ -35,7 +35,8 @@ class ExtenderMetrics:
                                  buckets=LATENCY_BUCKETS_S, registry=r)
         self.filter_nodes = Counter("deepres_extender_filter_nodes_total",
                                     "Filter outcomes per node by reason (passed, memory, stale, no_report, "
-                                    "too_few_gpus, too_large, bad_annotation).", ["reason"], registry=r)
+                                    "too_few_gpus, too_large, bad_annotation, held; not_shortlisted: passed but left "
+                                    "out of the answer by the filter shortlist).", ["reason"], registry=r)
         self.predictions = Counter("deepres_extender_predictions_total",
                                    "Predictions made, by source (model, override, corrected).", ["source"],
                                    registry=r)

@@ -286,6 +286,39 @@ def decode_extender_args(data: bytes) -> ExtenderArgs | None:
         return None
 
 
+#: The pod's own preferences over nodes that kube-scheduler's score plugins weigh (NodeAffinity,
+#: InterPodAffinity): a shortlisted filter answer would hide nodes they prefer.
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def soft_preferences(raw_pod: Any) -> bool:
+    """Whether the Pod (as kube-scheduler sent it) has preferences that kube-scheduler scores itself:
+    a preferred node affinity, a preferred pod affinity or anti-affinity, or a topology spread
+    constraint with `whenUnsatisfiable: ScheduleAnyway`. Such a pod gets every node that fits from
+    the filter, not a shortlist. A shape this cannot read counts as a preference (the full answer)."""
+    if not isinstance(raw_pod, dict):
+        return True
+    spec = raw_pod.get("spec")
+    if spec is None:
+        return False
+    if not isinstance(spec, dict):
+        return True
+    affinity = spec.get("affinity")
+    if affinity is not None:
+        if not isinstance(affinity, dict):
+            return True
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind)
+            if terms is not None and (not isinstance(terms, dict) or terms.get(_PREFERRED)):
+                return True
+    constraints = spec.get("topologySpreadConstraints")
+    if constraints is not None:
+        if not isinstance(constraints, list):
+            return True
+        return any(not isinstance(c, dict) or c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in constraints)
+    return False
+
+
 def parse_binding_args(body: Any) -> BindingArgs:
     args = _convert(_object(body, "ExtenderBindingArgs"), ExtenderBindingArgs, "ExtenderBindingArgs")
     return BindingArgs(pod_name=args.PodName, pod_namespace=args.PodNamespace or "default", pod_uid=args.PodUID,

@@ -86,6 +86,12 @@ class PolicySettings:
     fragmentation_aware_packing: bool = True
     """Score packing (below `spread_priority`) pods by the fragmentation-aware rule against the mix of
     recent admissions (FGD's idea in memory terms; reports/simulation.md). False: best fit only."""
+    filter_shortlist: int = 100
+    """When more GPU nodes than this fit a pod, the filter answers with only this many, the best by
+    the prioritize score, so that kube-scheduler scores (its plugins and the extender's prioritize)
+    those instead of every node: at 1,000-5,000 nodes most of a scheduling cycle. Not for pods with
+    soft preferences kube-scheduler scores itself (preferred node or pod (anti-)affinity, spread
+    constraints with ScheduleAnyway): they get every node that fits. 0: every node that fits, always."""
     usage_warmup_s: float = 120.0
     """Time after bind before a reservation follows the pod's observed peak."""
     usage_margin: float = 1.10
@@ -132,9 +138,13 @@ class KubeSettings:
     """Watches are restarted with a full list at least this often."""
     token_audience: str = "deepres-extender"
     """Audience the agents' projected ServiceAccount tokens must carry (TokenReview)."""
-    token_cache_s: float = 60.0
+    token_cache_s: float = 120.0
     """How long a successful TokenReview is trusted before asking the API server again (a refused
-    token: at most 5 s). Reviews are cached in a bounded LRU (extender/auth.py)."""
+    token: at most 5 s), less up to a quarter drawn per token so that reviews come evenly. Reviews
+    are cached in a bounded LRU (extender/auth.py). Every node's agent token is reviewed about once
+    per this time: 5,000 nodes at 60 s were ~80 reviews a second, each an API call for both the
+    extender and the API server. 120 s is kube-apiserver's and the kubelet's own cache time for
+    webhook token reviews (--authentication-token-webhook-cache-ttl)."""
     agent_service_accounts: list[str] = field(default_factory=list)
     """The ServiceAccounts (system:serviceaccount:NS:NAME) that may post telemetry in a cluster; empty:
     none may (the chart names its agent's)."""
@@ -221,6 +231,8 @@ class Settings:
             p.append(f"policy.spread_priority must be in [0, 45], got {pol.spread_priority}")
         if not 0.0 <= pol.fragmentation_weight <= 1.0:
             p.append(f"policy.fragmentation_weight must be in [0, 1], got {pol.fragmentation_weight}")
+        if pol.filter_shortlist < 0:
+            p.append(f"policy.filter_shortlist must be >= 0 (0: off), got {pol.filter_shortlist}")
         if pol.usage_warmup_s < 0:
             p.append(f"policy.usage_warmup_s must be >= 0, got {pol.usage_warmup_s}")
         if not 1.0 <= pol.usage_margin <= 10.0:

@@ -29,6 +29,8 @@ Functions
     gpu_key(free, utilization, empty, need, spread) -> float   (THE GPU choice order; columnar.gpu_keys)
     packs_by_mix(pod, params) -> bool; choose_gpus_for(pod, node, params, mix=None, ...) -> GPUs | None
         (which placement rule a pod gets, and the GPUs bind takes under it: `placement`)
+    shortlist(scores, keep) -> positions of the `keep` best scores, in input order
+        (the filter's answer when many nodes fit: `placement`)
     effective_free_mib(capacity, occupied, healthy) / occupied_mib(used, reserved, foreign)
         (GPU free memory: the one home of the formula, in `usage`)
     priority_of(inputs: PriorityInputs, now_s, params) -> float      (0..45, formula in .priority)
@@ -78,7 +80,7 @@ from extender.policy.fragmentation import (
     score_nodes_fragaware,
     scores_from_merits,
 )
-from extender.policy.placement import choose_gpus_for, packs_by_mix
+from extender.policy.placement import choose_gpus_for, packs_by_mix, shortlist
 from extender.policy.preemption import choose_preemption, plan_victims
 from extender.policy.priority import cap_criticality, criticality_from_priority_class, criticality_level, priority_of
 from extender.policy.scoring import choose_gpus, gpu_key, score_node, score_nodes, spreads
@@ -145,6 +147,7 @@ __all__ = [
     "score_nodes",
     "score_nodes_fragaware",
     "scores_from_merits",
+    "shortlist",
     "spreads",
     "warmed_up",
 ]

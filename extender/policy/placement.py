@@ -5,9 +5,14 @@ by `scoring.score_nodes` and get `scoring.choose_gpus`; the others (packing pods
 fragmentation-aware rule against the mix and get `fragmentation.choose_gpus_fragaware`. The
 extender's prioritize and bind and the simulator's replay all decide through these two functions,
 so the GPUs bound are the ones the node was scored for.
+
+`shortlist` is the filter's answer when many nodes fit: the best few by that very score.
 """
 
 from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
 
 from extender.policy.fragmentation import DemandMix, choose_gpus_fragaware
 from extender.policy.scoring import choose_gpus, spreads
@@ -28,3 +33,21 @@ def choose_gpus_for(
     if mix is not None and len(mix) and packs_by_mix(pod, params):
         return choose_gpus_fragaware(pod, node, mix, cpu_left_milli, pod_cpu_milli)
     return choose_gpus(pod, node, params)
+
+
+def shortlist(scores: npt.ArrayLike, keep: int) -> npt.NDArray[np.int64]:
+    """Positions of the `keep` best of `scores` (the prioritize scores of the nodes that fit), in
+    their input order: highest score first, ties to the earlier position. All positions when `keep`
+    is 0 or not below their number.
+
+    The filter answers with these when more nodes fit, and kube-scheduler then scores (its plugins
+    and the extender's prioritize) only them, as its own percentageOfNodesToScore does for its
+    plugins. Taking ties by position keeps the node the full prioritize would rank alone at the top
+    (the fragmentation-aware score's single 10) and every node scored above any left out, so the
+    prioritize over the shortlist gives each of them the score it had among all."""
+    values = np.asarray(scores, dtype=np.int64)
+    if keep <= 0 or keep >= len(values):
+        return np.arange(len(values), dtype=np.int64)
+    best = np.argsort(-values, kind="stable")[:keep]
+    chosen: npt.NDArray[np.int64] = np.sort(best).astype(np.int64)
+    return chosen

@@ -251,3 +251,128 @@ def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean
     assert statistics.median(latencies) < 0.5 and max(latencies) < 5.0, latencies  # 5 s: the chart's httpTimeout
     assert scheduled(cluster, "during-token-flood", timeout_s=60) in cluster.simulated_gpus
     wait_for("an agent report accepted after the flood", lambda: s.accepted_reports(cluster) > accepted_before, 60)
+
+
+#: Nodes the shortlist scenario adds, each with 8 reported GPUs of 80 GB: more than the chart's
+#: extender.filterShortlist (100), so every GPU pod's filter has more nodes that fit than it names.
+MANY_NODES = 130
+MANY_GPU_MIB = 81920.0
+TIGHT_NODE, BUSY_NODE = "many-077", "many-101"
+
+
+class _Reporters:
+    """Telemetry for the scenario's extra nodes, as their agents would send it: tokens of the chart's
+    agent ServiceAccount bound to each node (TokenRequest), one report per node every few seconds."""
+
+    def __init__(self, cluster: LocalCluster, nodes: list[str], gpus: dict[str, list[tuple[float, float]]]) -> None:
+        from kubernetes import client
+
+        self.url = f"http://127.0.0.1:{cluster.extender_port}/v1/telemetry"
+        self.gpus = gpus
+        self.stop = threading.Event()
+        self.refused: list[str] = []
+        uids = {n.metadata.name: n.metadata.uid for n in cluster.core.list_node(label_selector="many=true").items}
+        self.tokens = {}
+        for node in nodes:
+            spec = client.V1TokenRequestSpec(audiences=["deepres-extender"], expiration_seconds=3600,
+                                             bound_object_ref=client.V1BoundObjectReference(
+                                                 api_version="v1", kind="Node", name=node, uid=uids[node]))
+            self.tokens[node] = cluster.core.create_namespaced_service_account_token(
+                "deepres-agent", s.NAMESPACE, client.AuthenticationV1TokenRequest(spec=spec)).status.token
+        self.sequence = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def report_all(self) -> None:
+        self.sequence += 1
+        for node, token in self.tokens.items():
+            gpus = [{"uuid": f"GPU-{node}-{i}", "index": i, "model": "NVIDIA A100-SXM4-80GB",
+                     "memory_total_mib": MANY_GPU_MIB, "memory_used_mib": used, "utilization_gpu": util}
+                    for i, (used, util) in enumerate(self.gpus[node])]
+            status, answer = post(self.url, {"node": node, "sequence": self.sequence, "timestamp_s": time.time(),
+                                             "agent_version": "scenario", "source": "simulated", "gpus": gpus,
+                                             "pods": []}, token=token)
+            if status != 200:
+                self.refused.append(f"{node}: {status} {answer}")
+
+    def _run(self) -> None:
+        while not self.stop.wait(4.0):  # the suite's telemetry TTL is 20 s
+            self.report_all()
+
+
+def _prioritize(cluster: LocalCluster, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+    """The extender's own ranking of `names` for `pod` now (the verb kube-scheduler calls; no side effect)."""
+    status, answer = post(f"http://127.0.0.1:{cluster.extender_port}/prioritize", {"Pod": pod, "NodeNames": names})
+    assert status == 200, answer
+    return {h["Host"]: h["Score"] for h in answer}
+
+
+def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> None:
+    """130 GPU nodes fit every pod here, more than the filter names (extender.filterShortlist, 100), so
+    kube-scheduler scores only the shortlist. Packing is unchanged: a pod lands on the node the
+    extender ranks best among all (a tight fit), 24 pods created at once are all placed with no GPU
+    over-committed, and the shortlist did cut (its metric). A pod with a preferred node affinity is
+    not shortlisted: it reaches its preferred node although the extender ranks 129 nodes above it,
+    which a shortlist of 100 would have left out."""
+    cluster = clean
+    names = [f"many-{i:03d}" for i in range(MANY_NODES)]
+    idle = [(0.0, 0.0)] * 8
+    gpus = {n: list(idle) for n in names}
+    gpus[TIGHT_NODE][0] = (MANY_GPU_MIB - 7000.0, 0.0)  # 6.8 GiB free: the tightest fit for a 6 GiB pod
+    gpus[BUSY_NODE] = [(0.0, 0.15)] * 8  # busier GPUs: a spreading pod ranks this node below the idle ones
+    for name in names:
+        cluster.core.create_node(node_body(name, {"many": "true"}))
+    reporters: _Reporters | None = None
+    try:
+        wait_for(f"{MANY_NODES} nodes Ready", lambda: sum(
+            1 for n in cluster.core.list_node(label_selector="many=true").items
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))) >= MANY_NODES, 120)
+        reporters = _Reporters(cluster, names, gpus)
+        reporters.report_all()
+        assert not reporters.refused, reporters.refused[:3]
+        reporters.thread.start()
+        candidates = [*names, *cluster.simulated_gpus]
+
+        tight = sized("shortlist-tight", 6)
+        ranked = _prioritize(cluster, tight, candidates)
+        best = max(ranked, key=lambda n: ranked[n])
+        assert list(ranked.values()).count(ranked[best]) == 1, "the extender ranks one node first"
+        cut_before = _not_shortlisted(cluster)
+        create(cluster, tight)
+        assert scheduled(cluster, "shortlist-tight", timeout_s=60) == best
+
+        burst = [f"shortlist-burst-{i}" for i in range(24)]
+        for name in burst:
+            create(cluster, sized(name, 6))
+        for name in burst:
+            scheduled(cluster, name, timeout_s=120)
+        assert _not_shortlisted(cluster) - cut_before >= 25 * (MANY_NODES - 100), "the filter named every node"
+        booked: dict[str, float] = {}
+        for pod in s.live_gpu_pods(cluster):
+            annotations = pod.metadata.annotations
+            for uuid in annotations[f"{PREFIX}assigned-gpus"].split(","):
+                booked[uuid] = booked.get(uuid, 0.0) + float(annotations[f"{PREFIX}admission-memory-mib"])
+        free = {f"GPU-{n}-{i}": MANY_GPU_MIB - used for n in names for i, (used, _) in enumerate(gpus[n])}
+        over = {u: b for u, b in booked.items() if u in free and b > free[u]}
+        assert not over, f"GPUs booked beyond their free memory: {over}"
+
+        prefers = sized("shortlist-prefers", 6, criticality="high")
+        prefers["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [BUSY_NODE]}]}}]}}
+        ranked = _prioritize(cluster, prefers, candidates)
+        above = sum(1 for score in ranked.values() if score > ranked[BUSY_NODE])
+        assert above >= 100, f"only {above} nodes rank above {BUSY_NODE}: the check needs a node a shortlist leaves out"
+        create(cluster, prefers)
+        assert scheduled(cluster, "shortlist-prefers", timeout_s=60) == BUSY_NODE
+        assert not reporters.refused, reporters.refused[:3]
+    finally:
+        if reporters is not None:
+            reporters.stop.set()
+        s.delete_workloads(cluster)
+        for name in names:
+            cluster.core.delete_node(name)
+
+
+def _not_shortlisted(cluster: LocalCluster) -> float:
+    return sum(value for labels, value in s.samples(cluster.extender_metrics(), "deepres_extender_filter_nodes_total")
+               if labels.get("reason") == "not_shortlisted")

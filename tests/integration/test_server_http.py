@@ -36,6 +36,14 @@ def telemetry(url: str, node: str, seq: int, gpus: list[tuple[float, float]], **
     return post(url + "/v1/telemetry", report(node, seq, time.time(), gpus, **kw), token=TOKEN)
 
 
+def _only(args: dict[str, Any], node: str) -> dict[str, Any]:
+    """The golden ExtenderArgs with `node` as the only candidate (by name or as its Node object)."""
+    if args.get("NodeNames") is not None:
+        return {**args, "NodeNames": [node]}
+    return {**args, "Nodes": {**args["Nodes"], "items": [n for n in args["Nodes"]["items"]
+                                                         if n["metadata"]["name"] == node]}}
+
+
 def test_golden_filter_prioritize_in_both_node_modes(url: str) -> None:
     assert telemetry(url, "gpu-node-1", 1, [(40960.0, 0.0), (40960.0, 30000.0)])[0] == 200
     assert telemetry(url, "gpu-node-2", 1, [(40960.0, 40000.0)])[0] == 200
@@ -43,10 +51,13 @@ def test_golden_filter_prioritize_in_both_node_modes(url: str) -> None:
         status, out = post(url + "/filter", golden(name))
         assert status == 200 and out["Error"] == ""
         assert out["NodeNames"] == ["gpu-node-1"]
-        assert out["FailedNodes"]["gpu-node-2"].startswith("gpu-0: needs ")
-        assert out["FailedNodes"]["gpu-node-2"].endswith("0.9 GiB free")
+        assert out["FailedNodes"] == {} == out["FailedAndUnresolvableNodes"]  # a node fits: no reasons
         if name == "filter_nodes.json":
             assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["gpu-node-1"]
+        status, alone = post(url + "/filter", _only(golden(name), "gpu-node-2"))
+        assert status == 200 and alone["NodeNames"] == []
+        assert alone["FailedNodes"]["gpu-node-2"].startswith("gpu-0: needs ")
+        assert alone["FailedNodes"]["gpu-node-2"].endswith("0.9 GiB free")
         status, scores = post(url + "/prioritize", golden(name))
         assert status == 200
         assert {s["Host"] for s in scores} == {"gpu-node-1", "gpu-node-2"}

@@ -63,18 +63,86 @@ def admission(annotations: dict[str, str]) -> float:
 NEED = admission(CNN_ANNOTATIONS)
 
 
-def test_filter_passes_fitting_nodes_and_explains_the_rest() -> None:
-    client, _, clock = make()
+@pytest.mark.parametrize("shortlist", [0, 100])
+def test_filter_passes_fitting_nodes_and_explains_the_rest(shortlist: int) -> None:
+    """Every failure is explained when no node fits (kube-scheduler's "0/N nodes are available" and
+    its preemption read them), and with the shortlist off also beside nodes that fit; with the
+    shortlist on, an answer with nodes that fit carries no failures (kube-scheduler drops every node
+    not named)."""
+    client, _, clock = make(filter_shortlist=shortlist)
     send_report(client, "old", 1, [(40960.0, 0.0)], clock)
     clock.now += 100  # the extender's clock at receipt decides the age, not the agent's timestamp
     send_report(client, "fits", 1, [(40960.0, 0.0)], clock)
     send_report(client, "full", 1, [(40960.0, 40000.0)], clock)
-    body = extender_args(pod("p", CNN_ANNOTATIONS), names=["fits", "full", "old", "ghost"])
-    out = client.post("/filter", json=body).get_json()
-    assert out["NodeNames"] == ["fits"] and out["Error"] == ""
-    assert out["FailedNodes"] == {"full": f"gpu-0: needs {NEED / 1024:.1f} GiB, 0.9 GiB free"}
-    assert out["FailedAndUnresolvableNodes"]["ghost"] == "no agent report"
-    assert out["FailedAndUnresolvableNodes"]["old"] == "telemetry stale (100s old)"
+    for names, passed in ((["fits", "full", "old", "ghost"], ["fits"]), (["full", "old", "ghost"], [])):
+        out = client.post("/filter", json=extender_args(pod("p", CNN_ANNOTATIONS), names=names)).get_json()
+        assert out["NodeNames"] == passed and out["Error"] == ""
+        if passed and shortlist:
+            assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+            continue
+        assert out["FailedNodes"] == {"full": f"gpu-0: needs {NEED / 1024:.1f} GiB, 0.9 GiB free"}
+        assert out["FailedAndUnresolvableNodes"]["ghost"] == "no agent report"
+        assert out["FailedAndUnresolvableNodes"]["old"] == "telemetry stale (100s old)"
+
+
+def _many_nodes(client: FlaskClient, clock: Clock, count: int) -> dict[str, float]:
+    """`count` one-GPU nodes with different free memory (node-i: i GiB used of 40), in a shuffled order."""
+    used = {f"n{i:03d}": float(1024 * (i % 37)) for i in range(count)}
+    for seq, (name, mib) in enumerate(used.items()):
+        send_report(client, name, seq + 1, [(40960.0, mib)], clock)
+    return used
+
+
+@pytest.mark.parametrize("annotations", [CNN_ANNOTATIONS, {**CNN_ANNOTATIONS, "deepres.io/criticality": "critical"}],
+                         ids=["packing", "spreading"])
+def test_filter_shortlists_the_best_fitting_nodes_by_the_prioritize_score(annotations: dict[str, str]) -> None:
+    """With more nodes fitting than `filter_shortlist`, the filter names only that many: exactly the
+    best by the score the full prioritize gives (ties to kube-scheduler's order), and the prioritize
+    over them gives each the score it had among all (so the node kube-scheduler takes is the same)."""
+    client, _, clock = make(filter_shortlist=5)
+    used = _many_nodes(client, clock, 60)
+    names = sorted(used, key=lambda n: (int(n[1:]) * 23) % 60)  # kube-scheduler's order is its own
+    unlimited = pod("p", annotations)
+    everyone = {h["Host"]: h["Score"] for h in client.post(
+        "/prioritize", json=extender_args(unlimited, names=names)).get_json()}
+    assert len(set(everyone.values())) > 2, everyone  # the ranking has something to rank
+    out = client.post("/filter", json=extender_args(unlimited, names=names)).get_json()
+    short = out["NodeNames"]
+    assert len(short) == 5 and out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+    assert short == [n for n in names if n in short], "kube-scheduler's order is kept"
+    expected = sorted(names, key=lambda n: (-everyone[n], names.index(n)))[:5]
+    assert set(short) == set(expected)
+    again = {h["Host"]: h["Score"] for h in client.post(
+        "/prioritize", json=extender_args(unlimited, names=short)).get_json()}
+    assert again == {n: everyone[n] for n in short}
+
+
+def test_no_shortlist_for_pods_kube_scheduler_scores_by_their_own_preferences() -> None:
+    """A preferred node affinity (or pod affinity, or a ScheduleAnyway spread) is scored by
+    kube-scheduler's plugins over the nodes the filter names: such a pod gets every node that fits,
+    and so does a pod that is not a GPU job; with the shortlist off, everyone does."""
+    client, _, clock = make(filter_shortlist=3)
+    used = _many_nodes(client, clock, 12)
+    names = list(used)
+    prefers = pod("prefers", CNN_ANNOTATIONS)
+    prefers["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n011"]}]}}]}}
+    spreads = pod("spreads", CNN_ANNOTATIONS)
+    spreads["spec"]["topologySpreadConstraints"] = [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": {"matchLabels": {"app": "x"}}}]
+    strict = pod("strict", CNN_ANNOTATIONS)
+    strict["spec"]["topologySpreadConstraints"] = [{**spreads["spec"]["topologySpreadConstraints"][0],
+                                                    "whenUnsatisfiable": "DoNotSchedule"}]
+    for body, count in ((prefers, 12), (spreads, 12), (pod("web", {"app": "nginx"}), 12), (strict, 3),
+                        (pod("plain", CNN_ANNOTATIONS), 3)):
+        out = client.post("/filter", json=extender_args(body, names=names)).get_json()
+        assert len(out["NodeNames"]) == count, body["metadata"]["name"]
+    off, _, clock = make(filter_shortlist=0)
+    _many_nodes(off, clock, 12)
+    assert len(off.post("/filter", json=extender_args(pod("plain", CNN_ANNOTATIONS), names=names))
+               .get_json()["NodeNames"]) == 12
 
 
 def test_full_node_objects_mode_returns_node_objects() -> None:

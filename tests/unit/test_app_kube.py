@@ -217,3 +217,16 @@ def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
 
     assert [backoff_s(n, rng=lambda: 0.5) for n in (1, 2, 3, 7, 8, 50)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
     assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.8) and backoff_s(1, rng=lambda: 1.0) == pytest.approx(1.2)
+
+
+def test_the_connection_pool_holds_a_connection_per_request_thread_besides_the_watches() -> None:
+    """The client's default pool (5 per CPU) is smaller than the binds in flight at 100 pods/s: each
+    call beyond it opened a TLS connection that the pool then dropped."""
+    from extender.kube import POOL_SPARE
+
+    default = Configuration().connection_pool_maxsize
+    assert KubeCluster.pool_configuration(Configuration(), 0).connection_pool_maxsize == default
+    assert KubeCluster.pool_configuration(Configuration(), 32).connection_pool_maxsize == max(default, 32 + POOL_SPARE)
+    big = Configuration()
+    big.connection_pool_maxsize = 500
+    assert KubeCluster.pool_configuration(big, 32).connection_pool_maxsize == 500  # never made smaller

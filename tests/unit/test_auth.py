@@ -204,3 +204,21 @@ def test_a_bogus_token_flood_leaves_the_agents_and_the_filter_served() -> None:
     assert cluster.reviewer.most_in_flight <= MAX_CONCURRENT_REVIEWS
     assert set(statuses) <= {401, 503} and len(statuses) == 400
     assert max(latencies) < 1.0  # generous: the filter never waits for a review
+
+
+def test_a_successful_review_is_trusted_for_the_cache_time_less_a_share_drawn_per_token() -> None:
+    """Tokens reviewed together (agents' first reports after a start) are not reviewed again together."""
+    good = TokenIdentity(AGENT, "gpu-1", (AUDIENCE,))
+    reviewer = SlowReviewer({"a": good, "b": good}, delay_s=0.0)
+    now = [0.0]
+    draws = iter([0.0, 1.0, 0.5, 0.5])
+    auth = cluster_auth(reviewer, clock=lambda: now[0], rng=lambda: next(draws))
+    assert auth.authenticate("Bearer a").status == auth.authenticate("Bearer b").status == 200
+    now[0] = 44.0  # a is trusted for 60 s, b for 45 s
+    assert auth.authenticate("Bearer a").status == auth.authenticate("Bearer b").status == 200
+    assert reviewer.reviews == 2
+    now[0] = 46.0
+    assert auth.authenticate("Bearer b").status == 200 and reviewer.reviews == 3
+    assert auth.authenticate("Bearer a").status == 200 and reviewer.reviews == 3
+    now[0] = 61.0
+    assert auth.authenticate("Bearer a").status == 200 and reviewer.reviews == 4

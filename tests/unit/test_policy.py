@@ -35,6 +35,7 @@ from extender.policy import (
     priority_of,
     score_node,
     score_nodes,
+    shortlist,
 )
 from extender.policy.columnar import NodeMatrix, filter_matrix, fits_rows, fresh_rows, gpu_keys, score_matrix
 
@@ -490,3 +491,25 @@ def test_occupied_memory_counts_foreign_use_beside_reservations() -> None:
     assert occupied_mib_array(used, reserved, foreign).tolist() == [15360.0, 12000.0]
     gpu = GpuView("u", 0, 16384.0, used_mib=9216.0, reserved_mib=6144.0, foreign_mib=9216.0)
     assert gpu.free_mib == 1024.0
+
+
+def test_shortlist_keeps_the_best_scores_in_input_order_ties_to_the_earlier() -> None:
+    scores = [3, 9, 5, 9, 1, 5, 10, 5]
+    assert shortlist(scores, 3).tolist() == [1, 3, 6]
+    assert shortlist(scores, 5).tolist() == [1, 2, 3, 5, 6]  # the 5s at 2 and 5 before the one at 7
+    assert shortlist(scores, 0).tolist() == list(range(8))  # 0: off
+    assert shortlist(scores, 8).tolist() == shortlist(scores, 50).tolist() == list(range(8))
+    assert shortlist([], 4).tolist() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10), max_size=60), st.integers(0, 70))
+def test_shortlist_no_node_left_out_scores_above_one_kept(scores: list[int], keep: int) -> None:
+    """What the shortlist stands on: every node left out scores at most as high as every node kept,
+    and a node left out that ties one kept comes later in kube-scheduler's order."""
+    chosen = shortlist(scores, keep).tolist()
+    assert chosen == sorted(set(chosen)) and len(chosen) == (min(keep, len(scores)) if keep else len(scores))
+    left = [i for i in range(len(scores)) if i not in chosen]
+    for i in left:
+        for j in chosen:
+            assert scores[i] < scores[j] or (scores[i] == scores[j] and i > j)

@@ -26,6 +26,7 @@ from extender.protocol import (
     parse_pod,
     parse_preemption_args,
     preemption_result,
+    soft_preferences,
 )
 from tests.fixtures.kube.payloads import golden
 
@@ -185,3 +186,30 @@ def test_an_rfc3339_leap_second_is_a_time() -> None:
     """The schema says date-time (RFC 3339), which allows second 60; Python's datetime does not."""
     raw = {"Pod": {"metadata": {"name": "p", "creationTimestamp": "2016-12-31T23:59:60Z"}}, "NodeNames": []}
     assert parse_extender_args(raw).pod.created_s == 1483228799.0
+
+
+PREFERRED = [{"weight": 1, "preference": {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}}]
+
+
+@pytest.mark.parametrize(("spec", "soft"), [
+    (None, False),
+    ({}, False),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}},
+     False),
+    ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": PREFERRED}}}, True),
+    ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}}, False),
+    ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": PREFERRED}}}, True),
+    ({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": PREFERRED}}}, True),
+    ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}]}, False),
+    ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"},
+                                    {"maxSkew": 1, "topologyKey": "h", "whenUnsatisfiable": "ScheduleAnyway"}]}, True),
+    ({"affinity": "odd"}, True),  # a shape not understood: the full answer
+    ({"topologySpreadConstraints": {"not": "a list"}}, True),
+    ("odd", True),
+])
+def test_soft_preferences_are_the_ones_kube_scheduler_scores(spec: Any, soft: bool) -> None:
+    pod: dict[str, Any] = {"metadata": {"name": "p"}}
+    if spec is not None:
+        pod["spec"] = spec
+    assert soft_preferences(pod) is soft
+    assert soft_preferences(["not", "a pod"]) is True

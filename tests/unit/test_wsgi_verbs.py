@@ -89,7 +89,10 @@ def test_chunked_filter_is_answered(app: Any) -> None:
     out = orjson.loads(data)
     assert status.startswith("200") and headers["Content-Type"] == "application/json"
     assert headers["Content-Length"] == str(len(data))
-    assert out["NodeNames"] == ["n1"] and out["FailedAndUnresolvableNodes"] == {"n2": "no agent report"}
+    assert out["NodeNames"] == ["n1"] and out["FailedAndUnresolvableNodes"] == {}  # a node fits: no reasons
+    status, _, data = call(app, "POST", "/filter", orjson.dumps(extender_args(pod("p", CNN_ANNOTATIONS), ["n2"])),
+                           chunked=True)
+    assert orjson.loads(data)["FailedAndUnresolvableNodes"] == {"n2": "no agent report"}
 
 
 def test_full_node_objects_and_limits(app: Any) -> None:

@@ -151,6 +151,8 @@ mtls
       value: {{ .Values.scheduler.name | quote }}
     - name: DEEPRES_TELEMETRY_TTL_S
       value: {{ .Values.telemetry.ttlSeconds | quote }}
+    - name: DEEPRES_FILTER_SHORTLIST
+      value: {{ .Values.extender.filterShortlist | quote }}
     # Agents authenticate with projected tokens for this audience; only the agent ServiceAccount may report.
     - name: DEEPRES_TOKEN_AUDIENCE
       value: {{ .Values.agent.tokenAudience | quote }}
