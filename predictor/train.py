@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "real_jobs.csv.gz"
 DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
 CALIBRATION_CONSTANTS = REPO_ROOT / "predictor" / "dataset" / "calibration.json"
+SHAPES_FILE = "real_shapes.json"  # predictor.dataset.shapes.SHAPES_FILE (that module imports torch)
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
 #: Coverage the memory upper bound is calibrated to on the calibration fold (the admission bound
@@ -61,6 +62,10 @@ CV_FOLDS = 5
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
+#: Share of the architectures whose optional shape annotations (hidden-size, patch-size, vocab-size)
+#: are dropped from the rows a model fits, so that it learns both with and without them: a job that
+#: leaves them out is predicted as well as before they existed (`Dataset.fit_x`).
+SHAPES_DROPPED_SHARE = 0.5
 #: The smallest positive float: learned densities can be far below 1 (they are per input element).
 TINY = float(np.finfo(np.float64).tiny)
 
@@ -87,6 +92,26 @@ class Dataset:
     """The physics decomposition of every row (`predictor.features.decomposition`), calibrated."""
     physics_t: FloatArray
     """The targets as the physics models learn them (`terms.encode(y)`: activation and FLOPs densities)."""
+    physics_x_bare: feats.FeatureMatrix | None = None
+    """The physics features with the optional shape annotations left out (what a job without them reads)."""
+    shapes_dropped: npt.NDArray[np.bool_] | None = None
+    """Per row: its architecture is one whose shape annotations fits leave out (SHAPES_DROPPED_SHARE)."""
+
+    def fit_x(self, rows: npt.NDArray[np.int64]) -> FloatArray:
+        """Physics features of the rows a model fits: the shape annotations left out for the rows of
+        `shapes_dropped` architectures, kept for the others."""
+        full = self.physics_x.values[rows]
+        if self.physics_x_bare is None or self.shapes_dropped is None:
+            return full
+        out: FloatArray = np.where(self.shapes_dropped[rows, None], self.physics_x_bare.values[rows], full)
+        return out
+
+    def without_shapes(self) -> Dataset:
+        """The same rows as jobs that leave the optional shape annotations out (evaluated apart)."""
+        if self.physics_x_bare is None:
+            return self
+        cols = {**self.cols, **{c: np.zeros(self.n_rows) for c in feats.SHAPE_COLUMNS}}
+        return replace(self, cols=cols, physics_x=self.physics_x_bare)
 
     def terms_for(self, feature_set: str, rows: npt.NDArray[np.int64]) -> feats.Decomposition:
         """The decomposition a model of this feature set decodes with (identity for the paper's raw targets)."""
@@ -135,12 +160,49 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
     families = ok["family"].astype(str).to_numpy() if "family" in ok.columns else cols["model_type"].astype(str)
     y = ok[list(TARGETS)].to_numpy(dtype=np.float64)
     terms = feats.decomposition(cols, *memory_calibration())
+    names = ok["name"].astype(str).to_numpy() if "name" in ok.columns else np.asarray(groups, dtype=str)
+    if "name" in ok.columns and not any(c in ok.columns for c in feats.SHAPE_COLUMNS):
+        cols.update(shape_columns(cols, names, path.parent / SHAPES_FILE))
+        digest = hashlib.sha256(f"{digest}:shapes:{_file_sha(path.parent / SHAPES_FILE)}".encode()).hexdigest()
+    bare_cols = {**cols, **{c: np.zeros(len(y)) for c in feats.SHAPE_COLUMNS}}
+    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
+                          dtype=bool, count=len(names))
     return Dataset(
         cols=cols, seed_x=feats.seed_features(cols), physics_x=feats.physics_features(cols),
         y=y, sha256=digest, path=path,
         groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
-        terms=terms, physics_t=terms.encode(y),
+        terms=terms, physics_t=terms.encode(y), physics_x_bare=feats.physics_features(bare_cols),
+        shapes_dropped=dropped,
     )
+
+
+def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],
+                  table_path: Path) -> dict[str, FloatArray]:
+    """The optional shape annotations of each row's architecture (predictor/dataset/shapes.py's table
+    next to the dataset), 0 where the architecture has none or the table is absent. The table's
+    activation count is at the architecture's default input; a row at another input reads it scaled
+    as the README tells a user to scale a model card's figure: by the input units (pixels of an
+    image, tokens of a sequence; an MLP's count does not depend on its input features)."""
+    table = _read_shapes(table_path)
+    out = {c: np.asarray([float(table.get(str(n), {}).get(c, 0)) for n in names], dtype=np.float64)
+           for c in feats.SHAPE_COLUMNS}
+    default = np.asarray([float(table.get(str(n), {}).get("input_default", 0)) for n in names], dtype=np.float64)
+    at_default = feats.input_units({"input_dim": np.where(default > 0, default, 1.0), "model_type": cols["model_type"]})
+    out["activations_millions"] = out["activations_millions"] * feats.input_units(cols) / at_default
+    return out
+
+
+def _read_shapes(path: Path) -> dict[str, dict[str, float]]:
+    """predictor/dataset/shapes.py's table (name -> {attribute: value}); {} when absent. Read here
+    without importing that module (it builds models with torch)."""
+    if not path.is_file():
+        return {}
+    return {name: {k: float(v) for k, v in values.items()}
+            for name, values in json.loads(path.read_text())["architectures"].items()}
+
+
+def _file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "none"
 
 
 def memory_calibration() -> tuple[float, float]:
@@ -295,9 +357,9 @@ def _fit_learner(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: in
         config = tuned_config()
         epochs = max(1, round(config.epochs * epochs_scale))
         est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        return FittedModel(name, [est.fit(data.physics_x.values[rows], data.physics_t[rows])], "physics")
+        return FittedModel(name, [est.fit(data.fit_x(rows), data.physics_t[rows])], "physics")
     if name in BASELINES:
-        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[rows], data.physics_t[rows])
+        est_b = BaselineRegressor(name, settings, seed).fit(data.fit_x(rows), data.physics_t[rows])
         return FittedModel(name, [est_b], "physics")
     raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 

@@ -1,0 +1,110 @@
+"""The optional shape annotations (`hidden-size`, `patch-size`, `vocab-size`, `activations-millions`):
+parsing and errors, that leaving them out reads as before, the dataset's rule against published
+figures, and that the shipped predictor moves toward a traced label when it is told them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from extender.annotations import PREFIX, AnnotationError, parse_job
+from predictor import features as feats
+from predictor.spec import JobSpec, SpecError
+
+
+def test_shape_annotations_parse_and_round_trip() -> None:
+    spec = JobSpec.parse({"model-type": "vit", "hidden-size": "768", "patch-size": "16",
+                          "activations-millions": "16.5", "vocab-size": "32000"})
+    assert (spec.hidden_size, spec.patch_size, spec.activations_millions, spec.vocab_size) == (768, 16, 16.5, 32000)
+    assert JobSpec.parse(spec.to_annotations()) == spec
+    bare = JobSpec.parse({"model-type": "vit"})
+    assert (bare.hidden_size, bare.patch_size, bare.vocab_size, bare.activations_millions) == (0, 0, 0, 0.0)
+    assert not {"hidden-size", "patch-size", "vocab-size", "activations-millions"} & set(bare.to_annotations())
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("hidden-size", "wide"), ("hidden-size", "0"), ("patch-size", "-4"), ("vocab-size", "1.5"),
+    ("activations-millions", "lots"), ("activations-millions", "0"), ("activations-millions", "1e9"),
+])
+def test_a_malformed_shape_annotation_names_the_key(key: str, value: str) -> None:
+    with pytest.raises(AnnotationError) as err:
+        parse_job({PREFIX + "model-type": "cnn", PREFIX + key: value}, created_s=None, now_s=0.0)
+    assert PREFIX + key in str(err.value) and repr(value) in str(err.value)
+    if value != "0":
+        with pytest.raises(SpecError, match=key):
+            JobSpec.parse({"model-type": "cnn", key: value})
+
+
+def test_leaving_them_out_reads_as_the_rows_trained_without_them() -> None:
+    """The shape columns of a job without the annotations are all 0 (flags included) and the other
+    features do not depend on them: such a job is one of the rows fits saw with them dropped."""
+    common = {"model-type": "gpt", "params-millions": "124", "num-layers": "12", "input-dim": "1024"}
+    with_shapes = JobSpec.parse({**common, "hidden-size": "768", "vocab-size": "50257", "activations-millions": "160"})
+    without = JobSpec.parse(common)
+    x = feats.physics_features(feats.columns_from_specs([with_shapes, without]))
+    shape_cols = [x.names.index(n) for n in feats.SHAPE_NAMES]
+    other = [i for i in range(x.values.shape[1]) if i not in shape_cols]
+    assert np.array_equal(x.values[0, other], x.values[1, other])
+    assert not x.values[1, shape_cols].any()
+    assert x.values[0, [x.names.index("hidden_given"), x.names.index("vocab_given"),
+                        x.names.index("activations_given")]].tolist() == [1.0, 1.0, 1.0]
+    assert x.values[0, x.names.index("patch_given")] == 0.0  # patch-size counts for image models only
+
+
+def test_the_activation_count_rule_gives_timm_model_cards_figures() -> None:
+    """The dataset's `activations-millions` rule against the "Activations (M)" that timm's published
+    model cards list (Hugging Face hub, timm/<name>): resnet50 11.1, efficientnet_b0 6.7,
+    vit_base_patch16_224 16.5, convnext_tiny 13.4 (images of 224 px)."""
+    pytest.importorskip("timm")
+    from predictor.dataset import archs as A
+    from predictor.dataset import shapes
+
+    cards = {"timm/resnet50": 11.1, "timm/efficientnet_b0": 6.7, "timm/vit_base_patch16_224": 16.5,
+             "timm/convnext_tiny": 13.4}
+    by_name = {a.name: a for a in A.timm_archs() if a.name in cards}
+    for name, card in cards.items():
+        got = shapes.shapes_of(by_name[name])
+        assert got["activations_millions"] == pytest.approx(card, abs=0.05), name
+    assert {k: got[k] for k in ("hidden_size", "patch_size")} == {"hidden_size": 96, "patch_size": 4}  # convnext_tiny
+
+
+def _cnn(stem_stride: int) -> nn.Module:
+    """Two hand-written CNNs of the same parameters and weight layers: one downsamples at once, one
+    keeps the full resolution through its first block (four times the activations per image there)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, stride=stem_stride, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.Conv2d(128, 256, 3, stride=2, padding=1), nn.BatchNorm2d(256), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 1000))
+
+
+def test_the_activation_count_moves_the_shipped_prediction_toward_the_traced_label() -> None:
+    """Two CNNs the data scientist would annotate alike (same family, parameters, layers, batch and
+    input) differ in traced memory; with `activations-millions` (counted by the dataset's rule) the
+    shipped predictor's answers move toward each one's traced label, and their ratio toward the traced ratio."""
+    from predictor import profile
+    from predictor.dataset.shapes import activations_millions
+    from predictor.runtime import Predictor
+
+    predictor = Predictor.load()
+    traced, plain, told = [], [], []
+    for stride in (2, 1):
+        model = _cnn(stride)
+        batch = (torch.empty(64, 3, 224, 224), torch.empty(64, dtype=torch.long))
+        prof = profile.profile_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch,
+                                    nn.functional.cross_entropy, precision="amp", model_type="cnn")
+        count = activations_millions(model.to("meta"), lambda dtype: (torch.empty(1, 3, 224, 224), None))
+        annotations = {"model-type": "cnn", "params-millions": f"{prof.params_millions:.3f}", "batch-size": "64",
+                       "input-dim": "224", "num-layers": "5", "precision": "amp", "optimizer": "sgd"}
+        traced.append(prof.memory_mib)
+        plain.append(predictor.predict(JobSpec.parse(annotations)).memory_mib)
+        told.append(predictor.predict(JobSpec.parse({**annotations,
+                                                     "activations-millions": f"{count:.3f}"})).memory_mib)
+    assert plain[0] == plain[1]  # the family fields cannot tell them apart
+    assert traced[1] > 1.5 * traced[0]
+    for k in (0, 1):
+        assert abs(told[k] - traced[k]) < abs(plain[k] - traced[k]), (k, traced, plain, told)
+    assert told[1] / told[0] > 1.2
