@@ -407,7 +407,8 @@ def _tune_baselines(data: Dataset, split: Split, names: list[str], args: argpars
     chosen = {}
     for name in names:
         targets = data.physics_t  # what the baselines learn (densities of the decomposition)
-        chosen[name] = tune(name, data.fit_x(fit_rows), targets[fit_rows], x[cal_rows], targets[cal_rows], args.seed)
+        chosen[name] = tune(name, data.fit_x(fit_rows), data.fit_t(fit_rows), x[cal_rows], targets[cal_rows],
+                            args.seed)
         print(f"tuned {name}: {chosen[name]} ({time.perf_counter() - started:.0f}s)", flush=True)
     return chosen
 

@@ -327,8 +327,11 @@ def input_units(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
 
 
 def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0,
-                  factor: float = 1.0) -> Decomposition:
-    """The `Decomposition` of each job (pure arithmetic on its annotations)."""
+                  factor: float = 1.0, *, shapes: bool = True) -> Decomposition:
+    """The `Decomposition` of each job (pure arithmetic on its annotations). A job that states its
+    activation count (`activations-millions`, and `shapes`) has the activation scale batch x that count
+    (the learned density is then bytes per counted activation, ACTIVATION_COUNT_UNIT of them a MiB);
+    the others batch x input units x sqrt(params x layers)."""
     params = np.asarray(cols["params_millions"], dtype=np.float64)
     batch = np.asarray(cols["batch_size"], dtype=np.float64)
     layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
@@ -336,7 +339,16 @@ def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0
     states = 1.0 + _lookup(cols["optimizer"], _OPTIMIZER_STATES, "optimizer")
     fixed = params * 1e6 * state_bytes * states / MIB
     units = batch * input_units(cols)
-    return Decomposition(fixed, units * np.sqrt(params * layers), units * params, (context_mib, factor))
+    act_scale = units * np.sqrt(params * layers)
+    if shapes and "activations_millions" in cols:
+        counted = np.asarray(cols["activations_millions"], dtype=np.float64)
+        act_scale = np.where(counted > 0, batch * counted * ACTIVATION_COUNT_UNIT, act_scale)
+    return Decomposition(fixed, act_scale, units * params, (context_mib, factor))
+
+
+#: Counted activations per million (`activations-millions` is in millions): the learned density of a
+#: job that states its count is MiB per counted activation (~1e-5), of the order of the others' densities.
+ACTIVATION_COUNT_UNIT = 1e6
 
 
 def _lookup(values: npt.NDArray[Any], table: Mapping[str, float], column: str) -> FloatArray:
@@ -406,7 +418,9 @@ def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition 
     change neither the per-step memory nor the per-step FLOPs. `terms`: the columns' decomposition
     when the caller has it already (the runtime needs it to decode anyway).
     """
-    terms = terms if terms is not None else decomposition(cols)
+    # the columns besides the shape annotations' own read the decomposition without them, so a job
+    # that leaves them out reads exactly as one that states them in every other column
+    terms = decomposition(cols, shapes=False) if terms is None or "activations_millions" in cols else terms
     params = np.asarray(cols["params_millions"], dtype=np.float64)
     layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
     batch = np.asarray(cols["batch_size"], dtype=np.float64)

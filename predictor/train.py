@@ -94,6 +94,8 @@ class Dataset:
     """The targets as the physics models learn them (`terms.encode(y)`: activation and FLOPs densities)."""
     physics_x_bare: feats.FeatureMatrix | None = None
     """The physics features with the optional shape annotations left out (what a job without them reads)."""
+    terms_bare: feats.Decomposition | None = None
+    """The decomposition of the same jobs without the shape annotations (a stated activation count sets the scale)."""
     shapes_dropped: npt.NDArray[np.bool_] | None = None
     """Per row: its architecture is one whose shape annotations fits leave out (SHAPES_DROPPED_SHARE)."""
 
@@ -106,12 +108,22 @@ class Dataset:
         out: FloatArray = np.where(self.shapes_dropped[rows, None], self.physics_x_bare.values[rows], full)
         return out
 
+    def fit_t(self, rows: npt.NDArray[np.int64]) -> FloatArray:
+        """The physics targets of the rows a model fits, each in the decomposition its features read (`fit_x`)."""
+        if self.terms_bare is None or self.shapes_dropped is None:
+            return self.physics_t[rows]
+        out: FloatArray = np.where(self.shapes_dropped[rows, None], self.terms_bare.take(rows).encode(self.y[rows]),
+                                   self.physics_t[rows])
+        return out
+
     def without_shapes(self) -> Dataset:
         """The same rows as jobs that leave the optional shape annotations out (evaluated apart)."""
-        if self.physics_x_bare is None:
+        if self.physics_x_bare is None or self.terms_bare is None:
             return self
         cols = {**self.cols, **{c: np.zeros(self.n_rows) for c in feats.SHAPE_COLUMNS}}
-        return replace(self, cols=cols, physics_x=self.physics_x_bare)
+        return replace(self, cols=cols, physics_x=self.physics_x_bare, terms=self.terms_bare,
+                       physics_t=self.terms_bare.encode(self.y), physics_x_bare=None, terms_bare=None,
+                       shapes_dropped=None)
 
     def terms_for(self, feature_set: str, rows: npt.NDArray[np.int64]) -> feats.Decomposition:
         """The decomposition a model of this feature set decodes with (identity for the paper's raw targets)."""
@@ -159,12 +171,12 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
         groups = np.asarray([f"row{i}" for i in range(len(ok))])
     families = ok["family"].astype(str).to_numpy() if "family" in ok.columns else cols["model_type"].astype(str)
     y = ok[list(TARGETS)].to_numpy(dtype=np.float64)
-    terms = feats.decomposition(cols, *memory_calibration())
     names = ok["name"].astype(str).to_numpy() if "name" in ok.columns else np.asarray(groups, dtype=str)
     if "name" in ok.columns and not any(c in ok.columns for c in feats.SHAPE_COLUMNS):
         cols.update(shape_columns(cols, names, path.parent / SHAPES_FILE))
         digest = hashlib.sha256(f"{digest}:shapes:{_file_sha(path.parent / SHAPES_FILE)}".encode()).hexdigest()
     bare_cols = {**cols, **{c: np.zeros(len(y)) for c in feats.SHAPE_COLUMNS}}
+    terms = feats.decomposition(cols, *memory_calibration())
     dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
                           dtype=bool, count=len(names))
     return Dataset(
@@ -172,7 +184,7 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
         y=y, sha256=digest, path=path,
         groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
         terms=terms, physics_t=terms.encode(y), physics_x_bare=feats.physics_features(bare_cols),
-        shapes_dropped=dropped,
+        terms_bare=feats.decomposition(bare_cols, *memory_calibration()), shapes_dropped=dropped,
     )
 
 
@@ -283,8 +295,10 @@ class FittedModel:
 
 
 def target_ranges(data: Dataset, feature_set: str, rows: npt.NDArray[np.int64]) -> dict[str, list[list[float]]]:
-    """Per family, the lowest and highest learned target over `rows` (what `clip_bounds` holds predictions to)."""
-    targets, families = data.targets_for(feature_set)[rows], data.families[rows]
+    """Per family, the lowest and highest learned target over `rows` (what `clip_bounds` holds predictions
+    to): of the targets as fitted (`Dataset.fit_t`: with or without the shape annotations)."""
+    targets = data.fit_t(rows) if feature_set == "physics" else data.targets_for(feature_set)[rows]
+    families = data.families[rows]
     return {str(f): [targets[families == f].min(axis=0).tolist(), targets[families == f].max(axis=0).tolist()]
             for f in sorted(set(families.tolist()))}
 
@@ -357,9 +371,9 @@ def _fit_learner(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: in
         config = tuned_config()
         epochs = max(1, round(config.epochs * epochs_scale))
         est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        return FittedModel(name, [est.fit(data.fit_x(rows), data.physics_t[rows])], "physics")
+        return FittedModel(name, [est.fit(data.fit_x(rows), data.fit_t(rows))], "physics")
     if name in BASELINES:
-        est_b = BaselineRegressor(name, settings, seed).fit(data.fit_x(rows), data.physics_t[rows])
+        est_b = BaselineRegressor(name, settings, seed).fit(data.fit_x(rows), data.fit_t(rows))
         return FittedModel(name, [est_b], "physics")
     raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 
