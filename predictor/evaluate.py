@@ -36,9 +36,11 @@ from predictor.train import (
     DEFAULT_MAX_ROWS,
     MODELS,
     REPO_ROOT,
-    UPPER_COVERAGE,
     Dataset,
     DatasetError,
+    add_coverage_argument,
+    at_coverage,
+    check_coverage,
     fit_model,
     load_dataset,
 )
@@ -59,9 +61,14 @@ NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgbm", "catboost")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
-CACHE_VERSION = 3
+CACHE_VERSION = 5
 #: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
 BOUND_CHOICE_VERSION = 1
+
+
+#: Coverages the bound is also recalibrated to (same fits, same held-out jobs) for the trade-off
+#: curve: `splits.<split>.coverage_curve.<model>` in reports/predictor.json.
+CURVE_COVERAGES: tuple[float, ...] = (0.90, 0.95, 0.97)
 
 
 class Predictions:
@@ -71,11 +78,25 @@ class Predictions:
         self.rows: list[npt.NDArray[np.int64]] = []
         self.points: list[FloatArray] = []
         self.upper: list[FloatArray] = []
+        self.curve: list[FloatArray] = []  # (len(CURVE_COVERAGES), n) bounds per fold
 
-    def add(self, rows: npt.NDArray[np.int64], points: FloatArray, upper: FloatArray) -> None:
+    def add(self, rows: npt.NDArray[np.int64], points: FloatArray, upper: FloatArray,
+            curve: FloatArray | None = None) -> None:
         self.rows.append(rows)
         self.points.append(points)
         self.upper.append(upper)
+        if curve is not None:
+            self.curve.append(curve)
+
+    def coverage_curve(self, data: Dataset) -> list[dict[str, float]]:
+        """Under-rate and over-reservation of the pooled test rows at each of CURVE_COVERAGES ([] if unknown)."""
+        if not self.curve or len(self.curve) != len(self.rows):
+            return []
+        truth = data.y[np.concatenate(self.rows), 0]
+        bounds = np.concatenate(self.curve, axis=1)
+        return [{"coverage": c, "under_rate": round(under_rate(truth, b), 6),
+                 "over_reservation": round(over_reservation(truth, b), 6)}
+                for c, b in zip(CURVE_COVERAGES, bounds, strict=True)]
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray]:
         return np.concatenate(self.rows), np.concatenate(self.points), np.concatenate(self.upper)
@@ -134,6 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the same on the leave-family-out folds (default %(default)s)")
     parser.add_argument("--random-cv-folds", type=int, default=1,
                         help="the same on the random split (default %(default)s: one held-out calibration fold)")
+    add_coverage_argument(parser)
     parser.add_argument("--no-tune", action="store_true", help="skip the baselines' grid (use the first setting)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="artifact whose runtime is measured (default: the shipped one)")
@@ -158,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     models = _names(args.models, MODELS, "--models")
     family_models = models if args.family_models == "all" else _names(args.family_models, MODELS, "--family-models")
     split_names = _names(args.splits, SPLITS, "--splits")
+    check_coverage(args.coverage)
     for flag, value in (("--epochs-scale", args.epochs_scale), ("--fold-epochs-scale", args.fold_epochs_scale)):
         if not 0 < value <= 1:
             raise UsageError(f"{flag} must be in (0, 1], got {value}")
@@ -197,20 +220,25 @@ def run(args: argparse.Namespace) -> int:
         for split in splits:
             for model_name in names:
                 t0 = time.perf_counter()
-                key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds])
+                key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds],
+                                 args.coverage)
                 hit = _cache_load(cache, key, split.test)
                 bare_hit = _cache_load(cache, key + "-bare", split.test)
                 if hit is None or bare_hit is None:
                     model = fit_model(model_name, data, split, args.seed, epochs_scale=scale,
-                                      settings=settings.get(model_name), cv_folds=cv_folds)
+                                      settings=settings.get(model_name), cv_folds=cv_folds, coverage=args.coverage)
                     points, upper = model.predict(data, split.test)
-                    _cache_save(cache, key, points, upper)
-                    bare_hit = model.predict(bare, split.test)  # the same jobs without the shape annotations
-                    _cache_save(cache, key + "-bare", *bare_hit)
+                    bounds = np.stack([at_coverage(model, data, c).predict(data, split.test)[1]
+                                       for c in CURVE_COVERAGES])
+                    _cache_save(cache, key, points, upper, bounds)
+                    curve: FloatArray | None = bounds
+                    bare_points, bare_upper = model.predict(bare, split.test)  # the same jobs without shapes
+                    _cache_save(cache, key + "-bare", bare_points, bare_upper, np.zeros(0))
                 else:
-                    points, upper = hit
-                predictions[split_name][model_name].add(split.test, points, upper)
-                predictions_bare[split_name][model_name].add(split.test, *bare_hit)
+                    points, upper, curve = hit
+                    bare_points, bare_upper, _ = bare_hit
+                predictions[split_name][model_name].add(split.test, points, upper, curve)
+                predictions_bare[split_name][model_name].add(split.test, bare_points, bare_upper)
                 done += 1
                 one = Predictions()
                 one.add(split.test, points, upper)
@@ -235,10 +263,13 @@ def run(args: argparse.Namespace) -> int:
             runtime = json.loads((args.out / "predictor.json").read_text()).get("runtime")
         except (OSError, ValueError, AttributeError):
             runtime = None
+    curves = {split: {m: p.coverage_curve(data) for m, p in by_model.items()}
+              for split, by_model in predictions.items()}
     report = build_json(results, by_family, {"grouped": len(grouped.test), "grouped_train": len(grouped.train)},
                         _calibration(args.out), _exact(cache, args.exact_runs) if args.exact_runs else
-                        {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime)
-    add_without_shapes(report, build_json(results_bare, by_family_bare, {}, {}, {}, None))
+                        {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime,
+                        args.coverage, curves)
+    add_without_shapes(report, build_json(results_bare, by_family_bare, {}, {}, {}, None, args.coverage))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "predictor.json").write_text(json.dumps(report, indent=2) + "\n")
     elapsed = time.perf_counter() - started
@@ -250,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         "cv_folds": args.cv_folds, "fold_cv_folds": args.fold_cv_folds,
         "random_cv_folds": args.random_cv_folds,
         "family_models": family_models, "max_rows": args.max_rows,
-        "families": sorted(set(data.report_families.tolist())), "coverage": UPPER_COVERAGE,
+        "families": sorted(set(data.report_families.tolist())), "coverage": args.coverage,
     }
     from predictor.report import write_markdown, write_plots
 
@@ -265,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
 def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
                by_family: dict[str, dict[str, dict[str, dict[str, float]]]], n_test: dict[str, int],
                calibration: dict[str, float | None], exact: dict[str, Any],
-               runtime: dict[str, Any] | None) -> dict[str, Any]:
+               runtime: dict[str, Any] | None, coverage: float,
+               curves: dict[str, dict[str, list[dict[str, float]]]] | None = None) -> dict[str, Any]:
     """The issue's shape: splits.<split>.memory.<model>.<metric>, plus per-family, exact and runtime sections."""
     splits: dict[str, Any] = {}
     for split_name, by_model in results.items():
@@ -281,8 +313,10 @@ def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
         }
         if split_name in n_test:
             splits[split_name]["n_test"] = n_test[split_name]
+        if curves and curves.get(split_name):
+            splits[split_name]["coverage_curve"] = {m: c for m, c in curves[split_name].items() if c}
     return {"splits": splits, "exact": exact, "runtime": runtime or {"imports_torch": None, "p99_ms": None},
-            "calibration": calibration, "upper_coverage": UPPER_COVERAGE}
+            "calibration": calibration, "upper_coverage": coverage}
 
 
 def add_without_shapes(report: dict[str, Any], bare: dict[str, Any]) -> None:
@@ -298,28 +332,33 @@ def _finite(value: float) -> float | None:
     return round(float(value), 6) if np.isfinite(value) else None
 
 
-def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any) -> str:
+def _cache_key(data: Dataset, model: str, split: Split, seed: int, scale: float, settings: Any,
+               coverage: float) -> str:
     test = hashlib.sha256(np.asarray(split.test, dtype=np.int64).tobytes()).hexdigest()[:16]
     version = [CACHE_VERSION, BOUND_CHOICE_VERSION] if model == "transformer_bigru_tuned" else CACHE_VERSION
-    text = json.dumps([version, data.sha256, model, split.name, test, seed, scale, UPPER_COVERAGE,
+    text = json.dumps([version, data.sha256, model, split.name, test, seed, scale, coverage,
                        CALIBRATION_FRACTION, settings], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _cache_load(cache: Path, key: str, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray] | None:
+def _cache_load(cache: Path, key: str,
+                rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray, FloatArray | None] | None:
     path = cache / f"{key}.npz"
     try:
         with np.load(path, allow_pickle=False) as archive:
             points, upper = np.asarray(archive["points"]), np.asarray(archive["upper"])
+            curve = np.asarray(archive["curve"]) if "curve" in archive.files else None
     except (OSError, KeyError, ValueError):
         return None
-    return (points, upper) if len(points) == len(rows) == len(upper) else None
+    if curve is not None and curve.shape != (len(CURVE_COVERAGES), len(rows)):
+        curve = None
+    return (points, upper, curve) if len(points) == len(rows) == len(upper) else None
 
 
-def _cache_save(cache: Path, key: str, points: FloatArray, upper: FloatArray) -> None:
+def _cache_save(cache: Path, key: str, points: FloatArray, upper: FloatArray, curve: FloatArray) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"{key}.tmp.npz"
-    np.savez(tmp, points=points, upper=upper)
+    np.savez(tmp, points=points, upper=upper, curve=curve)
     tmp.replace(cache / f"{key}.npz")
 
 

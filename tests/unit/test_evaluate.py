@@ -41,6 +41,16 @@ def test_report_has_the_issue_keys(evaluated: tuple[Path, str]) -> None:
         assert 0.0 <= memory["under_rate"] <= 1.0 and memory["p90_abs_rel_err"] >= memory["median_abs_rel_err"]
         assert "rmse" in report["splits"]["random"]["memory"][model]
     assert set(report["splits"]["leave_family_out"]["memory"]) == {"transformer_bigru_tuned"}
+    # the coverage trade-off: the same fits recalibrated; the run's own coverage gives the reported figures
+    for split in ("grouped", "leave_family_out"):
+        curve = report["splits"][split]["coverage_curve"]["transformer_bigru_tuned"]
+        assert [c["coverage"] for c in curve] == [0.90, 0.95, 0.97] == sorted({0.90, 0.95, 0.97})
+        unders, overs = [c["under_rate"] for c in curve], [c["over_reservation"] for c in curve]
+        assert unders == sorted(unders, reverse=True) and overs == sorted(overs)
+        at_run = next(c for c in curve if c["coverage"] == report["upper_coverage"])
+        memory = report["splits"][split]["memory"]["transformer_bigru_tuned"]
+        assert at_run["under_rate"] == pytest.approx(memory["under_rate"], abs=1e-6)
+        assert at_run["over_reservation"] == pytest.approx(memory["over_reservation"], abs=1e-5)
     # leave-family-out folds follow the `family` column, not model_type
     assert "vision" in report["splits"]["leave_family_out"]["memory_by_family"]
     assert set(report["exact"]) >= {"median_abs_rel_err", "under_rate"}

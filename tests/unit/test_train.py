@@ -91,3 +91,43 @@ def test_the_bound_keeps_the_base_that_reserves_less(tmp_path: Path) -> None:
     tight = truth * 1.02
     set_margins(model, data, rows, point, tight, 0.9)
     assert model.bound_source == "quantile"
+
+
+def test_margins_cover_held_out_rows_at_the_stated_rate_with_heteroscedastic_errors(tmp_path: Path) -> None:
+    """Split conformal per family on a synthetic set whose families err by very different amounts:
+    every family's bound covers the stated share of fresh jobs drawn the same way (not only of the
+    calibration rows), a quiet family gets a smaller margin than a noisy one, and out-of-range rows
+    (huge errors) do not set the margins of the in-range jobs."""
+    data = load_dataset(_frame_with_groups(tmp_path, 3000))
+    rows = np.arange(data.n_rows, dtype=np.int64)
+    truth = data.physics_t[:, 0]
+    families = data.families.astype(str)
+    names = sorted(set(families.tolist()))
+    sigma = np.asarray([0.05 + 0.6 * names.index(f) / (len(names) - 1) for f in families])  # 0.05 .. 0.65
+
+    def draw(seed: int) -> np.ndarray:
+        return truth * np.exp(-np.random.default_rng(seed).normal(0.0, sigma))  # log(truth/point) ~ N(0, sigma)
+
+    point = draw(1)
+    out = np.random.default_rng(2).random(len(rows)) < 0.15
+    point[out] = truth[out] * np.exp(-8.0)  # the fit never saw these: 3000x under
+    coverage = 0.9
+    model = FittedModel("m", [], "physics")
+    set_margins(model, data, rows, point, None, coverage, in_range=~out)
+    assert model.coverage == coverage and model.bound_source == "point"
+    quiet, noisy = names[0], names[-1]
+    assert model.family_shifts[quiet] < 0.2 < 0.5 < model.family_shifts[noisy]
+    assert model.memory_shift < 2.0  # pooled with the out-of-range rows it would be 8
+    # a family never trained on is like the out-of-range rows: its margin is over all of them
+    assert model.unseen_shift is not None and model.unseen_shift > 7.0
+    fresh = draw(3)
+    for family in names:
+        m = families == family
+        shift = model.family_shifts.get(family, model.memory_shift)
+        assert np.mean(fresh[m] * np.exp(shift) >= truth[m]) >= coverage - 0.07, family
+    margins = np.asarray([model.family_shifts.get(f, model.memory_shift) for f in families])
+    assert np.mean(fresh * np.exp(margins) >= truth) >= coverage - 0.02
+    # the same rows without the in-range mark: the out-of-range rows' errors dominate every margin
+    pooled = FittedModel("m", [], "physics")
+    set_margins(pooled, data, rows, point, None, coverage)
+    assert pooled.family_shifts[quiet] > 7.0
