@@ -264,6 +264,11 @@ class FittedModel:
     held_out: tuple[npt.NDArray[np.int64], FloatArray, FloatArray | None, npt.NDArray[np.bool_] | None] | None = None
     """What the margins were calibrated on (`set_margins`' rows, point, quantile, in_range): `at_coverage`
     recalibrates from it without refitting. Not saved in the artifact."""
+    without_shapes: FittedModel | None = None
+    """The same estimators with margins calibrated on held-out predictions made without the optional
+    shape annotations (`shaped_margins`): the bound of a job that does not state `activations-millions`.
+    Its errors are those of the network without them, larger than with them: one set of margins
+    calibrated on jobs that state the count would under-cover the jobs that do not."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -274,7 +279,17 @@ class FittedModel:
 
     def decode(self, x: FloatArray, families: npt.NDArray[Any], terms: feats.Decomposition,
                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition."""
+        """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition; rows
+        that do not state the activation count take the bound of `without_shapes`."""
+        points, upper = self._decode(x, families, terms, factors)
+        if self.without_shapes is not None and self.feature_set == "physics":
+            stated = x[:, feats.PHYSICS_NAMES.index("activations_given")] > 0
+            if not stated.all():
+                upper = np.where(stated, upper, self.without_shapes._decode(x, families, terms, factors)[1])
+        return points, upper
+
+    def _decode(self, x: FloatArray, families: npt.NDArray[Any], terms: feats.Decomposition,
+                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
         points_t, base = self.raw(x, families)
         shift = np.asarray([margin_for(str(f), self.family_shifts, self.memory_shift, self.unseen_shift, self.ranges)
                             for f in families], dtype=np.float64)
@@ -332,7 +347,30 @@ def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64]
     x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
     points, quantile = model.raw_both(x, data.families[cal_rows])
     in_range = None if fit_ranges is None else range_factors(data, cal_rows, fit_ranges) == 1.0
-    set_margins(model, data, cal_rows, points[:, 0], quantile, coverage, in_range)
+    bare = _without_shapes_predictions(model, data, cal_rows)
+    shaped_margins(model, data, cal_rows, (points[:, 0], quantile), bare, coverage, in_range)
+
+
+def _without_shapes_predictions(model: FittedModel, data: Dataset,
+                                rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray | None] | None:
+    """(point, quantile) of `rows` read without the shape annotations; None where there are none to drop."""
+    if model.feature_set != "physics" or data.physics_x_bare is None:
+        return None
+    points, quantile = model.raw_both(data.physics_x_bare.values[rows], data.families[rows])
+    return points[:, 0], quantile
+
+
+def shaped_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64],
+                   stated: tuple[FloatArray, FloatArray | None], bare: tuple[FloatArray, FloatArray | None] | None,
+                   coverage: float, in_range: npt.NDArray[np.bool_] | None) -> None:
+    """`set_margins` twice, Mondrian on whether a job states its activation count: on the held-out
+    predictions as the rows are annotated (the model's own margins) and on the same rows read without
+    the shape annotations (`model.without_shapes`'s)."""
+    if bare is not None:
+        twin = replace(model, family_shifts={}, without_shapes=None)
+        set_margins(twin, data.without_shapes(), rows, bare[0], bare[1], coverage, in_range)
+        model.without_shapes = twin
+    set_margins(model, data, rows, stated[0], stated[1], coverage, in_range)
 
 
 def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], point: FloatArray,
@@ -394,6 +432,8 @@ def at_coverage(model: FittedModel, data: Dataset, coverage: float) -> FittedMod
         raise ValueError(f"{model.name} has no calibration scores to recalibrate from")
     other = replace(model, family_shifts={})
     set_margins(other, data, *model.held_out[:3], coverage, model.held_out[3])
+    if model.without_shapes is not None:
+        other.without_shapes = at_coverage(model.without_shapes, data.without_shapes(), coverage)
     return other
 
 
@@ -459,6 +499,9 @@ def fit_model(
         point = np.empty(len(train))
         in_range = np.empty(len(train), dtype=bool)
         quantile: FloatArray | None = None
+        bare_point = np.empty(len(train))
+        bare_quantile: FloatArray | None = None
+        has_bare = False
         for fold in grouped_folds(train, data.groups, cv_folds, seed):
             inner_rows = np.setdiff1d(train, fold)
             inner = _fit_estimators(name, data, inner_rows, seed, epochs_scale, settings, None)
@@ -470,13 +513,23 @@ def fit_model(
             if upper is not None:
                 quantile = np.empty(len(train)) if quantile is None else quantile
                 quantile[at] = upper
+            bare_fold = _without_shapes_predictions(inner, data, fold)
+            if bare_fold is not None:
+                has_bare = True
+                bare_point[at] = bare_fold[0]
+                if bare_fold[1] is not None:
+                    bare_quantile = np.empty(len(train)) if bare_quantile is None else bare_quantile
+                    bare_quantile[at] = bare_fold[1]
         model = _fit_estimators(name, data, train, seed, epochs_scale, settings, progress)
-        set_margins(model, data, train, point, quantile, coverage, in_range)
+        shaped_margins(model, data, train, (point, quantile), (bare_point, bare_quantile) if has_bare else None,
+                       coverage, in_range)
     else:
         fit_rows, cal_rows = grouped_calibration_split(train, data.groups, CALIBRATION_FRACTION, seed)
         model = _fit_estimators(name, data, fit_rows, seed, epochs_scale, settings, progress)
         calibrate(model, data, cal_rows, coverage, input_ranges(data, fit_rows))
     model.ranges = input_ranges(data, train)
+    if model.without_shapes is not None:
+        model.without_shapes.ranges = model.ranges
     return model
 
 
@@ -526,6 +579,9 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
         "memory_upper_shift_unseen_family": model.unseen_shift,
+        "memory_upper_without_shapes": None if model.without_shapes is None else {
+            "base": model.without_shapes.bound_source, "shift": model.without_shapes.memory_shift,
+            "by_family": model.without_shapes.family_shifts, "unseen_family": model.without_shapes.unseen_shift},
         "memory_upper_base": model.bound_source,
         "target_ranges": model.target_ranges,
         "memory_calibration": dict(zip(("context_mib", "factor"), data.terms.calibration, strict=True)),
