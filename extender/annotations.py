@@ -20,7 +20,6 @@ from extender.policy.types import CRITICALITIES
 from predictor.spec import (
     ACTIVATIONS_MILLIONS_RANGE,
     BATCH_SIZE_RANGE,
-    HIDDEN_SIZE_RANGE,
     INPUT_DIM_RANGE,
     ITERATIONS_RANGE,
     JOB_KEYS,
@@ -29,10 +28,8 @@ from predictor.spec import (
     NUM_LAYERS_RANGE,
     OPTIMIZERS,
     PARAMS_MILLIONS_RANGE,
-    PATCH_SIZE_RANGE,
     PRECISIONS,
     TRACED_PEAK_RANGE_MIB,
-    VOCAB_SIZE_RANGE,
     JobSpec,
     SpecError,
 )
@@ -49,8 +46,7 @@ MAX_DEADLINE_S = 366 * 86400.0
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
 #: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
 #: default, so a pod saying `input-dim: 0` would silently be planned as another job.
-EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "hidden-size", "patch-size", "vocab-size",
-                                  "activations-millions")
+EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "activations-millions")
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -88,10 +84,7 @@ ACCEPTED: dict[str, Accepted] = {
     "data-augmentation": Accepted("bool"),
     "model": Accepted("architecture"),
     "traced-peak-mib": Accepted("number", *TRACED_PEAK_RANGE_MIB),
-    # optional shape annotations: written values start at 1 (JobSpec reads 0 as "not given")
-    "hidden-size": Accepted("integer", 1, HIDDEN_SIZE_RANGE[1]),
-    "patch-size": Accepted("integer", 1, PATCH_SIZE_RANGE[1]),
-    "vocab-size": Accepted("integer", 1, VOCAB_SIZE_RANGE[1]),
+    # optional; a written value is above 0 (JobSpec reads 0 as "not given")
     "activations-millions": Accepted("number", *ACTIVATIONS_MILLIONS_RANGE, low_open=True),
     "gpus": Accepted("integer", 1, MAX_GPUS),
     "deadline": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),

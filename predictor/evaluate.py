@@ -320,8 +320,8 @@ def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
 
 
 def add_without_shapes(report: dict[str, Any], bare: dict[str, Any]) -> None:
-    """Put the figures of the same test jobs without the optional shape annotations (hidden-size,
-    patch-size, vocab-size: what a user who leaves them out meets) next to each split's own, under
+    """Put the figures of the same test jobs without the optional activation count (`activations-millions`:
+    what a user who leaves it out meets) next to each split's own, under
     `memory_without_shapes` and `memory_by_family_without_shapes`."""
     for split_name, figures in bare["splits"].items():
         report["splits"][split_name]["memory_without_shapes"] = figures["memory"]

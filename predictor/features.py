@@ -37,10 +37,8 @@ SEED_COLUMNS: tuple[str, ...] = (
     "model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
     "precision", "optimizer", "learning_rate", "regularization", "data_augmentation",
 )
-#: The optional shape annotations' columns (0: not given), read when present.
+#: The optional shape annotation's column (`activations_millions`; 0: not given), read when present.
 SHAPE_COLUMNS: tuple[str, ...] = tuple(attr for _, attr in SHAPE_KEYS)
-#: Families whose `vocab-size` is read (text models with an output vocabulary).
-TEXT_FAMILIES: frozenset[str] = frozenset({"transformer", "gpt"})
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "learning_rate",
     "regularization", "data_augmentation",
@@ -363,49 +361,23 @@ PHYSICS_NAMES: tuple[str, ...] = (
     "log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "image_input",
     "log2_batch_size", "log2_input_dim", "log2_input_units", "log2_batch_units",
     "log2_fixed_mib", "log2_act_scale", "log2_fixed_per_act_scale", "activation_bytes",
-    *(SHAPE_NAMES := (
-        "log2_hidden_per_width", "log2_shape_act_per_scale", "log2_patch_size", "log2_logits_per_act",
-        "log2_activations_per_scale", "hidden_given", "patch_given", "vocab_given", "activations_given",
-    )),
+    *(SHAPE_NAMES := ("log2_activations_per_scale", "activations_given")),
 )
 
 
 def shape_features(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
-    """The optional shape annotations as physics (`SHAPE_NAMES`), each 0 with its flag 0 when not given,
-    so a job without them reads exactly as one of the rows the model was trained without them.
-
-    What they say about activation memory, relative to what params and layers already imply (the
-    width of a network whose layers hold ~width^2 parameters, sqrt(params / layers)):
-    `log2_hidden_per_width` the stated width against that; `log2_shape_act_per_scale` the activation
-    elements per input unit a network of that width keeps (hidden x layers, over patch^2 for image
-    models: the first feature map holds hidden / patch^2 values per pixel) against the decomposition's
-    scale sqrt(params x layers); `log2_logits_per_act` the output logits (vocab per token) against the
-    blocks' hidden x layers. `patch-size` counts for image families only, `vocab-size` for text models.
-    """
+    """The optional activation count as physics (`SHAPE_NAMES`): one sample's counted activations against
+    what params and layers imply (input units x sqrt(params x layers), the scale a job without it gets),
+    in log2, and a "given" flag; both 0 when not given, so a job without it reads exactly as one of the
+    rows the model was trained without it."""
     n = len(cols["model_type"])
     params = np.asarray(cols["params_millions"], dtype=np.float64) * 1e6
     layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
-    families = [str(f) for f in cols["model_type"]]
-    vision = np.fromiter((f in VISION_FAMILIES for f in families), dtype=bool, count=n)
-    text = np.fromiter((f in TEXT_FAMILIES for f in families), dtype=bool, count=n)
-    zeros = np.zeros(n)
-    hidden = np.asarray(cols.get("hidden_size", zeros), dtype=np.float64)
-    patch = np.where(vision, np.asarray(cols.get("patch_size", zeros), dtype=np.float64), 0.0)
-    vocab = np.where(text, np.asarray(cols.get("vocab_size", zeros), dtype=np.float64), 0.0)
-    acts = np.asarray(cols.get("activations_millions", zeros), dtype=np.float64) * 1e6
-    has_h, has_p, has_v, has_a = hidden > 0, patch > 0, vocab > 0, acts > 0
-    units = input_units(cols)
-    width = np.sqrt(params / layers)
-    safe_h = np.where(has_h, hidden, 1.0)
-    per_unit = safe_h * layers / np.where(vision, np.where(has_p, patch, 1.0) ** 2, 1.0)
-    has_act = has_h & (has_p | ~vision)
+    acts = np.asarray(cols.get("activations_millions", np.zeros(n)), dtype=np.float64) * 1e6
+    given = acts > 0
     out: FloatArray = np.column_stack([
-        np.where(has_h, np.log2(safe_h / width), 0.0),
-        np.where(has_act, np.log2(per_unit / np.sqrt(params * layers)), 0.0),
-        np.where(has_p, np.log2(np.where(has_p, patch, 1.0)), 0.0),
-        np.where(has_v, np.log2(np.where(has_v, vocab, 1.0) / (np.where(has_h, hidden, width) * layers)), 0.0),
-        np.where(has_a, np.log2(np.where(has_a, acts, 1.0) / (units * np.sqrt(params * layers))), 0.0),
-        has_h.astype(np.float64), has_p.astype(np.float64), has_v.astype(np.float64), has_a.astype(np.float64),
+        np.where(given, np.log2(np.where(given, acts, 1.0) / (input_units(cols) * np.sqrt(params * layers))), 0.0),
+        given.astype(np.float64),
     ])
     return out
 
@@ -460,7 +432,7 @@ def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition 
 
 
 #: Physics features grouped into tokens by meaning (the network's size and shape, the input, the
-#: memory terms, the optional shape annotations); with the 3 categorical tokens the sequence has 7
+#: memory terms, the optional activation count); with the 3 categorical tokens the sequence has 7
 #: steps, what the BiGRU's cost scales with.
 PHYSICS_TOKEN_GROUPS: tuple[tuple[str, ...], ...] = (
     ("log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "image_input"),

@@ -458,12 +458,12 @@ def _without_shapes_lines(report: dict[str, Any]) -> list[str]:
         return "-" if value is None else f"{value:.3f}"
 
     lines = [
-        "### The same test jobs without the optional shape annotations",
+        "### The same test jobs without the optional activation count",
         "",
-        "The rows above carry `activations-millions`, `hidden-size`, `patch-size` and `vocab-size` as the dataset's "
-        "rule fills them (README, \"How to fill the family annotations\"). A user may leave them out; the models were "
-        "fitted with them dropped for half the architectures, so they serve both. The same jobs without them "
-        "(`splits.grouped.memory_without_shapes` in predictor.json):",
+        "The rows above carry `activations-millions` as the dataset's rule fills it (README, \"How to fill the "
+        "family annotations\"). A user may leave it out; the models were fitted with it dropped for half the "
+        "architectures, and the bound of a job without it has margins calibrated on held-out predictions made "
+        "without it. The same jobs without it (`splits.grouped.memory_without_shapes` in predictor.json):",
         "",
         "| model | median rel. error (with) | median (without) | p90 (with) | p90 (without) | under-rate (without) "
         "| over-reservation (without) |",
@@ -476,7 +476,7 @@ def _without_shapes_lines(report: dict[str, Any]) -> list[str]:
                      f"{cell(m.get('under_rate'))} | {cell(m.get('over_reservation'))} |")
     fam = split.get("memory_by_family_without_shapes", {})
     if any(TUNED in per for per in fam.values()):
-        lines += ["", "Tuned network per family, without them:", "",
+        lines += ["", "Tuned network per family, without it:", "",
                   "| family | n | median rel. error | p90 | signed median | under-rate | over-reservation |",
                   "|---|---|---|---|---|---|---|"]
         for family, per in fam.items():

@@ -70,9 +70,9 @@ CV_FOLDS = 5
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
-#: Share of the architectures whose optional shape annotations (hidden-size, patch-size, vocab-size)
-#: are dropped from the rows a model fits, so that it learns both with and without them: a job that
-#: leaves them out is predicted as well as before they existed (`Dataset.fit_x`).
+#: Share of the architectures whose optional activation count (`activations-millions`) the rows a
+#: model fits leave out, drawn per architecture from a hash of its name (`shapes_dropped`): the model
+#: learns with and without it, and a job that leaves it out is one of the rows it fitted.
 SHAPES_DROPPED_SHARE = 0.5
 #: The smallest positive float: learned densities can be far below 1 (they are per input element).
 TINY = float(np.finfo(np.float64).tiny)
@@ -104,25 +104,17 @@ class Dataset:
     """The physics features with the optional shape annotations left out (what a job without them reads)."""
     terms_bare: feats.Decomposition | None = None
     """The decomposition of the same jobs without the shape annotations (a stated activation count sets the scale)."""
-    shapes_dropped: npt.NDArray[np.bool_] | None = None
-    """Per row: its architecture is one whose shape annotations fits leave out (SHAPES_DROPPED_SHARE)."""
+    fitted: tuple[feats.FeatureMatrix, FloatArray] | None = None
+    """(physics features, physics targets) of the rows as models fit them: the shape annotations kept or
+    dropped per architecture (`shapes_dropped`), the targets in the decomposition those features read."""
 
     def fit_x(self, rows: npt.NDArray[np.int64]) -> FloatArray:
-        """Physics features of the rows a model fits: the shape annotations left out for the rows of
-        `shapes_dropped` architectures, kept for the others."""
-        full = self.physics_x.values[rows]
-        if self.physics_x_bare is None or self.shapes_dropped is None:
-            return full
-        out: FloatArray = np.where(self.shapes_dropped[rows, None], self.physics_x_bare.values[rows], full)
-        return out
+        """Physics features of the rows a model fits (`fitted`)."""
+        return (self.physics_x if self.fitted is None else self.fitted[0]).values[rows]
 
     def fit_t(self, rows: npt.NDArray[np.int64]) -> FloatArray:
         """The physics targets of the rows a model fits, each in the decomposition its features read (`fit_x`)."""
-        if self.terms_bare is None or self.shapes_dropped is None:
-            return self.physics_t[rows]
-        out: FloatArray = np.where(self.shapes_dropped[rows, None], self.terms_bare.take(rows).encode(self.y[rows]),
-                                   self.physics_t[rows])
-        return out
+        return (self.physics_t if self.fitted is None else self.fitted[1])[rows]
 
     def without_shapes(self) -> Dataset:
         """The same rows as jobs that leave the optional shape annotations out (evaluated apart)."""
@@ -130,8 +122,7 @@ class Dataset:
             return self
         cols = {**self.cols, **{c: np.zeros(self.n_rows) for c in feats.SHAPE_COLUMNS}}
         return replace(self, cols=cols, physics_x=self.physics_x_bare, terms=self.terms_bare,
-                       physics_t=self.terms_bare.encode(self.y), physics_x_bare=None, terms_bare=None,
-                       shapes_dropped=None)
+                       physics_t=self.terms_bare.encode(self.y), physics_x_bare=None, terms_bare=None, fitted=None)
 
     def terms_for(self, feature_set: str, rows: npt.NDArray[np.int64]) -> feats.Decomposition:
         """The decomposition a model of this feature set decodes with (identity for the paper's raw targets)."""
@@ -185,15 +176,25 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
         digest = hashlib.sha256(f"{digest}:shapes:{_file_sha(path.parent / SHAPES_FILE)}".encode()).hexdigest()
     bare_cols = {**cols, **{c: np.zeros(len(y)) for c in feats.SHAPE_COLUMNS}}
     terms = feats.decomposition(cols, *memory_calibration())
-    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
-                          dtype=bool, count=len(names))
+    dropped = shapes_dropped(names)
+    fit_cols = {**cols, **{c: np.where(dropped[:, j], 0.0, cols[c]) for j, c in enumerate(feats.SHAPE_COLUMNS)}}
+    fit_terms = feats.decomposition(fit_cols, *memory_calibration())
     return Dataset(
         cols=cols, seed_x=feats.seed_features(cols), physics_x=feats.physics_features(cols),
         y=y, sha256=digest, path=path,
         groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
         terms=terms, physics_t=terms.encode(y), physics_x_bare=feats.physics_features(bare_cols),
-        terms_bare=feats.decomposition(bare_cols, *memory_calibration()), shapes_dropped=dropped,
+        terms_bare=feats.decomposition(bare_cols, *memory_calibration()),
+        fitted=(feats.physics_features(fit_cols), fit_terms.encode(y)),
     )
+
+
+def shapes_dropped(names: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """(rows, shape columns): which optional shape annotation the fits leave out of each row: all of them
+    for SHAPES_DROPPED_SHARE of the architectures, by a hash of the name (deterministic)."""
+    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
+                          dtype=bool, count=len(names))
+    return np.repeat(dropped[:, None], len(feats.SHAPE_COLUMNS), axis=1)
 
 
 def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],

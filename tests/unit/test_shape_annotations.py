@@ -1,6 +1,6 @@
-"""The optional shape annotations (`hidden-size`, `patch-size`, `vocab-size`, `activations-millions`):
-parsing and errors, that leaving them out reads as before, the dataset's rule against published
-figures, and that the shipped predictor moves toward a traced label when it is told them."""
+"""The optional activation count (`deepres.io/activations-millions`): parsing and errors, that leaving
+it out reads as before, the dataset's rule against published figures, and that the predictor moves
+toward the traced labels when it is told it."""
 
 from __future__ import annotations
 
@@ -14,21 +14,17 @@ from predictor import features as feats
 from predictor.spec import JobSpec, SpecError
 
 
-def test_shape_annotations_parse_and_round_trip() -> None:
-    spec = JobSpec.parse({"model-type": "vit", "hidden-size": "768", "patch-size": "16",
-                          "activations-millions": "16.5", "vocab-size": "32000"})
-    assert (spec.hidden_size, spec.patch_size, spec.activations_millions, spec.vocab_size) == (768, 16, 16.5, 32000)
+def test_the_activation_count_parses_and_round_trips() -> None:
+    spec = JobSpec.parse({"model-type": "vit", "activations-millions": "16.5"})
+    assert spec.activations_millions == 16.5
     assert JobSpec.parse(spec.to_annotations()) == spec
     bare = JobSpec.parse({"model-type": "vit"})
-    assert (bare.hidden_size, bare.patch_size, bare.vocab_size, bare.activations_millions) == (0, 0, 0, 0.0)
-    assert not {"hidden-size", "patch-size", "vocab-size", "activations-millions"} & set(bare.to_annotations())
+    assert bare.activations_millions == 0.0 and "activations-millions" not in bare.to_annotations()
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("hidden-size", "wide"), ("hidden-size", "0"), ("patch-size", "-4"), ("vocab-size", "1.5"),
-    ("activations-millions", "lots"), ("activations-millions", "0"), ("activations-millions", "1e9"),
-])
-def test_a_malformed_shape_annotation_names_the_key(key: str, value: str) -> None:
+@pytest.mark.parametrize("value", ["lots", "0", "-3", "1e9", "nan"])
+def test_a_malformed_activation_count_names_the_key(value: str) -> None:
+    key = "activations-millions"
     with pytest.raises(AnnotationError) as err:
         parse_job({PREFIX + "model-type": "cnn", PREFIX + key: value}, created_s=None, now_s=0.0)
     assert PREFIX + key in str(err.value) and repr(value) in str(err.value)
@@ -37,20 +33,18 @@ def test_a_malformed_shape_annotation_names_the_key(key: str, value: str) -> Non
             JobSpec.parse({"model-type": "cnn", key: value})
 
 
-def test_leaving_them_out_reads_as_the_rows_trained_without_them() -> None:
-    """The shape columns of a job without the annotations are all 0 (flags included) and the other
-    features do not depend on them: such a job is one of the rows fits saw with them dropped."""
+def test_leaving_it_out_reads_as_the_rows_trained_without_it() -> None:
+    """The shape columns of a job without the count are 0 (flag included) and the other features do not
+    depend on it: such a job is one of the rows fits saw with it dropped."""
     common = {"model-type": "gpt", "params-millions": "124", "num-layers": "12", "input-dim": "1024"}
-    with_shapes = JobSpec.parse({**common, "hidden-size": "768", "vocab-size": "50257", "activations-millions": "160"})
+    with_count = JobSpec.parse({**common, "activations-millions": "136.4"})
     without = JobSpec.parse(common)
-    x = feats.physics_features(feats.columns_from_specs([with_shapes, without]))
+    x = feats.physics_features(feats.columns_from_specs([with_count, without]))
     shape_cols = [x.names.index(n) for n in feats.SHAPE_NAMES]
     other = [i for i in range(x.values.shape[1]) if i not in shape_cols]
     assert np.array_equal(x.values[0, other], x.values[1, other])
     assert not x.values[1, shape_cols].any()
-    assert x.values[0, [x.names.index("hidden_given"), x.names.index("vocab_given"),
-                        x.names.index("activations_given")]].tolist() == [1.0, 1.0, 1.0]
-    assert x.values[0, x.names.index("patch_given")] == 0.0  # patch-size counts for image models only
+    assert x.values[0, x.names.index("activations_given")] == 1.0
 
 
 def test_the_activation_count_rule_gives_timm_model_cards_figures() -> None:
@@ -67,7 +61,6 @@ def test_the_activation_count_rule_gives_timm_model_cards_figures() -> None:
     for name, card in cards.items():
         got = shapes.shapes_of(by_name[name])
         assert got["activations_millions"] == pytest.approx(card, abs=0.05), name
-    assert {k: got[k] for k in ("hidden_size", "patch_size")} == {"hidden_size": 96, "patch_size": 4}  # convnext_tiny
 
 
 def _cnn(stem_stride: int) -> nn.Module:
