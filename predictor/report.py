@@ -298,7 +298,11 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "x params); memory = the calibration's context + factor x (fixed + density x scale). The bound's margin "
         "widens the learned term only, so a job whose peak is mostly weights and optimizer state gets a tight "
         "bound and one whose peak is mostly activations a wide one (normalised conformal, the scale being what "
-        "the annotations leave unknown).",
+        "the annotations leave unknown). A job that states its activation count (`activations-millions`, one "
+        "sample's convolution and matmul outputs: timm's model cards, `deepres profile`) has the scale batch x "
+        "that count, the density then being bytes per counted activation; fits drop the count for half the "
+        "architectures (by a hash of the name), and jobs without it have their own margins, calibrated on "
+        "held-out predictions made without it.",
         "- **Tuned configuration** (`predictor.model.tuned_config`): the physics feature set (log2 of the "
         "annotations' sizes, params per layer, input units, the fixed bytes and the activation scale; precision, "
         "optimizer and model-type as embeddings), each feature group a token, BiGRU + 2 attention layers, "
