@@ -18,6 +18,7 @@ from typing import Any
 from extender.policy.priority import cap_criticality, criticality_from_priority_class
 from extender.policy.types import CRITICALITIES
 from predictor.spec import (
+    ACTIVATIONS_MILLIONS_RANGE,
     BATCH_SIZE_RANGE,
     INPUT_DIM_RANGE,
     ITERATIONS_RANGE,
@@ -45,7 +46,7 @@ MAX_DEADLINE_S = 366 * 86400.0
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
 #: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
 #: default, so a pod saying `input-dim: 0` would silently be planned as another job.
-EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers")
+EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "activations-millions")
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -83,6 +84,8 @@ ACCEPTED: dict[str, Accepted] = {
     "data-augmentation": Accepted("bool"),
     "model": Accepted("architecture"),
     "traced-peak-mib": Accepted("number", *TRACED_PEAK_RANGE_MIB),
+    # optional; a written value is above 0 (JobSpec reads 0 as "not given")
+    "activations-millions": Accepted("number", *ACTIVATIONS_MILLIONS_RANGE, low_open=True),
     "gpus": Accepted("integer", 1, MAX_GPUS),
     "deadline": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),
     "criticality": Accepted("choice", choices=CRITICALITIES),
@@ -250,9 +253,10 @@ def parse_job(
     if described:
         for key in EXPLICIT_KEYS:  # JobSpec reads 0 as "the family's default"
             if key in ours and _is_zero(ours[key]):
-                low, high = int(ACCEPTED[key].low), int(ACCEPTED[key].high)
-                raise AnnotationError(PREFIX + key, ours[key], f"a whole number from {low} to {high:,} "
-                                      f"(leave the key out for the family's default)")
+                rule = ACCEPTED[key]
+                accepted = (f"a number in (0, {rule.high:g}]" if rule.kind == "number" else
+                            f"a whole number from {int(rule.low)} to {int(rule.high):,}")
+                raise AnnotationError(PREFIX + key, ours[key], f"{accepted} (leave the key out for its default)")
         try:
             spec = JobSpec.parse({k: v for k, v in ours.items() if k in JOB_KEYS})
         except SpecError as err:

@@ -61,7 +61,7 @@ NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgbm", "catboost")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 #: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
 BOUND_CHOICE_VERSION = 1
 
@@ -208,17 +208,23 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     by_family: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     predictions: dict[str, dict[str, Predictions]] = {}
+    results_bare: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    by_family_bare: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     print(f"evaluating {len(models)} models on {data.n_rows} jobs of {len(set(data.groups.tolist()))} architecture "
           f"groups ({data.path.name} sha256 {data.sha256[:12]}), {total} fits", flush=True)
+    bare = data.without_shapes()
+    predictions_bare: dict[str, dict[str, Predictions]] = {}
     for split_name, splits, scale, names, cv_folds in plan:
         predictions[split_name] = {m: Predictions() for m in names}
+        predictions_bare[split_name] = {m: Predictions() for m in names}
         for split in splits:
             for model_name in names:
                 t0 = time.perf_counter()
                 key = _cache_key(data, model_name, split, args.seed, scale, [settings.get(model_name), cv_folds],
                                  args.coverage)
                 hit = _cache_load(cache, key, split.test)
-                if hit is None:
+                bare_hit = _cache_load(cache, key + "-bare", split.test)
+                if hit is None or bare_hit is None:
                     model = fit_model(model_name, data, split, args.seed, epochs_scale=scale,
                                       settings=settings.get(model_name), cv_folds=cv_folds, coverage=args.coverage)
                     points, upper = model.predict(data, split.test)
@@ -226,9 +232,13 @@ def run(args: argparse.Namespace) -> int:
                                        for c in CURVE_COVERAGES])
                     _cache_save(cache, key, points, upper, bounds)
                     curve: FloatArray | None = bounds
+                    bare_points, bare_upper = model.predict(bare, split.test)  # the same jobs without shapes
+                    _cache_save(cache, key + "-bare", bare_points, bare_upper, np.zeros(0))
                 else:
                     points, upper, curve = hit
+                    bare_points, bare_upper, _ = bare_hit
                 predictions[split_name][model_name].add(split.test, points, upper, curve)
+                predictions_bare[split_name][model_name].add(split.test, bare_points, bare_upper)
                 done += 1
                 one = Predictions()
                 one.add(split.test, points, upper)
@@ -240,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
                       f"total {time.perf_counter() - started:.0f}s)", flush=True)
         results[split_name] = {m: metrics_of(data, predictions[split_name][m]) for m in names}
         by_family[split_name] = {m: family_metrics(data, predictions[split_name][m]) for m in names}
+        results_bare[split_name] = {m: metrics_of(data, predictions_bare[split_name][m]) for m in names}
+        by_family_bare[split_name] = {m: family_metrics(data, predictions_bare[split_name][m]) for m in names}
 
     runtime: dict[str, Any] | None = None
     if not args.no_runtime:
@@ -257,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                         _calibration(args.out), _exact(cache, args.exact_runs) if args.exact_runs else
                         {"median_abs_rel_err": None, "under_rate": None, "note": "skipped (--exact-runs 0)"}, runtime,
                         args.coverage, curves)
+    add_without_shapes(report, build_json(results_bare, by_family_bare, {}, {}, {}, None, args.coverage))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "predictor.json").write_text(json.dumps(report, indent=2) + "\n")
     elapsed = time.perf_counter() - started
@@ -304,6 +317,15 @@ def build_json(results: dict[str, dict[str, dict[str, dict[str, float]]]],
             splits[split_name]["coverage_curve"] = {m: c for m, c in curves[split_name].items() if c}
     return {"splits": splits, "exact": exact, "runtime": runtime or {"imports_torch": None, "p99_ms": None},
             "calibration": calibration, "upper_coverage": coverage}
+
+
+def add_without_shapes(report: dict[str, Any], bare: dict[str, Any]) -> None:
+    """Put the figures of the same test jobs without the optional activation count (`activations-millions`:
+    what a user who leaves it out meets) next to each split's own, under
+    `memory_without_shapes` and `memory_by_family_without_shapes`."""
+    for split_name, figures in bare["splits"].items():
+        report["splits"][split_name]["memory_without_shapes"] = figures["memory"]
+        report["splits"][split_name]["memory_by_family_without_shapes"] = figures["memory_by_family"]
 
 
 def _finite(value: float) -> float | None:
@@ -424,7 +446,8 @@ def _tune_baselines(data: Dataset, split: Split, names: list[str], args: argpars
     chosen = {}
     for name in names:
         targets = data.physics_t  # what the baselines learn (densities of the decomposition)
-        chosen[name] = tune(name, x[fit_rows], targets[fit_rows], x[cal_rows], targets[cal_rows], args.seed)
+        chosen[name] = tune(name, data.fit_x(fit_rows), data.fit_t(fit_rows), x[cal_rows], targets[cal_rows],
+                            args.seed)
         print(f"tuned {name}: {chosen[name]} ({time.perf_counter() - started:.0f}s)", flush=True)
     return chosen
 

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from predictor.sizing import plan
-from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, VISION_FAMILIES, JobSpec
+from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, SHAPE_KEYS, VISION_FAMILIES, JobSpec
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -37,6 +37,8 @@ SEED_COLUMNS: tuple[str, ...] = (
     "model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
     "precision", "optimizer", "learning_rate", "regularization", "data_augmentation",
 )
+#: The optional shape annotation's column (`activations_millions`; 0: not given), read when present.
+SHAPE_COLUMNS: tuple[str, ...] = tuple(attr for _, attr in SHAPE_KEYS)
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "learning_rate",
     "regularization", "data_augmentation",
@@ -75,7 +77,8 @@ class FeatureMatrix:
 
 
 def columns_from_frame(frame: Any) -> dict[str, npt.NDArray[Any]]:
-    """The JobSpec columns of a dataset frame (pandas DataFrame or mapping of arrays)."""
+    """The JobSpec columns of a dataset frame (pandas DataFrame or mapping of arrays); the shape
+    columns are 0 (not given) where the frame has none."""
     cols: dict[str, npt.NDArray[Any]] = {}
     for name in SEED_COLUMNS:
         values = np.asarray(frame[name])
@@ -83,13 +86,16 @@ def columns_from_frame(frame: Any) -> dict[str, npt.NDArray[Any]]:
             cols[name] = values.astype(str)
         else:
             cols[name] = values.astype(np.float64)
+    n = len(cols["model_type"])
+    for name in SHAPE_COLUMNS:
+        cols[name] = np.nan_to_num(np.asarray(frame[name], dtype=np.float64)) if name in frame else np.zeros(n)
     return cols
 
 
 def columns_from_specs(specs: Sequence[JobSpec]) -> dict[str, npt.NDArray[Any]]:
     """The same columns for JobSpecs (the request path)."""
     cols: dict[str, npt.NDArray[Any]] = {}
-    for name in SEED_COLUMNS:
+    for name in (*SEED_COLUMNS, *SHAPE_COLUMNS):
         values = [getattr(spec, name) for spec in specs]
         if name in ("model_type", "precision", "optimizer"):
             cols[name] = np.asarray(values, dtype=str)
@@ -319,8 +325,11 @@ def input_units(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
 
 
 def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0,
-                  factor: float = 1.0) -> Decomposition:
-    """The `Decomposition` of each job (pure arithmetic on its annotations)."""
+                  factor: float = 1.0, *, shapes: bool = True) -> Decomposition:
+    """The `Decomposition` of each job (pure arithmetic on its annotations). A job that states its
+    activation count (`activations-millions`, and `shapes`) has the activation scale batch x that count
+    (the learned density is then bytes per counted activation, ACTIVATION_COUNT_UNIT of them a MiB);
+    the others batch x input units x sqrt(params x layers)."""
     params = np.asarray(cols["params_millions"], dtype=np.float64)
     batch = np.asarray(cols["batch_size"], dtype=np.float64)
     layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
@@ -328,7 +337,16 @@ def decomposition(cols: Mapping[str, npt.NDArray[Any]], context_mib: float = 0.0
     states = 1.0 + _lookup(cols["optimizer"], _OPTIMIZER_STATES, "optimizer")
     fixed = params * 1e6 * state_bytes * states / MIB
     units = batch * input_units(cols)
-    return Decomposition(fixed, units * np.sqrt(params * layers), units * params, (context_mib, factor))
+    act_scale = units * np.sqrt(params * layers)
+    if shapes and "activations_millions" in cols:
+        counted = np.asarray(cols["activations_millions"], dtype=np.float64)
+        act_scale = np.where(counted > 0, batch * counted * ACTIVATION_COUNT_UNIT, act_scale)
+    return Decomposition(fixed, act_scale, units * params, (context_mib, factor))
+
+
+#: Counted activations per million (`activations-millions` is in millions): the learned density of a
+#: job that states its count is MiB per counted activation (~1e-5), of the order of the others' densities.
+ACTIVATION_COUNT_UNIT = 1e6
 
 
 def _lookup(values: npt.NDArray[Any], table: Mapping[str, float], column: str) -> FloatArray:
@@ -340,21 +358,55 @@ def _lookup(values: npt.NDArray[Any], table: Mapping[str, float], column: str) -
 
 
 PHYSICS_NAMES: tuple[str, ...] = (
-    "log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "data_augmentation",
+    "log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "image_input",
     "log2_batch_size", "log2_input_dim", "log2_input_units", "log2_batch_units",
     "log2_fixed_mib", "log2_act_scale", "log2_fixed_per_act_scale", "activation_bytes",
+    *(SHAPE_NAMES := ("log2_activations_per_scale", "activations_given")),
 )
 
 
+def shape_features(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
+    """The optional activation count as physics (`SHAPE_NAMES`): one sample's counted activations against
+    what params and layers imply (input units x sqrt(params x layers), the scale a job without it gets),
+    in log2, and a "given" flag; both 0 when not given, so a job without it reads exactly as one of the
+    rows the model was trained without it."""
+    n = len(cols["model_type"])
+    params = np.asarray(cols["params_millions"], dtype=np.float64) * 1e6
+    layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
+    acts = np.asarray(cols.get("activations_millions", np.zeros(n)), dtype=np.float64) * 1e6
+    given = acts > 0
+    out: FloatArray = np.column_stack([
+        np.where(given, np.log2(np.where(given, acts, 1.0) / (input_units(cols) * np.sqrt(params * layers))), 0.0),
+        given.astype(np.float64),
+    ])
+    return out
+
+
+def image_input(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
+    """1 for a model of images: every vision family, and an MLP whose annotation says it trains with data
+    augmentation (the README's rule sets it for image models: MLP-Mixer, ResMLP). Augmentation runs in
+    the CPU loader and costs no GPU memory; as an input of its own it only told image rows apart (the
+    dataset sets it for every image model), and a vision pod that left it at its default `false` fell
+    off the trained range (3.5 GB for resnet18 at batch 32 instead of 1.9 GB)."""
+    families = [str(f) for f in cols["model_type"]]
+    vision = np.fromiter((f in VISION_FAMILIES for f in families), dtype=bool, count=len(families))
+    out: FloatArray = np.where(vision, 1.0, np.asarray(cols["data_augmentation"], dtype=np.float64))
+    return out
+
+
 def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition | None = None) -> FeatureMatrix:
-    """Our feature set: log2 sizes and the `decomposition`'s terms, two flags, then 3 categorical codes.
+    """Our feature set: log2 sizes and the `decomposition`'s terms, the dropout flag, the optional shape
+    annotations (`shape_features`), then 3 categorical codes.
 
     All arithmetic on the annotations (no architecture is built: real networks of a family differ
     too much for a template to stand for them). `iterations` and `learning_rate` are left out: they
-    change neither the per-step memory nor the per-step FLOPs. `terms`: the columns' decomposition
+    change neither the per-step memory nor the per-step FLOPs; `data_augmentation` only through
+    `image_input`. `terms`: the columns' decomposition
     when the caller has it already (the runtime needs it to decode anyway).
     """
-    terms = terms if terms is not None else decomposition(cols)
+    # the columns besides the shape annotations' own read the decomposition without them, so a job
+    # that leaves them out reads exactly as one that states them in every other column
+    terms = decomposition(cols, shapes=False) if terms is None or "activations_millions" in cols else terms
     params = np.asarray(cols["params_millions"], dtype=np.float64)
     layers = np.maximum(np.asarray(cols["num_layers"], dtype=np.float64), 1.0)
     batch = np.asarray(cols["batch_size"], dtype=np.float64)
@@ -363,10 +415,11 @@ def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition 
     log2 = np.log2
     numeric = [
         log2(params), log2(layers), log2(params / layers),
-        np.asarray(cols["regularization"], dtype=np.float64), np.asarray(cols["data_augmentation"], dtype=np.float64),
+        np.asarray(cols["regularization"], dtype=np.float64), image_input(cols),
         log2(batch), log2(np.asarray(cols["input_dim"], dtype=np.float64)), log2(units), log2(batch * units),
         log2(np.maximum(terms.fixed_mib, 1e-6)), log2(terms.act_scale),
         log2(np.maximum(terms.fixed_mib, 1e-6) / terms.act_scale), act_bytes,
+        *shape_features(cols).T,
     ]
     categorical = [
         _codes(cols["model_type"], MODEL_FAMILIES, "model_type"),
@@ -379,11 +432,13 @@ def physics_features(cols: Mapping[str, npt.NDArray[Any]], terms: Decomposition 
 
 
 #: Physics features grouped into tokens by meaning (the network's size and shape, the input, the
-#: memory terms); with the 3 categorical tokens the sequence has 6 steps, what the BiGRU's cost scales with.
+#: memory terms, the optional activation count); with the 3 categorical tokens the sequence has 7
+#: steps, what the BiGRU's cost scales with.
 PHYSICS_TOKEN_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "data_augmentation"),
+    ("log2_params_millions", "log2_num_layers", "log2_params_per_layer", "regularization", "image_input"),
     ("log2_batch_size", "log2_input_dim", "log2_input_units", "log2_batch_units"),
     ("log2_fixed_mib", "log2_act_scale", "log2_fixed_per_act_scale", "activation_bytes"),
+    SHAPE_NAMES,
 )
 
 

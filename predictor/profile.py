@@ -48,6 +48,7 @@ class Profile(tracing.Trace):
     model_type: str
     precision: str
     optimizer: str
+    activations_millions: float = 0.0  # one sample's forward activation count (`deepres.io/activations-millions`)
 
     @property
     def traced_peak_mib(self) -> float:
@@ -62,6 +63,7 @@ class Profile(tracing.Trace):
             "traced-peak-mib": f"{self.traced_peak_mib:.1f}", "model-type": self.model_type,
             "params-millions": f"{self.params_millions:.2f}", "batch-size": str(self.batch_size),
             "input-dim": str(self.input_dim), "precision": self.precision, "optimizer": self.optimizer,
+            **({"activations-millions": f"{self.activations_millions:.4g}"} if self.activations_millions > 0 else {}),
         }
 
 
@@ -161,11 +163,34 @@ def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tupl
     else:
         input_dim = int(first.shape[-1])  # features
     family = MODEL_ALIASES.get((model_type or guess_model_type(model)).lower(), "mlp")
+    activations = _activations_millions(wrapped, inputs)
     return Profile(
         peak_bytes=peak, breakdown_bytes=parts, flops=components.flops, seconds=time.perf_counter() - started,
         memory_mib=memory, memory_mib_upper=upper, params_millions=sum(components.numel_by_dtype.values()) / 1e6,
         batch_size=batch_size, input_dim=input_dim, model_type=family, precision=precision,
-        optimizer=optimizer_name(optimizer))
+        optimizer=optimizer_name(optimizer), activations_millions=activations)
+
+
+def _activations_millions(wrapped: nn.Module, inputs: Any) -> float:
+    """One sample's forward activation count (the dataset's rule, predictor/dataset/shapes.py), from
+    the first sample of the batch; 0 when the inputs have no batch dimension to take it from."""
+    from predictor.dataset.shapes import activations_millions
+
+    def first(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value[:1] if value.dim() > 0 else value
+        if isinstance(value, dict):
+            return {k: first(v) for k, v in value.items()}
+        if isinstance(value, tuple | list):
+            return type(value)(first(v) for v in value)
+        return value
+
+    dtype = next((p.dtype for p in wrapped.parameters() if p.is_floating_point()), torch.float32)
+    sample = _cast(first(inputs), dtype)  # the model as traced (fp16/bf16 weights for those precisions)
+    try:
+        return activations_millions(wrapped, lambda dtype: (sample, None))
+    finally:
+        wrapped.train()
 
 
 def build_on_meta(build: Callable[[], Any]) -> tuple[nn.Module, torch.optim.Optimizer, tuple[Any, Any], Any]:

@@ -205,6 +205,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         fam = by_family.get("grouped", {})
         if TUNED in fam:
             lines += ["### Per family (tuned network, grouped split)", "", *_family_table(fam[TUNED]), ""]
+        lines += _without_shapes_lines(report)
         lines += [f"![predicted vs real per family]({SCATTER_PNG})", "", f"![coverage per family]({COVERAGE_PNG})",
                   ""]
     if lfo:
@@ -297,7 +298,11 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "x params); memory = the calibration's context + factor x (fixed + density x scale). The bound's margin "
         "widens the learned term only, so a job whose peak is mostly weights and optimizer state gets a tight "
         "bound and one whose peak is mostly activations a wide one (normalised conformal, the scale being what "
-        "the annotations leave unknown).",
+        "the annotations leave unknown). A job that states its activation count (`activations-millions`, one "
+        "sample's convolution and matmul outputs: timm's model cards, `deepres profile`) has the scale batch x "
+        "that count, the density then being bytes per counted activation; fits drop the count for half the "
+        "architectures (by a hash of the name), and jobs without it have their own margins, calibrated on "
+        "held-out predictions made without it.",
         "- **Tuned configuration** (`predictor.model.tuned_config`): the physics feature set (log2 of the "
         "annotations' sizes, params per layer, input units, the fixed bytes and the activation scale; precision, "
         "optimizer and model-type as embeddings), each feature group a token, BiGRU + 2 attention layers, "
@@ -443,3 +448,45 @@ def write_plots(data: Dataset, preds: dict[str, dict[str, Predictions]], results
     fig.tight_layout()
     fig.savefig(out / COVERAGE_PNG, dpi=80)
     plt.close(fig)
+
+
+def _without_shapes_lines(report: dict[str, Any]) -> list[str]:
+    """The grouped test jobs again with the optional shape annotations left out (every model, and the
+    tuned network per family): what a user who does not give them meets."""
+    split = report.get("splits", {}).get("grouped", {})
+    bare, with_shapes = split.get("memory_without_shapes"), split.get("memory", {})
+    if not bare:
+        return []
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    lines = [
+        "### The same test jobs without the optional activation count",
+        "",
+        "The rows above carry `activations-millions` as the dataset's rule fills it (README, \"How to fill the "
+        "family annotations\"). A user may leave it out; the models were fitted with it dropped for half the "
+        "architectures, and the bound of a job without it has margins calibrated on held-out predictions made "
+        "without it. The same jobs without it (`splits.grouped.memory_without_shapes` in predictor.json):",
+        "",
+        "| model | median rel. error (with) | median (without) | p90 (with) | p90 (without) | under-rate (without) "
+        "| over-reservation (without) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, m in bare.items():
+        w = with_shapes.get(model, {})
+        lines.append(f"| {model} | {cell(w.get('median_abs_rel_err'))} | {cell(m.get('median_abs_rel_err'))} | "
+                     f"{cell(w.get('p90_abs_rel_err'))} | {cell(m.get('p90_abs_rel_err'))} | "
+                     f"{cell(m.get('under_rate'))} | {cell(m.get('over_reservation'))} |")
+    fam = split.get("memory_by_family_without_shapes", {})
+    if any(TUNED in per for per in fam.values()):
+        lines += ["", "Tuned network per family, without it:", "",
+                  "| family | n | median rel. error | p90 | signed median | under-rate | over-reservation |",
+                  "|---|---|---|---|---|---|---|"]
+        for family, per in fam.items():
+            if TUNED in per:
+                m = per[TUNED]
+                lines.append(f"| {family} | {int(m.get('n') or 0)} | {cell(m.get('median_abs_rel_err'))} | "
+                             f"{cell(m.get('p90_abs_rel_err'))} | {cell(m.get('signed_median_rel_err'))} | "
+                             f"{cell(m.get('under_rate'))} | {cell(m.get('over_reservation'))} |")
+    return [*lines, ""]

@@ -67,6 +67,13 @@ class Predictor:
         unseen = metadata.get("memory_upper_shift_unseen_family")
         self._unseen_shift = None if unseen is None else float(unseen)
         self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
+        # the margins of jobs that do not state `activations-millions` (predictor.train.shaped_margins)
+        bare = metadata.get("memory_upper_without_shapes") or {}
+        self._bare_point_base = bare.get("base", metadata.get("memory_upper_base", "quantile")) == "point"
+        self._bare_shift = float(bare.get("shift", self._memory_shift))
+        self._bare_family_shifts = {str(k): float(v) for k, v in bare.get("by_family", self._family_shifts).items()}
+        bare_unseen = bare.get("unseen_family", unseen)
+        self._bare_unseen_shift = None if bare_unseen is None else float(bare_unseen)
         self._target_ranges: dict[str, list[list[float]]] = metadata.get("target_ranges", {})
         calibration = metadata.get("memory_calibration", {})
         self._calibration = (float(calibration.get("context_mib", 0.0)), float(calibration.get("factor", 1.0)))
@@ -165,12 +172,18 @@ class Predictor:
             points = np.clip(points, low, high)
             upper = None if upper is None else np.clip(upper, low[:, 0], high[:, 0])
         memory = terms.memory(points[:, 0])
-        base = upper if upper is not None and not self._point_base else points[:, 0]
+        stated = np.asarray([spec.activations_millions > 0 for spec in specs])
+        head = upper if upper is not None else points[:, 0]
+        base = np.where(stated, points[:, 0] if self._point_base else head,
+                        points[:, 0] if self._bare_point_base else head)
         flops = terms.flops(points[:, 1])
         checked = [out_of_range(spec, self._ranges) for spec in specs]
-        widen = np.asarray([math.exp(margin_for(spec.model_type, self._family_shifts, self._memory_shift,
-                                                self._unseen_shift, self._ranges)) * factor
-                            for spec, (factor, _) in zip(specs, checked, strict=True)])
+        widen = np.asarray([math.exp(
+            margin_for(spec.model_type, self._family_shifts, self._memory_shift, self._unseen_shift, self._ranges)
+            if spec.activations_millions > 0 else
+            margin_for(spec.model_type, self._bare_family_shifts, self._bare_shift, self._bare_unseen_shift,
+                       self._ranges)) * factor
+            for spec, (factor, _) in zip(specs, checked, strict=True)])
         # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
         bound = np.maximum(terms.memory(base * widen), memory)
         return [

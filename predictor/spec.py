@@ -60,6 +60,8 @@ NUM_LAYERS_RANGE = (1, 10_000)
 ITERATIONS_RANGE = (1, 10**12)
 LEARNING_RATE_RANGE = (0.0, 100.0)
 TRACED_PEAK_RANGE_MIB = (0.0, 16.0 * 1024 * 1024)  # 0 means "not given"; 16 TiB is a typo
+# The optional activation count (README "How to fill the family annotations"); 0 means "not given".
+ACTIVATIONS_MILLIONS_RANGE = (0.0, 10_000_000.0)
 
 _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
@@ -101,6 +103,10 @@ class JobSpec:
     data_augmentation: bool = False
     model: str = ""  # exact architecture (`timm/resnet50`...): its traced curve wins over the family fields
     traced_peak_mib: float = 0.0  # the user's own traced peak (`deepres profile`); 0: none
+    # optional: one sample's forward activation count at input-dim, in millions (timm's model cards'
+    # "Activations (M)", `deepres profile`): how much a network of this size keeps for backward, which
+    # the family fields cannot tell (README "How to fill the family annotations"); 0: not given
+    activations_millions: float = 0.0
     defaulted: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +115,7 @@ class JobSpec:
 
             object.__setattr__(self, "model", exact.resolve(self.model))
         _check_range("traced-peak-mib", self.traced_peak_mib, TRACED_PEAK_RANGE_MIB)
+        _check_range("activations-millions", self.activations_millions, ACTIVATIONS_MILLIONS_RANGE)
         family = MODEL_ALIASES.get(str(self.model_type).strip().lower())
         if family is None:
             raise SpecError("model-type", self.model_type, _one_of(sorted(MODEL_ALIASES)))
@@ -291,9 +298,12 @@ _PARSERS: tuple[tuple[str, str, Any], ...] = (
     ("data-augmentation", "data_augmentation", _parse_bool),
     ("model", "model", lambda key, text: text.strip()),
     ("traced-peak-mib", "traced_peak_mib", _parse_float),
+    ("activations-millions", "activations_millions", _parse_float),
 )
 #: Keys written by `to_annotations` only when set.
-_OPTIONAL_KEYS = frozenset({"model", "traced-peak-mib"})
+_OPTIONAL_KEYS = frozenset({"model", "traced-peak-mib", "activations-millions"})
+#: The optional shape annotations: (key, JobSpec attribute); also dataset columns of the same attribute name.
+SHAPE_KEYS: tuple[tuple[str, str], ...] = (("activations-millions", "activations_millions"),)
 
 #: The annotation keys (without prefix) that describe the job to the predictor.
 JOB_KEYS: tuple[str, ...] = ("model-type", *(key for key, _, _ in _PARSERS))

@@ -48,6 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "real_jobs.csv.gz"
 DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
 CALIBRATION_CONSTANTS = REPO_ROOT / "predictor" / "dataset" / "calibration.json"
+SHAPES_FILE = "real_shapes.json"  # predictor.dataset.shapes.SHAPES_FILE (that module imports torch)
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
 #: Coverage the memory upper bound is calibrated to on the calibration fold: the admission bound
@@ -69,6 +70,10 @@ CV_FOLDS = 5
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
+#: Share of the architectures whose optional activation count (`activations-millions`) the rows a
+#: model fits leave out, drawn per architecture from a hash of its name (`shapes_dropped`): the model
+#: learns with and without it, and a job that leaves it out is one of the rows it fitted.
+SHAPES_DROPPED_SHARE = 0.5
 #: The smallest positive float: learned densities can be far below 1 (they are per input element).
 TINY = float(np.finfo(np.float64).tiny)
 
@@ -95,6 +100,29 @@ class Dataset:
     """The physics decomposition of every row (`predictor.features.decomposition`), calibrated."""
     physics_t: FloatArray
     """The targets as the physics models learn them (`terms.encode(y)`: activation and FLOPs densities)."""
+    physics_x_bare: feats.FeatureMatrix | None = None
+    """The physics features with the optional shape annotations left out (what a job without them reads)."""
+    terms_bare: feats.Decomposition | None = None
+    """The decomposition of the same jobs without the shape annotations (a stated activation count sets the scale)."""
+    fitted: tuple[feats.FeatureMatrix, FloatArray] | None = None
+    """(physics features, physics targets) of the rows as models fit them: the shape annotations kept or
+    dropped per architecture (`shapes_dropped`), the targets in the decomposition those features read."""
+
+    def fit_x(self, rows: npt.NDArray[np.int64]) -> FloatArray:
+        """Physics features of the rows a model fits (`fitted`)."""
+        return (self.physics_x if self.fitted is None else self.fitted[0]).values[rows]
+
+    def fit_t(self, rows: npt.NDArray[np.int64]) -> FloatArray:
+        """The physics targets of the rows a model fits, each in the decomposition its features read (`fit_x`)."""
+        return (self.physics_t if self.fitted is None else self.fitted[1])[rows]
+
+    def without_shapes(self) -> Dataset:
+        """The same rows as jobs that leave the optional shape annotations out (evaluated apart)."""
+        if self.physics_x_bare is None or self.terms_bare is None:
+            return self
+        cols = {**self.cols, **{c: np.zeros(self.n_rows) for c in feats.SHAPE_COLUMNS}}
+        return replace(self, cols=cols, physics_x=self.physics_x_bare, terms=self.terms_bare,
+                       physics_t=self.terms_bare.encode(self.y), physics_x_bare=None, terms_bare=None, fitted=None)
 
     def terms_for(self, feature_set: str, rows: npt.NDArray[np.int64]) -> feats.Decomposition:
         """The decomposition a model of this feature set decodes with (identity for the paper's raw targets)."""
@@ -142,13 +170,60 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
         groups = np.asarray([f"row{i}" for i in range(len(ok))])
     families = ok["family"].astype(str).to_numpy() if "family" in ok.columns else cols["model_type"].astype(str)
     y = ok[list(TARGETS)].to_numpy(dtype=np.float64)
+    names = ok["name"].astype(str).to_numpy() if "name" in ok.columns else np.asarray(groups, dtype=str)
+    if "name" in ok.columns and not any(c in ok.columns for c in feats.SHAPE_COLUMNS):
+        cols.update(shape_columns(cols, names, path.parent / SHAPES_FILE))
+        digest = hashlib.sha256(f"{digest}:shapes:{_file_sha(path.parent / SHAPES_FILE)}".encode()).hexdigest()
+    bare_cols = {**cols, **{c: np.zeros(len(y)) for c in feats.SHAPE_COLUMNS}}
     terms = feats.decomposition(cols, *memory_calibration())
+    dropped = shapes_dropped(names)
+    fit_cols = {**cols, **{c: np.where(dropped[:, j], 0.0, cols[c]) for j, c in enumerate(feats.SHAPE_COLUMNS)}}
+    fit_terms = feats.decomposition(fit_cols, *memory_calibration())
     return Dataset(
         cols=cols, seed_x=feats.seed_features(cols), physics_x=feats.physics_features(cols),
         y=y, sha256=digest, path=path,
         groups=np.asarray(groups, dtype=str), report_families=np.asarray(families, dtype=str),
-        terms=terms, physics_t=terms.encode(y),
+        terms=terms, physics_t=terms.encode(y), physics_x_bare=feats.physics_features(bare_cols),
+        terms_bare=feats.decomposition(bare_cols, *memory_calibration()),
+        fitted=(feats.physics_features(fit_cols), fit_terms.encode(y)),
     )
+
+
+def shapes_dropped(names: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """(rows, shape columns): which optional shape annotation the fits leave out of each row: all of them
+    for SHAPES_DROPPED_SHARE of the architectures, by a hash of the name (deterministic)."""
+    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
+                          dtype=bool, count=len(names))
+    return np.repeat(dropped[:, None], len(feats.SHAPE_COLUMNS), axis=1)
+
+
+def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],
+                  table_path: Path) -> dict[str, FloatArray]:
+    """The optional shape annotations of each row's architecture (predictor/dataset/shapes.py's table
+    next to the dataset), 0 where the architecture has none or the table is absent. The table's
+    activation count is at the architecture's default input; a row at another input reads it scaled
+    as the README tells a user to scale a model card's figure: by the input units (pixels of an
+    image, tokens of a sequence; an MLP's count does not depend on its input features)."""
+    table = _read_shapes(table_path)
+    out = {c: np.asarray([float(table.get(str(n), {}).get(c, 0)) for n in names], dtype=np.float64)
+           for c in feats.SHAPE_COLUMNS}
+    default = np.asarray([float(table.get(str(n), {}).get("input_default", 0)) for n in names], dtype=np.float64)
+    at_default = feats.input_units({"input_dim": np.where(default > 0, default, 1.0), "model_type": cols["model_type"]})
+    out["activations_millions"] = out["activations_millions"] * feats.input_units(cols) / at_default
+    return out
+
+
+def _read_shapes(path: Path) -> dict[str, dict[str, float]]:
+    """predictor/dataset/shapes.py's table (name -> {attribute: value}); {} when absent. Read here
+    without importing that module (it builds models with torch)."""
+    if not path.is_file():
+        return {}
+    return {name: {k: float(v) for k, v in values.items()}
+            for name, values in json.loads(path.read_text())["architectures"].items()}
+
+
+def _file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "none"
 
 
 def memory_calibration() -> tuple[float, float]:
@@ -190,6 +265,11 @@ class FittedModel:
     held_out: tuple[npt.NDArray[np.int64], FloatArray, FloatArray | None, npt.NDArray[np.bool_] | None] | None = None
     """What the margins were calibrated on (`set_margins`' rows, point, quantile, in_range): `at_coverage`
     recalibrates from it without refitting. Not saved in the artifact."""
+    without_shapes: FittedModel | None = None
+    """The same estimators with margins calibrated on held-out predictions made without the optional
+    shape annotations (`shaped_margins`): the bound of a job that does not state `activations-millions`.
+    Its errors are those of the network without them, larger than with them: one set of margins
+    calibrated on jobs that state the count would under-cover the jobs that do not."""
 
     def predict(self, data: Dataset, rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
         """(points (n, 2), memory upper bound (n,)) for the given rows, the bound as the runtime
@@ -200,7 +280,17 @@ class FittedModel:
 
     def decode(self, x: FloatArray, families: npt.NDArray[Any], terms: feats.Decomposition,
                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition."""
+        """(points in MiB and GFLOPs, memory bound) from the feature rows and their decomposition; rows
+        that do not state the activation count take the bound of `without_shapes`."""
+        points, upper = self._decode(x, families, terms, factors)
+        if self.without_shapes is not None and self.feature_set == "physics":
+            stated = x[:, feats.PHYSICS_NAMES.index("activations_given")] > 0
+            if not stated.all():
+                upper = np.where(stated, upper, self.without_shapes._decode(x, families, terms, factors)[1])
+        return points, upper
+
+    def _decode(self, x: FloatArray, families: npt.NDArray[Any], terms: feats.Decomposition,
+                factors: FloatArray) -> tuple[FloatArray, FloatArray]:
         points_t, base = self.raw(x, families)
         shift = np.asarray([margin_for(str(f), self.family_shifts, self.memory_shift, self.unseen_shift, self.ranges)
                             for f in families], dtype=np.float64)
@@ -243,8 +333,10 @@ def range_factors(data: Dataset, rows: npt.NDArray[np.int64],
 
 
 def target_ranges(data: Dataset, feature_set: str, rows: npt.NDArray[np.int64]) -> dict[str, list[list[float]]]:
-    """Per family, the lowest and highest learned target over `rows` (what `clip_bounds` holds predictions to)."""
-    targets, families = data.targets_for(feature_set)[rows], data.families[rows]
+    """Per family, the lowest and highest learned target over `rows` (what `clip_bounds` holds predictions
+    to): of the targets as fitted (`Dataset.fit_t`: with or without the shape annotations)."""
+    targets = data.fit_t(rows) if feature_set == "physics" else data.targets_for(feature_set)[rows]
+    families = data.families[rows]
     return {str(f): [targets[families == f].min(axis=0).tolist(), targets[families == f].max(axis=0).tolist()]
             for f in sorted(set(families.tolist()))}
 
@@ -256,7 +348,30 @@ def calibrate(model: FittedModel, data: Dataset, cal_rows: npt.NDArray[np.int64]
     x = (data.physics_x if model.feature_set == "physics" else data.seed_x).values[cal_rows]
     points, quantile = model.raw_both(x, data.families[cal_rows])
     in_range = None if fit_ranges is None else range_factors(data, cal_rows, fit_ranges) == 1.0
-    set_margins(model, data, cal_rows, points[:, 0], quantile, coverage, in_range)
+    bare = _without_shapes_predictions(model, data, cal_rows)
+    shaped_margins(model, data, cal_rows, (points[:, 0], quantile), bare, coverage, in_range)
+
+
+def _without_shapes_predictions(model: FittedModel, data: Dataset,
+                                rows: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray | None] | None:
+    """(point, quantile) of `rows` read without the shape annotations; None where there are none to drop."""
+    if model.feature_set != "physics" or data.physics_x_bare is None:
+        return None
+    points, quantile = model.raw_both(data.physics_x_bare.values[rows], data.families[rows])
+    return points[:, 0], quantile
+
+
+def shaped_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64],
+                   stated: tuple[FloatArray, FloatArray | None], bare: tuple[FloatArray, FloatArray | None] | None,
+                   coverage: float, in_range: npt.NDArray[np.bool_] | None) -> None:
+    """`set_margins` twice, Mondrian on whether a job states its activation count: on the held-out
+    predictions as the rows are annotated (the model's own margins) and on the same rows read without
+    the shape annotations (`model.without_shapes`'s)."""
+    if bare is not None:
+        twin = replace(model, family_shifts={}, without_shapes=None)
+        set_margins(twin, data.without_shapes(), rows, bare[0], bare[1], coverage, in_range)
+        model.without_shapes = twin
+    set_margins(model, data, rows, stated[0], stated[1], coverage, in_range)
 
 
 def set_margins(model: FittedModel, data: Dataset, rows: npt.NDArray[np.int64], point: FloatArray,
@@ -318,6 +433,8 @@ def at_coverage(model: FittedModel, data: Dataset, coverage: float) -> FittedMod
         raise ValueError(f"{model.name} has no calibration scores to recalibrate from")
     other = replace(model, family_shifts={})
     set_margins(other, data, *model.held_out[:3], coverage, model.held_out[3])
+    if model.without_shapes is not None:
+        other.without_shapes = at_coverage(model.without_shapes, data.without_shapes(), coverage)
     return other
 
 
@@ -349,9 +466,9 @@ def _fit_learner(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: in
         config = tuned_config()
         epochs = max(1, round(config.epochs * epochs_scale))
         est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        return FittedModel(name, [est.fit(data.physics_x.values[rows], data.physics_t[rows])], "physics")
+        return FittedModel(name, [est.fit(data.fit_x(rows), data.fit_t(rows))], "physics")
     if name in BASELINES:
-        est_b = BaselineRegressor(name, settings, seed).fit(data.physics_x.values[rows], data.physics_t[rows])
+        est_b = BaselineRegressor(name, settings, seed).fit(data.fit_x(rows), data.fit_t(rows))
         return FittedModel(name, [est_b], "physics")
     raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
 
@@ -383,6 +500,9 @@ def fit_model(
         point = np.empty(len(train))
         in_range = np.empty(len(train), dtype=bool)
         quantile: FloatArray | None = None
+        bare_point = np.empty(len(train))
+        bare_quantile: FloatArray | None = None
+        has_bare = False
         for fold in grouped_folds(train, data.groups, cv_folds, seed):
             inner_rows = np.setdiff1d(train, fold)
             inner = _fit_estimators(name, data, inner_rows, seed, epochs_scale, settings, None)
@@ -394,13 +514,23 @@ def fit_model(
             if upper is not None:
                 quantile = np.empty(len(train)) if quantile is None else quantile
                 quantile[at] = upper
+            bare_fold = _without_shapes_predictions(inner, data, fold)
+            if bare_fold is not None:
+                has_bare = True
+                bare_point[at] = bare_fold[0]
+                if bare_fold[1] is not None:
+                    bare_quantile = np.empty(len(train)) if bare_quantile is None else bare_quantile
+                    bare_quantile[at] = bare_fold[1]
         model = _fit_estimators(name, data, train, seed, epochs_scale, settings, progress)
-        set_margins(model, data, train, point, quantile, coverage, in_range)
+        shaped_margins(model, data, train, (point, quantile), (bare_point, bare_quantile) if has_bare else None,
+                       coverage, in_range)
     else:
         fit_rows, cal_rows = grouped_calibration_split(train, data.groups, CALIBRATION_FRACTION, seed)
         model = _fit_estimators(name, data, fit_rows, seed, epochs_scale, settings, progress)
         calibrate(model, data, cal_rows, coverage, input_ranges(data, fit_rows))
     model.ranges = input_ranges(data, train)
+    if model.without_shapes is not None:
+        model.without_shapes.ranges = model.ranges
     return model
 
 
@@ -450,6 +580,9 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
         "memory_upper_shift": model.memory_shift,
         "memory_upper_shift_by_family": model.family_shifts,
         "memory_upper_shift_unseen_family": model.unseen_shift,
+        "memory_upper_without_shapes": None if model.without_shapes is None else {
+            "base": model.without_shapes.bound_source, "shift": model.without_shapes.memory_shift,
+            "by_family": model.without_shapes.family_shifts, "unseen_family": model.without_shapes.unseen_shift},
         "memory_upper_base": model.bound_source,
         "target_ranges": model.target_ranges,
         "memory_calibration": dict(zip(("context_mib", "factor"), data.terms.calibration, strict=True)),

@@ -593,6 +593,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--outputs-only", action="store_true",
                        help="trace nothing: rebuild the outputs from the unit records (store + work file)")
     group.add_argument("--retry-errors", action="store_true", help="trace again the units that recorded errors")
+    group.add_argument("--shapes", action="store_true",
+                       help="only derive the optional shape annotations of every architecture "
+                            "(predictor/data/real_shapes.json, predictor/dataset/shapes.py)")
     group.add_argument("--fit-check", type=int, default=0, metavar="N",
                        help="only check the batch fit on a sample of N architectures (reports/dataset-batch-fit.json)")
 
@@ -611,6 +614,11 @@ def run(args: argparse.Namespace) -> int:
     if not set(tiers) <= {0, 1} or args.workers < 1:
         raise UsageError("--tiers takes 0 and/or 1; --workers must be >= 1")
     logging.getLogger("timm").setLevel(logging.WARNING)
+    if args.shapes:
+        from predictor.dataset import shapes
+
+        print(json.dumps(shapes.write_table(args.data_dir / shapes.SHAPES_FILE, sources)), file=sys.stderr)
+        return 0
     if args.fit_check > 0:
         arch_list = [a for a in A.all_archs(sources) if args.match in a.name]
         report = fit_check_run(arch_list, args.fit_check)
@@ -960,6 +968,14 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "(a hand-written CNN is `cnn`); `regularization` = 1 when the model trains with an active dropout",
         "layer; `data_augmentation` = 1 for image models (it does not change GPU memory); `iterations` 10000 and",
         "`learning_rate` 0.001 (no effect on memory or FLOPs per iteration).",
+        "",
+        "Optional activation count (`predictor/dataset/shapes.py`, `deepres dataset real --shapes` ->",
+        "`real_shapes.json`, joined to the rows by `name` when the trainer reads them): `activations_millions` =",
+        "the output elements of every convolution and matrix product of one sample's forward pass, in millions",
+        "(fvcore's activation count; timm's model cards list it as \"Activations (M)\": resnet50 11.1,",
+        "efficientnet_b0 6.7, vit_base_patch16_224 16.5), counted at the architecture's default input and scaled",
+        "to a row's input by its pixels (images) or tokens (text, recurrent). Fits drop it for half the",
+        "architectures (by a hash of the name) so the predictor serves jobs without it as before.",
         "",
         "Groups (for grouped splits): the timm module (resnet50 and resnet50d are both `resnet`), torchvision",
         "models in the timm module of the same family (torchvision resnet50 is `resnet`, vit_b_16",

@@ -138,10 +138,11 @@ def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
         d = p.predict(spec)
         assert d.memory_mib == pytest.approx(memory[i], rel=1e-4)
         assert d.gflops_per_iteration == pytest.approx(flops[i], rel=1e-4)
-        shift = meta["memory_upper_shift_by_family"].get(spec.model_type, meta["memory_upper_shift"])
+        table = _margins_serving(meta, spec)
+        shift = table["by_family"].get(spec.model_type, table["shift"])
         ranges = {f: {c: (lo, hi) for c, (lo, hi) in cols_.items()} for f, cols_ in meta["input_ranges"].items()}
         factor = out_of_range(spec, ranges)[0]
-        base = upper[i] if meta["memory_upper_base"] == "quantile" else density[i, 0]
+        base = upper[i] if table["base"] == "quantile" else density[i, 0]
         # the margin widens the learned activation term only; the fixed bytes stay as they are
         widened = calibration["context_mib"] + calibration["factor"] * (
             terms.fixed_mib[i] + base * math.exp(shift) * factor * terms.act_scale[i])
@@ -160,6 +161,15 @@ def test_serving_imports_no_torch(artifact: Path, code: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def _margins_serving(meta: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """The margin table that serves `spec`: the artifact's own for a job stating `activations-millions`,
+    `memory_upper_without_shapes` (calibrated without the shape annotations) for one that does not."""
+    own = {"base": meta["memory_upper_base"], "shift": meta["memory_upper_shift"],
+           "by_family": meta["memory_upper_shift_by_family"]}
+    bare = meta.get("memory_upper_without_shapes")
+    return own if spec.activations_millions > 0 or not bare else dict(bare)
+
+
 def _with_metadata(artifact: Path, tmp_path: Path, **changes: object) -> Path:
     shutil.copytree(artifact, tmp_path / "art")
     meta = json.loads((tmp_path / "art" / "metadata.json").read_text())
@@ -171,11 +181,14 @@ def _with_metadata(artifact: Path, tmp_path: Path, **changes: object) -> Path:
 def test_family_margin_applies_to_its_family_only(artifact: Path, tmp_path: Path) -> None:
     base = Predictor.load(artifact, cache_size=0)
     meta = json.loads((artifact / "metadata.json").read_text())
-    shifts = dict(meta["memory_upper_shift_by_family"])
-    cnn_shift = shifts.get("cnn", meta["memory_upper_shift"])
-    shifts["cnn"] = cnn_shift + math.log(2.0)
-    wider = Predictor.load(_with_metadata(artifact, tmp_path, memory_upper_shift_by_family=shifts), cache_size=0)
     cnn, gpt = SPECS[0], SPECS[1]
+    table = _margins_serving(meta, cnn)
+    shifts = dict(table["by_family"])
+    shifts["cnn"] = shifts.get("cnn", table["shift"]) + math.log(2.0)
+    serves_bare = cnn.activations_millions == 0 and bool(meta.get("memory_upper_without_shapes"))
+    changed = ({"memory_upper_without_shapes": {**table, "by_family": shifts}} if serves_bare
+               else {"memory_upper_shift_by_family": shifts})
+    wider = Predictor.load(_with_metadata(artifact, tmp_path, **changed), cache_size=0)
     # twice the margin: twice the learned (activation) part of the bound; the fixed bytes stay
     fixed = _fixed_part(meta, cnn)
     assert wider.predict(cnn).memory_mib_upper - fixed == pytest.approx(
@@ -284,3 +297,22 @@ def test_the_served_bound_is_the_one_evaluate_scores(tmp_path: Path) -> None:
         d = served.predict(_spec_of_row(data, int(r)))
         assert d.memory_mib_upper == pytest.approx(upper[i], rel=1e-4, abs=0.1)
         assert bool(d.warnings) == (factors[i] > 1.0)
+
+
+def test_a_job_stating_its_activation_count_takes_the_margins_calibrated_with_it(artifact: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Mondrian on `activations-millions`: doubling the margins of jobs without it widens only those."""
+    meta = json.loads((artifact / "metadata.json").read_text())
+    bare = meta["memory_upper_without_shapes"]
+    assert bare is not None
+    wider = {**bare, "shift": bare["shift"] + math.log(2.0),
+             "by_family": {f: v + math.log(2.0) for f, v in bare["by_family"].items()}}
+    base = Predictor.load(artifact, cache_size=0)
+    changed = Predictor.load(_with_metadata(artifact, tmp_path, memory_upper_without_shapes=wider), cache_size=0)
+    plain = SPECS[0]
+    stated = JobSpec("cnn", params_millions=15, batch_size=64, input_dim=224, num_layers=5, precision="amp",
+                     optimizer="sgd", activations_millions=6.0)
+    assert changed.predict(stated) == base.predict(stated)
+    fixed = _fixed_part(meta, plain)
+    assert changed.predict(plain).memory_mib_upper - fixed == pytest.approx(
+        2.0 * (base.predict(plain).memory_mib_upper - fixed), rel=1e-3)
