@@ -21,6 +21,7 @@ import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +63,19 @@ class Predictor:
         self._estimator = estimator
         self.metadata = metadata
         self.version: str = str(metadata["version"])
-        self._memory_shift = float(metadata.get("memory_upper_shift", 0.0))
-        self._family_shifts = {str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()}
-        unseen = metadata.get("memory_upper_shift_unseen_family")
-        self._unseen_shift = None if unseen is None else float(unseen)
-        self._point_base = metadata.get("memory_upper_base", "quantile") == "point"
+        self._margins = Margins(
+            point_base=metadata.get("memory_upper_base", "quantile") == "point",
+            shift=float(metadata.get("memory_upper_shift", 0.0)),
+            by_family={str(k): float(v) for k, v in metadata.get("memory_upper_shift_by_family", {}).items()},
+            unseen=None if metadata.get("memory_upper_shift_unseen_family") is None
+            else float(metadata["memory_upper_shift_unseen_family"]))
         # the margins of jobs that do not state `activations-millions` (predictor.train.shaped_margins)
         bare = metadata.get("memory_upper_without_shapes") or {}
-        self._bare_point_base = bare.get("base", metadata.get("memory_upper_base", "quantile")) == "point"
-        self._bare_shift = float(bare.get("shift", self._memory_shift))
-        self._bare_family_shifts = {str(k): float(v) for k, v in bare.get("by_family", self._family_shifts).items()}
-        bare_unseen = bare.get("unseen_family", unseen)
-        self._bare_unseen_shift = None if bare_unseen is None else float(bare_unseen)
+        self._bare_margins = Margins(
+            point_base=bare.get("base", metadata.get("memory_upper_base", "quantile")) == "point",
+            shift=float(bare.get("shift", self._margins.shift)),
+            by_family={str(k): float(v) for k, v in bare.get("by_family", self._margins.by_family).items()},
+            unseen=self._margins.unseen if bare.get("unseen_family") is None else float(bare["unseen_family"]))
         self._target_ranges: dict[str, list[list[float]]] = metadata.get("target_ranges", {})
         calibration = metadata.get("memory_calibration", {})
         self._calibration = (float(calibration.get("context_mib", 0.0)), float(calibration.get("factor", 1.0)))
@@ -172,18 +174,13 @@ class Predictor:
             points = np.clip(points, low, high)
             upper = None if upper is None else np.clip(upper, low[:, 0], high[:, 0])
         memory = terms.memory(points[:, 0])
-        stated = np.asarray([spec.activations_millions > 0 for spec in specs])
+        margins = [self._margins if spec.activations_millions > 0 else self._bare_margins for spec in specs]
         head = upper if upper is not None else points[:, 0]
-        base = np.where(stated, points[:, 0] if self._point_base else head,
-                        points[:, 0] if self._bare_point_base else head)
+        base = np.where([m.point_base for m in margins], points[:, 0], head)
         flops = terms.flops(points[:, 1])
         checked = [out_of_range(spec, self._ranges) for spec in specs]
-        widen = np.asarray([math.exp(
-            margin_for(spec.model_type, self._family_shifts, self._memory_shift, self._unseen_shift, self._ranges)
-            if spec.activations_millions > 0 else
-            margin_for(spec.model_type, self._bare_family_shifts, self._bare_shift, self._bare_unseen_shift,
-                       self._ranges)) * factor
-            for spec, (factor, _) in zip(specs, checked, strict=True)])
+        widen = np.asarray([math.exp(m.margin(spec.model_type, self._ranges)) * factor
+                            for spec, m, (factor, _) in zip(specs, margins, checked, strict=True)])
         # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
         bound = np.maximum(terms.memory(base * widen), memory)
         return [
@@ -197,6 +194,20 @@ class Predictor:
             ))
             for i, spec in enumerate(specs)
         ]
+
+
+@dataclass(frozen=True)
+class Margins:
+    """One population's calibrated bound (`predictor.train.set_margins`): the base it multiplies (the
+    point, else the quantile head) and its log margins."""
+
+    point_base: bool
+    shift: float
+    by_family: Mapping[str, float]
+    unseen: float | None
+
+    def margin(self, family: str, ranges: Mapping[str, object]) -> float:
+        return margin_for(family, self.by_family, self.shift, self.unseen, ranges)
 
 
 def margin_for(family: str, family_shifts: Mapping[str, float], shift: float, unseen_shift: float | None,
