@@ -61,7 +61,7 @@ NETWORKS = ("transformer_bigru_paper", "transformer_bigru_tuned")
 FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgbm", "catboost")
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 #: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
 BOUND_CHOICE_VERSION = 1
 
