@@ -88,3 +88,27 @@ def test_exact_path_on_held_out_measured_runs(tmp_path: Path) -> None:
     assert figures["median_abs_rel_err"] < 0.06 and figures["under_rate"] <= 0.125
     assert (tmp_path / "exact-heldout-8-0.json").exists()  # traced peaks cached for the next run
     assert exact_heldout(tmp_path, 8) == figures
+
+
+def test_the_hindsight_bound_is_the_test_jobs_own_quantile(tmp_path: Path, evaluated: tuple[Path, str]) -> None:
+    """By hand: points that under-estimate job k of 100 by exp(k / 100) need the margin of the 95th
+    smallest error (0.94: the tightest margin leaving at most 5% under), which leaves 5 jobs under and
+    reserves mean(exp(0.94 - k/100)) - 1."""
+    import numpy as np
+
+    from predictor.evaluate import Predictions, hindsight_bound
+    from predictor.train import load_dataset
+
+    data = load_dataset(evaluated[0].parent / "jobs.csv")
+    rows = np.arange(100, dtype=np.int64)
+    truth = data.y[rows, 0]
+    k = np.arange(100)
+    preds = Predictions()
+    preds.add(rows, np.column_stack([truth / np.exp(k / 100), truth]), truth)
+    figures = hindsight_bound(data, preds, 0.95)
+    assert figures["margin"] == pytest.approx(0.94)
+    assert figures["under_rate"] == pytest.approx(0.05)
+    assert figures["over_reservation"] == pytest.approx(float(np.mean(np.exp(0.94 - k / 100)) - 1), abs=1e-5)
+    report = json.loads((evaluated[0] / "predictor.json").read_text())
+    assert set(report["splits"]["grouped"]["hindsight_bound"]["transformer_bigru_tuned"]) == {
+        "coverage", "margin", "under_rate", "over_reservation"}
