@@ -4,9 +4,9 @@ Models: the paper's Transformer-BiGRU, our tuned one, and the seven baselines. S
 (`predictor.splits`): **grouped** (30% of the architecture groups held out: the headline, what a
 user with a model the predictor never saw meets), **leave_family_out** (one fold per family, test
 predictions pooled over folds) and the seed's **random** 70/30 (for the paper's comparison). Every
-model is fitted by the same `predictor.train.fit_model` (fit rows = training rows less a
-calibration fold of whole groups that sets the memory upper bound, per family), so the grouped
-row of the tuned model is the shipped artifact's.
+model is fitted by the same `predictor.train.fit_model` (grouped cross-validation over the
+training rows calibrates the memory upper bound, then one fit on all of them), so the grouped row
+of the tuned model is the recipe of the shipped artifact.
 
 Writes `reports/predictor.json` (keys fixed by the issue; other tools read them), `reports/predictor.md`
 and its plots. Each fit's test predictions are kept in `<out>/.evaluate-cache/` (keyed by data hash,

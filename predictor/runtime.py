@@ -8,8 +8,9 @@ sees, often for the same JobSpec again (a pod is retried on every cluster event)
 - results are cached by JobSpec (frozen, hashable; `defaulted` does not take part) in a bounded LRU;
 - a lock guards the cache only; inference itself needs no lock (nothing changes after loading).
 
-The admission bound is the model's upper quantile times a margin calibrated on architectures held
-out by group (per family where the calibration had enough of them). A JobSpec outside the sizes
+The admission bound is the model's point (or upper quantile) with its learned term times a margin
+calibrated on architectures held out by group (`predictor.train.set_margins`: one for all families,
+or per family where that reserves less on nested folds). A JobSpec outside the sizes
 the model was trained on for its family gets a wider bound and a warning in its Demand.
 """
 

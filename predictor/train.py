@@ -1,9 +1,10 @@
 """`deepres train`: fit the tuned Transformer-BiGRU and write the shipped artifact.
 
 The artifact is fitted by the recipe the report measures (`fit_model`: grouped cross-validation
-sets the admission margin of `memory_mib_upper` per family, split conformal, then the model is
-fitted on all its rows), on every row of the dataset's default subset (`--split all`, the
-default); `deepres evaluate` measures the same recipe on architectures held out by group.
+sets the admission margin of `memory_mib_upper` by split conformal at a level tuned on nested
+folds of whole groups, then the model is fitted on all its rows), on every row of the dataset's
+default subset (`--split all`, the default); `deepres evaluate` measures the same recipe on
+architectures held out by group.
 `--split grouped` fits on the grouped split's training rows and reports its test rows instead.
 
 Weights are written as .npz (numpy arrays under the module's state-dict names): serving reads them
