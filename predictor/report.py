@@ -292,7 +292,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         f"{1 - context['coverage']:.0%} (jobs of one architecture err together, so a quantile over jobs "
         "under-covers the next architecture). The same nested folds choose one margin for all families or one "
         f"per family (model-type; where at least {MIN_FAMILY_CALIBRATION} jobs of {MIN_FAMILY_GROUPS} architecture "
-        "groups back it), whichever reserves less on them; "
+        "groups back it), whichever reserves less on them. The margins are calibrated "
         "on the out-of-fold jobs inside their fit's training ranges (out-of-range ones are served the margin "
         "times the widening below). "
         "The tuned network's raw bound is its pinball-trained 95% quantile head or its point prediction, "
