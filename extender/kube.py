@@ -548,19 +548,33 @@ class KubeCluster:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
-        """One TokenReview (extender/auth.py caches them and bounds how many run at once)."""
+        """One TokenReview (extender/auth.py caches them and bounds how many run at once). The
+        answer is read as JSON, not into the client's models: at 5,000 nodes about 45 reviews a
+        second, and the models were a quarter of a review's CPU in the extender (py-spy)."""
         c: Any = self._client
         review = c.V1TokenReview(spec=c.V1TokenReviewSpec(token=token, audiences=[audience]))
         try:
-            status = self._auth.create_token_review(review, _request_timeout=self.api_timeout_s).status
+            resp = self._auth.create_token_review(review, _preload_content=False, _request_timeout=self.api_timeout_s)
+            if not 200 <= int(resp.status) <= 299:
+                try:
+                    self._api.response_deserialize(resp, {})  # raises the client's ApiException
+                finally:
+                    resp.release_conn()
+            answer = _json(resp)
         except Exception as err:
             log.warning("TokenReview failed: %s", _api_reason(err))
             return None
-        if status is None or not status.authenticated or status.user is None:
+        status = answer.get("status") if isinstance(answer, dict) else None
+        user = status.get("user") if isinstance(status, dict) else None
+        if not isinstance(status, dict) or status.get("authenticated") is not True or not isinstance(user, dict):
             return None
-        extra = status.user.extra or {}
-        node = (extra.get(NODE_NAME_EXTRA) or [""])[0]
-        return TokenIdentity(status.user.username or "", node, tuple(status.audiences or ()))
+        extra = user.get("extra")
+        nodes = extra.get(NODE_NAME_EXTRA) if isinstance(extra, dict) else None
+        node = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], str) else ""
+        username = user.get("username")
+        audiences = status.get("audiences")
+        return TokenIdentity(username if isinstance(username, str) else "", node,
+                             tuple(a for a in audiences if isinstance(a, str)) if isinstance(audiences, list) else ())
 
 
 def _drain(resp: Any) -> None:

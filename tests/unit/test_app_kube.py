@@ -12,13 +12,10 @@ import pytest
 from kubernetes.client import (
     ApiClient,
     Configuration,
-    V1TokenReview,
-    V1TokenReviewStatus,
-    V1UserInfo,
 )
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster, TokenIdentity
 from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
@@ -48,16 +45,6 @@ class FakeCore:
         self.calls.append(("event", (namespace, body)))
         if self.fail:
             raise self.fail
-
-
-class FakeAuth:
-    def __init__(self, status: V1TokenReviewStatus) -> None:
-        self.status = status
-        self.reviews: list[V1TokenReview] = []
-
-    def create_token_review(self, review: V1TokenReview, **kw: Any) -> V1TokenReview:
-        self.reviews.append(review)
-        return V1TokenReview(spec=review.spec, status=self.status)
 
 
 def cluster() -> tuple[KubeCluster, FakeCore]:
@@ -112,20 +99,46 @@ def test_event_bodies() -> None:
 
 
 def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -> None:
-    kube, _ = cluster()
-    status = V1TokenReviewStatus(authenticated=True, audiences=["deepres-extender"], user=V1UserInfo(
-        username="system:serviceaccount:deepres:agent", extra={NODE_NAME_EXTRA: ["gpu-7"]}))
-    auth = FakeAuth(status)
-    kube._auth = auth
-    first = kube.review_token("tok", "deepres-extender")
-    assert first is not None and first.node_name == "gpu-7" and first.audiences == ("deepres-extender",)
-    assert auth.reviews[0].spec.audiences == ["deepres-extender"]
-    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=False))
-    assert kube.review_token("other", "deepres-extender") is None
-    # the audiences are passed on as given (empty included): extender/auth.py judges them
-    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=True, audiences=None, user=V1UserInfo(username="x")))
-    empty = kube.review_token("no-audience", "deepres-extender")
-    assert empty is not None and empty.audiences == ()
+    """Through the real client over loopback HTTP, with TokenReview answers as the API server writes
+    them (JSON, Kubernetes casing); anything but an authenticated user with a name is no identity."""
+    answers: dict[str, tuple[int, dict[str, Any]]] = {
+        "tok": (201, {"status": {"authenticated": True, "audiences": ["deepres-extender"], "user": {
+            "username": "system:serviceaccount:deepres:agent", "uid": "9",
+            "extra": {NODE_NAME_EXTRA: ["gpu-7"], "authentication.kubernetes.io/pod-name": ["x"]}}}}),
+        "other": (201, {"status": {"authenticated": False, "error": "invalid bearer token"}}),
+        "no-audience": (201, {"status": {"authenticated": True, "user": {"username": "x"}}}),
+        "odd": (201, {"status": {"authenticated": "yes", "user": {"username": "x"}}}),
+        "broken": (201, {"status": {"authenticated": True, "user": "x"}}),
+        "forbidden": (403, {"kind": "Status", "code": 403, "reason": "Forbidden"}),
+    }
+    sent: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            assert self.path == "/apis/authentication.k8s.io/v1/tokenreviews"
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            sent.append(review)
+            status, body = answers[review["spec"]["token"]]
+            send_json(self, json.dumps({"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                                        "spec": review["spec"], **body}).encode(), status)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client())
+    try:
+        first = kube.review_token("tok", "deepres-extender")
+        assert first == TokenIdentity("system:serviceaccount:deepres:agent", "gpu-7", ("deepres-extender",))
+        assert sent[0]["spec"] == {"token": "tok", "audiences": ["deepres-extender"]}
+        for refused in ("other", "odd", "broken", "forbidden"):
+            assert kube.review_token(refused, "deepres-extender") is None, refused
+        # the audiences are passed on as given (empty included): extender/auth.py judges them
+        assert kube.review_token("no-audience", "deepres-extender") == TokenIdentity("x", "", ())
+    finally:
+        loopback.close()
 
 
 class RawAnswer:
