@@ -53,7 +53,10 @@ PREDICTED_MEMORY = "predicted-memory-mib"
 ADMISSION_MEMORY = "admission-memory-mib"
 PREDICTOR_VERSION = "predictor-version"
 ASSIGNED_NODE = "assigned-node"
-WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE)
+#: the placement in words (prediction, GPU indexes): what a `Placed` Event said, at no extra API write
+PLACEMENT = "placement"
+WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE,
+                                 PLACEMENT)
 KNOWN_KEYS: frozenset[str] = frozenset((*JOB_KEYS, *SCHEDULING_KEYS, *WRITTEN_KEYS))
 
 @dataclass(frozen=True)

@@ -556,12 +556,16 @@ class Extender:
             self.metrics.binds.labels("failed").inc()
             return binding_result(f"cannot bind {key} to {args.node}: a bind of this pod is in progress")
         res = outcome.reservation
+        view = self.ledger.node_view(args.node)
+        indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
+        placement = self._placed_message(plan, args.node, indexes)
         written = {
             ann.PREFIX + ann.ASSIGNED_GPUS: ",".join(res.gpu_uuids),
             ann.PREFIX + ann.PREDICTED_MEMORY: f"{res.predicted_mib:.0f}",
             ann.PREFIX + ann.ADMISSION_MEMORY: f"{res.admission_mib:.0f}",
             ann.PREFIX + ann.PREDICTOR_VERSION: version or "none",
             ann.PREFIX + ann.ASSIGNED_NODE: args.node,
+            ann.PREFIX + ann.PLACEMENT: placement,
         }
         try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
             self.cluster.bind(raw, args.node, written)
@@ -575,9 +579,8 @@ class Extender:
         self.metrics.binds.labels("bound").inc()
         self.ledger.mark_bound(res.pod_uid, args.node, res)
         self._release_holds(req.uid)
-        view = self.ledger.node_view(args.node)
-        indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
-        self.record_event(raw, "Placed", self._placed_message(plan, args.node, indexes))
+        if self.settings.kube.placed_events:
+            self.record_event(raw, "Placed", placement)
         log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),
                  res.admission_mib)
         return binding_result("")

@@ -152,6 +152,11 @@ class KubeSettings:
     """When no node fits a GPU pod, evict (Eviction API) the fewest strictly-lower-priority pods on
     the best node: kube-scheduler's own preemption dry run cannot see GPU memory, so it never asks
     the preempt verb unless the pods also conflict on resources it models."""
+    placed_events: bool = False
+    """Also record a `Placed` Event per bound GPU pod (its text is always in the pod's
+    `deepres.io/placement` annotation, written by the Binding). Off: the Event is a second API write
+    per pod (the API server's, etcd's and the extender's CPU; kube-scheduler records its own
+    `Scheduled` Event either way), measured in `deepres bench cluster` (README, "Benchmark")."""
     preemption_grace_s: float = 120.0
     """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
     api_timeout_s: float = 10.0

@@ -263,10 +263,7 @@ def annotated_pods_land_where_their_predicted_memory_fits(
         assert len(uuids) == int(annotations.get(f"{PREFIX}gpus", "1"))
         for uuid in uuids:
             assert capacity[uuid] >= admission, f"{name} ({admission:.0f} MiB) placed on a {capacity[uuid]:.0f} MiB GPU"
-        placed = wait_for(f"{name}'s Placed event", lambda: [
-            e for e in cluster.events(name)  # noqa: B023
-            if e.reason == "Placed" and e.source is not None and e.source.component == "deepres-extender"], 30)
-        assert placed, f"{name}: no 'Placed' event from deepres-extender"
+        assert f"placed on {node} gpu " in annotations[f"{PREFIX}placement"], "the placement in words, from the Binding"
         wait_for(f"{name} running", lambda: cluster.pod(name).status.phase == "Running", 120)  # noqa: B023
         if container_env is not None:
             assert container_env(name) == annotations[f"{PREFIX}assigned-gpus"], \

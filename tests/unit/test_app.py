@@ -190,14 +190,30 @@ def test_bind_reserves_annotates_binds_and_refuses_overcommit() -> None:
     assert notes["deepres.io/assigned-gpus"] == "a-gpu0" and notes["deepres.io/assigned-node"] == "a"
     assert float(notes["deepres.io/admission-memory-mib"]) == pytest.approx(NEED, abs=1)
     assert notes["deepres.io/predictor-version"] == "test-double-1"
-    assert extender_of(client.application).events.drain()
-    placed = [e for e in cluster.events if e[1] == "Placed"]
-    assert placed and "placed on a gpu 0" in placed[0][2] and "GFLOP/iter" in placed[0][2]
+    assert "placed on a gpu 0" in notes["deepres.io/placement"] and "GFLOP/iter" in notes["deepres.io/placement"]
     refused = client.post("/bind", json=binding_args(second, "a")).get_json()["Error"]
     assert refused.startswith("cannot bind default/p2 to a: gpu-0: needs")
     assert ("default", "p2") not in cluster.pods
     filtered = client.post("/filter", json=extender_args(second, names=["a"])).get_json()
     assert filtered["NodeNames"] == [] and "a" in filtered["FailedNodes"]
+
+
+@pytest.mark.parametrize("placed_events", [False, True])
+def test_the_placed_event_is_sent_only_when_asked(placed_events: bool) -> None:
+    """By default the Binding is the bind's only API write (the placement is in its annotations);
+    `placed_events` adds a `Placed` Event with the same text."""
+    client, cluster, clock = make(placed_events=placed_events)
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    first = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(first, names=["a"]))
+    assert client.post("/bind", json=binding_args(first, "a")).get_json() == {"Error": ""}
+    extender_of(client.application).events.drain()
+    placed = [e for e in cluster.events if e[1] == "Placed"]
+    if placed_events:
+        annotation = cluster.pods[("default", "p1")]["metadata"]["annotations"]["deepres.io/placement"]
+        assert [e[2] for e in placed] == [annotation]
+    else:
+        assert placed == []
 
 
 def test_failed_binding_rolls_the_reservation_back_and_writes_no_annotation() -> None:

@@ -4,7 +4,9 @@ Events, TokenReview with node binding and caching, watches that list, watch and 
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -12,13 +14,10 @@ import pytest
 from kubernetes.client import (
     ApiClient,
     Configuration,
-    V1TokenReview,
-    V1TokenReviewStatus,
-    V1UserInfo,
 )
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster
+from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster, TokenIdentity
 from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
@@ -30,34 +29,11 @@ class FakeCore:
         self.kwargs: list[dict[str, Any]] = []
         self.fail: ApiException | None = None
 
-    def create_namespaced_pod_binding(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
-        assert name == body.metadata.name
-        self.kwargs.append(kw)
-        self.calls.append(("bind", (namespace, body, kw)))
-        if self.fail:
-            raise self.fail
-
     def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
         self.kwargs.append(kw)
         self.calls.append(("evict", (name, namespace, body)))
         if self.fail:
             raise self.fail
-
-    def create_namespaced_event(self, namespace: str, body: Any, **kw: Any) -> None:
-        self.kwargs.append(kw)
-        self.calls.append(("event", (namespace, body)))
-        if self.fail:
-            raise self.fail
-
-
-class FakeAuth:
-    def __init__(self, status: V1TokenReviewStatus) -> None:
-        self.status = status
-        self.reviews: list[V1TokenReview] = []
-
-    def create_token_review(self, review: V1TokenReview, **kw: Any) -> V1TokenReview:
-        self.reviews.append(review)
-        return V1TokenReview(spec=review.spec, status=self.status)
 
 
 def cluster() -> tuple[KubeCluster, FakeCore]:
@@ -67,30 +43,79 @@ def cluster() -> tuple[KubeCluster, FakeCore]:
     return kube, core
 
 
-def test_bind_creates_a_binding_with_uid_node_target_and_the_annotations() -> None:
-    kube, core = cluster()
-    kube.bind(POD, "n1", {"deepres.io/assigned-gpus": "GPU-1"})
-    namespace, body, kw = core.calls[0][1]
-    assert namespace == "ml" and kw == {"_preload_content": False, "_request_timeout": 10.0}
-    assert (body.metadata.name, body.metadata.uid, body.target.kind, body.target.name) == ("p", "u-1", "Node", "n1")
-    assert body.metadata.annotations == {"deepres.io/assigned-gpus": "GPU-1"} and len(core.calls) == 1
+class ApiServer:
+    """A loopback stand-in for the API server's POST endpoints: records each (path, JSON body) and
+    answers `status` (after `delay_s`) with a Status body, as the API server does on a refusal."""
+
+    def __init__(self, status: int = 201, reason: str = "Created", delay_s: float = 0.0) -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                recorder.posts.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                recorder.headers.append(dict(self.headers))
+                time.sleep(delay_s)
+                body = json.dumps({"kind": "Status", "code": status, "reason": reason}).encode()
+                try:
+                    self.send_response(status, reason)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up waiting (the timeout test)
+                    pass
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.loopback = Loopback(Handler)
+        self.kube = KubeCluster("deepres-scheduler", 300, 60, api_client=self.loopback.api_client())
+
+    def __enter__(self) -> ApiServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loopback.close()
+
+
+def test_bind_posts_one_binding_with_uid_node_target_and_the_annotations() -> None:
+    with ApiServer() as api:
+        api.kube.bind(POD, "n1", {"deepres.io/assigned-gpus": "GPU-1"})
+        api.kube.bind({"metadata": {"name": "q", "namespace": "ml"}}, "n2")  # no uid known: no precondition
+    (path, body), (_, bare) = api.posts
+    assert path == "/api/v1/namespaces/ml/pods/p/binding"
+    assert body == {"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "p", "namespace": "ml", "uid": "u-1",
+                                 "annotations": {"deepres.io/assigned-gpus": "GPU-1"}},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
+    assert bare["metadata"] == {"name": "q", "namespace": "ml"} and bare["target"]["name"] == "n2"
+    assert api.headers[0]["Content-Type"] == "application/json"
 
 
 def test_every_api_call_carries_a_client_timeout() -> None:
-    kube, core = cluster()
-    kube.api_timeout_s = 3.5
-    kube.bind(POD, "n1")
-    kube.evict("ml", "p", "u-1")
-    kube.event(POD, "Placed", "x")
-    assert [kw.get("_request_timeout") for kw in core.kwargs] == [3.5] * 3
+    """An API server that does not answer: the calls give up after `api_timeout_s`, never hang a
+    request thread (the bind fails, the event is dropped, the eviction fails)."""
+    with ApiServer(delay_s=3.0) as api:
+        api.kube.api_timeout_s = 0.3
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="bind pod ml/p to n1"):
+            api.kube.bind(POD, "n1")
+        api.kube.event(POD, "Placed", "x")
+        with pytest.raises(ClusterError, match="evict pod ml/p"):
+            api.kube.evict("ml", "p", "u-1")
+        assert time.monotonic() - started < 2.5
 
 
 def test_api_failures_become_cluster_errors_naming_the_call() -> None:
-    kube, core = cluster()
-    core.fail = ApiException(status=409, reason="Conflict")
-    with pytest.raises(ClusterError, match=r"bind pod ml/p to n1: HTTP 409 Conflict"):
-        kube.bind(POD, "n1")
-    kube.event(POD, "Placed", "x")  # events are best effort: no exception
+    with ApiServer(409, "Conflict") as api:
+        with pytest.raises(ClusterError, match=r"bind pod ml/p to n1: HTTP 409 Conflict"):
+            api.kube.bind(POD, "n1")
+        api.kube.event(POD, "Placed", "x")  # events are best effort: no exception
+    assert [path for path, _ in api.posts] == ["/api/v1/namespaces/ml/pods/p/binding", "/api/v1/namespaces/ml/events"]
 
 
 def test_eviction_carries_the_uid_precondition_and_pdb_refusals_surface() -> None:
@@ -104,28 +129,60 @@ def test_eviction_carries_the_uid_precondition_and_pdb_refusals_surface() -> Non
 
 
 def test_event_bodies() -> None:
-    kube, core = cluster()
-    kube.event(POD, "InvalidAnnotation", "deepres.io/gpus='x' is not valid", warning=True)
-    namespace, event = core.calls[0][1]
-    assert namespace == "ml" and event.type == "Warning" and event.reason == "InvalidAnnotation"
-    assert event.involved_object.uid == "u-1" and event.source.component == "deepres-extender"
+    with ApiServer() as api:
+        api.kube.event(POD, "InvalidAnnotation", "deepres.io/gpus='x' is not valid", warning=True)
+    (path, event), = api.posts
+    assert path == "/api/v1/namespaces/ml/events" and event["metadata"]["namespace"] == "ml"
+    assert event["metadata"]["name"].startswith("p.") and event["kind"] == "Event"
+    assert (event["type"], event["reason"], event["message"]) == ("Warning", "InvalidAnnotation",
+                                                                  "deepres.io/gpus='x' is not valid")
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ml", "uid": "u-1"}
+    assert event["source"] == {"component": "deepres-extender"} and event["count"] == 1
+    first = datetime.strptime(event["firstTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert abs((datetime.now(UTC) - first).total_seconds()) < 60 and event["lastTimestamp"] == event["firstTimestamp"]
 
 
 def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -> None:
-    kube, _ = cluster()
-    status = V1TokenReviewStatus(authenticated=True, audiences=["deepres-extender"], user=V1UserInfo(
-        username="system:serviceaccount:deepres:agent", extra={NODE_NAME_EXTRA: ["gpu-7"]}))
-    auth = FakeAuth(status)
-    kube._auth = auth
-    first = kube.review_token("tok", "deepres-extender")
-    assert first is not None and first.node_name == "gpu-7" and first.audiences == ("deepres-extender",)
-    assert auth.reviews[0].spec.audiences == ["deepres-extender"]
-    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=False))
-    assert kube.review_token("other", "deepres-extender") is None
-    # the audiences are passed on as given (empty included): extender/auth.py judges them
-    kube._auth = FakeAuth(V1TokenReviewStatus(authenticated=True, audiences=None, user=V1UserInfo(username="x")))
-    empty = kube.review_token("no-audience", "deepres-extender")
-    assert empty is not None and empty.audiences == ()
+    """Through the real client over loopback HTTP, with TokenReview answers as the API server writes
+    them (JSON, Kubernetes casing); anything but an authenticated user with a name is no identity."""
+    answers: dict[str, tuple[int, dict[str, Any]]] = {
+        "tok": (201, {"status": {"authenticated": True, "audiences": ["deepres-extender"], "user": {
+            "username": "system:serviceaccount:deepres:agent", "uid": "9",
+            "extra": {NODE_NAME_EXTRA: ["gpu-7"], "authentication.kubernetes.io/pod-name": ["x"]}}}}),
+        "other": (201, {"status": {"authenticated": False, "error": "invalid bearer token"}}),
+        "no-audience": (201, {"status": {"authenticated": True, "user": {"username": "x"}}}),
+        "odd": (201, {"status": {"authenticated": "yes", "user": {"username": "x"}}}),
+        "broken": (201, {"status": {"authenticated": True, "user": "x"}}),
+        "forbidden": (403, {"kind": "Status", "code": 403, "reason": "Forbidden"}),
+    }
+    sent: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            assert self.path == "/apis/authentication.k8s.io/v1/tokenreviews"
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            sent.append(review)
+            status, body = answers[review["spec"]["token"]]
+            send_json(self, json.dumps({"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                                        "spec": review["spec"], **body}).encode(), status)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client())
+    try:
+        first = kube.review_token("tok", "deepres-extender")
+        assert first == TokenIdentity("system:serviceaccount:deepres:agent", "gpu-7", ("deepres-extender",))
+        assert sent[0]["spec"] == {"token": "tok", "audiences": ["deepres-extender"]}
+        for refused in ("other", "odd", "broken", "forbidden"):
+            assert kube.review_token(refused, "deepres-extender") is None, refused
+        # the audiences are passed on as given (empty included): extender/auth.py judges them
+        assert kube.review_token("no-audience", "deepres-extender") == TokenIdentity("x", "", ())
+    finally:
+        loopback.close()
 
 
 class RawAnswer:
