@@ -194,6 +194,9 @@ class Ledger:
         node stay valid). Measured in-process, ~0.035 instead of ~0.06 ms per report."""
         self._telemetry[report.node] = NodeTelemetry(report, now_s)
         view = self._views[report.node]
+        if any(g.pending_mib for g in view.gpus):  # a pending reservation may have settled since
+            self._rebuild(report.node)
+            return
         self._views[report.node] = NodeView(name=view.name, gpus=view.gpus, received_s=now_s)
         self.matrix.touch(report.node, now_s)
 
@@ -377,12 +380,25 @@ class Ledger:
                 total += process.used_memory_mib
         return total
 
+    def _pending_mib(self, node: str, received_s: float) -> dict[str, float]:
+        """Per GPU of `node`, the reservations made less than `usage_warmup_s` before its report
+        arrived: their memory may not be in the report's used memory yet (`usage.occupied_mib`)."""
+        since = received_s - self.params.usage_warmup_s
+        pending: dict[str, float] = {}
+        for uid in self._by_node.get(node, ()):
+            res = self._reservations.get(uid)
+            if res is not None and res.bound_s > since:
+                for uuid in res.gpu_uuids:
+                    pending[uuid] = pending.get(uuid, 0.0) + res.memory_mib
+        return pending
+
     def _rebuild(self, node: str) -> None:
         telemetry = self._telemetry.get(node)
         if telemetry is None:
             self._views.pop(node, None)
             self.matrix.remove(node)
             return
+        pending = self._pending_mib(node, telemetry.received_s)
         view = NodeView(
             name=node,
             gpus=tuple(
@@ -395,6 +411,7 @@ class Ledger:
                     utilization=g.utilization_gpu,
                     healthy=g.healthy,
                     foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
+                    pending_mib=0.0 if g.processes else pending.get(g.uuid, 0.0),
                 )
                 for g in telemetry.report.gpus
             ),

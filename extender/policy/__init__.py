@@ -2,8 +2,9 @@
 no globals. The extender's HTTP layer and the trace simulator call exactly these.
 
 Records (frozen dataclasses, `extender.policy.types`)
-    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True, foreign_mib=0)
-        derived: free_mib = capacity - usage.occupied_mib(used, reserved, foreign) (-1 when unhealthy)
+    GpuView(uuid, index, capacity_mib, used_mib=0, reserved_mib=0, utilization=0, healthy=True, foreign_mib=0,
+            pending_mib=0)
+        derived: free_mib = capacity - usage.occupied_mib(used, reserved, foreign, pending) (-1 when unhealthy)
     NodeView(name, gpus: tuple[GpuView, ...], received_s)
         derived once: healthy, free_desc, capacity_desc (build one per node and telemetry/ledger
         change, then reuse it for every call: the filter is O(1) per node)

@@ -90,6 +90,6 @@ def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation]) -> bo
             freed[uuid] = freed.get(uuid, 0.0) + res.memory_mib
     free = sorted((effective_free_mib(g.capacity_mib, occupied_mib(g.used_mib - freed.get(g.uuid, 0.0),
                                                                      g.reserved_mib - freed.get(g.uuid, 0.0),
-                                                                     g.foreign_mib))
+                                                                     g.foreign_mib, g.pending_mib))
                    for g in node.healthy), reverse=True)
     return gpus_fit(free, pod.gpus, pod.admission_mib)

@@ -31,7 +31,8 @@ class GpuView:
 
     `free_mib` (derived) is the effective free memory, capacity - `usage.occupied_mib` (reservations
     + foreign use, at least the observed use), and -1 for an unhealthy GPU so nothing ever fits on it.
-    `foreign_mib` is memory used by processes deepres did not place.
+    `foreign_mib` is memory used by processes deepres did not place; `pending_mib` the reservations
+    whose use cannot show in `used_mib` yet on a GPU that lists no processes (`usage.occupied_mib`).
     """
 
     uuid: str
@@ -42,12 +43,13 @@ class GpuView:
     utilization: float = 0.0  # ratio 0..1, from the last telemetry
     healthy: bool = True
     foreign_mib: float = 0.0
+    pending_mib: float = 0.0
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        occupied = occupied_mib(self.used_mib, self.reserved_mib, self.foreign_mib)
+        occupied = occupied_mib(self.used_mib, self.reserved_mib, self.foreign_mib, self.pending_mib)
         object.__setattr__(self, "free_mib", effective_free_mib(self.capacity_mib, occupied, self.healthy))
         object.__setattr__(self, "empty", self.healthy and occupied <= EMPTY_SLACK_MIB)
         object.__setattr__(self, "partly", self.healthy and is_partly_used(occupied, self.capacity_mib))

@@ -4,7 +4,10 @@ memory deepres did not place is never counted as free.
 1. Occupied memory of a GPU (`occupied_mib`, the one home of the formula): the sum of reservations
    plus the memory of processes deepres did not place ("foreign": a process of no pod, or of a pod
    that holds no reservation on that GPU), and never less than the memory the GPU reports used.
-   Effective free = capacity - occupied.
+   A GPU whose report lists no processes cannot attribute its used memory: there the reservations
+   made less than `usage_warmup_s` before the report (pending: their use may not show yet) come on
+   top of the used memory, and only the older ones may hide inside it. Effective free = capacity -
+   occupied.
 2. After `usage_warmup_s` since bind, a running pod's reservation per GPU becomes its observed peak
    per GPU x `usage_margin` (never below `min_reservation_mib`), down as well as up. Before the
    warm-up the admitted reservation holds: start-up peaks (cuDNN autotuning, first allocations) are
@@ -39,9 +42,16 @@ NODES_PER_SIGNATURE = 16
 PODS_PER_SIGNATURE = 16
 
 
-def occupied_mib(used_mib: float, reserved_mib: float, foreign_mib: float = 0.0) -> float:
-    """Memory of a GPU that is not free: reservations + foreign use, at least what is used now."""
-    return max(used_mib, reserved_mib + foreign_mib, 0.0)
+def occupied_mib(used_mib: float, reserved_mib: float, foreign_mib: float = 0.0, pending_mib: float = 0.0) -> float:
+    """Memory of a GPU that is not free: reservations + foreign use, at least what is used now.
+
+    `pending_mib` (part of `reserved_mib`) is what reservations whose use cannot show in `used_mib`
+    yet hold on a GPU whose report names no processes: with no process list, the used memory cannot
+    be told apart from ours, so only settled reservations may hide inside it, and pending ones come
+    on top (else a burst of binds fills a GPU's observed use a second time). 0 where processes are
+    listed: attribution already keeps our pods' memory out of the foreign share."""
+    pending = min(max(pending_mib, 0.0), max(reserved_mib, 0.0))
+    return max(used_mib, reserved_mib - pending + foreign_mib, 0.0) + pending
 
 
 def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = True) -> float:
@@ -51,9 +61,11 @@ def effective_free_mib(capacity_mib: float, occupied: float, healthy: bool = Tru
     return max(capacity_mib - occupied, 0.0) if healthy else -1.0
 
 
-def occupied_mib_array(used_mib: F64, reserved_mib: F64, foreign_mib: F64 | float = 0.0) -> F64:
+def occupied_mib_array(used_mib: F64, reserved_mib: F64, foreign_mib: F64 | float = 0.0,
+                       pending_mib: F64 | float = 0.0) -> F64:
     """`occupied_mib` over arrays (the simulator's columnar cluster): the same formula."""
-    out: F64 = np.maximum(np.maximum(used_mib, reserved_mib + foreign_mib), 0.0)
+    pending = np.minimum(np.maximum(pending_mib, 0.0), np.maximum(reserved_mib, 0.0))
+    out: F64 = np.maximum(np.maximum(used_mib, reserved_mib - pending + foreign_mib), 0.0) + pending
     return out
 
 

@@ -168,8 +168,13 @@ def test_effective_free_is_capacity_minus_max_of_used_and_reserved() -> None:
     view = state.node_view("n1")
     assert view is not None
     frees = {g.uuid: g.free_mib for g in view.gpus}
-    # best fit: the partly used GPU (10,000 free) takes it; used 30,000 > reserved 5,000
-    assert res.gpu_uuids == ("n1-u0",) and frees["n1-u0"] == 10_000.0
+    # best fit: the partly used GPU (10,000 free) takes it. The report lists no processes, so the
+    # fresh reservation cannot be inside the 30,000 used: 35,000 occupied until it has settled
+    assert res.gpu_uuids == ("n1-u0",) and frees["n1-u0"] == 5_000.0
+    # a later report, past the warm-up: used 30,000 > reserved 5,000, the reservation may be inside it
+    state.apply_report(report(seq=2, used=(30_000.0, 0.0)), NOW + P.usage_warmup_s + 1)
+    view = state.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 10_000.0
     state.release("a")
     assert state.reserved_mib("n1", "n1-u0") == 0.0
 
@@ -278,3 +283,28 @@ def test_no_sequence_of_binds_releases_and_telemetry_overcommits(ops: list[tuple
         for res in state.reservations():
             for uuid in res.gpu_uuids:
                 assert state.reserved_mib(res.node, uuid) <= 40_000.0 + 1e-6
+
+
+def test_a_burst_never_fills_a_gpu_twice_when_its_report_lists_no_processes() -> None:
+    """Seen with the real kube-scheduler (cluster scenario 16): a GPU reporting 33,000 of 40,000 MiB
+    used and no process list took one 6,000 MiB pod after another, because max(used, reserved) stayed
+    at the used memory until the reservations passed it, and booked ~40,000 on 7,000 free."""
+    state = ClusterState(P)
+    state.apply_report(report(used=(33_000.0,)), NOW)
+    reserved(state, request("first", 6_000.0), "n1", NOW + 1)
+    second = state.reserve_on(request("second", 6_000.0), template(request("second", 6_000.0), "n1", NOW + 2), NOW + 2)
+    assert isinstance(second, str)
+    view = state.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 1_000.0
+    # an unchanged report (heartbeat) after the warm-up: the first pod's use would show by now, and
+    # it does not, so observed use decides again (the usage rule)
+    state.apply_report(report(seq=2, used=(33_000.0,)), NOW + 1 + P.usage_warmup_s + 1)
+    view = state.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 7_000.0
+    # where the report lists processes, attribution decides and nothing is pending
+    listed = ClusterState(P)
+    foreign = (ProcessReport(4242, 33_000.0, ""),)
+    listed.apply_report(report(used=(33_000.0,), processes=(foreign,)), NOW)
+    reserved(listed, request("first", 6_000.0), "n1", NOW + 1)
+    view = listed.node_view("n1")
+    assert view is not None and view.gpus[0].free_mib == 1_000.0 and view.gpus[0].pending_mib == 0.0

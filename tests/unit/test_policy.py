@@ -493,6 +493,22 @@ def test_occupied_memory_counts_foreign_use_beside_reservations() -> None:
     assert gpu.free_mib == 1024.0
 
 
+def test_pending_reservations_come_on_top_of_unattributed_use() -> None:
+    import numpy as np
+
+    from extender.policy.usage import occupied_mib, occupied_mib_array
+
+    # 20 GiB used, no process list; 8 GiB reserved of which 6 GiB by pods too young to show in it
+    assert occupied_mib(20480.0, 8192.0, 0.0, 6144.0) == 20480.0 + 6144.0
+    assert occupied_mib(20480.0, 8192.0, 0.0, 0.0) == 20480.0  # all settled: they may be inside the use
+    assert occupied_mib(0.0, 8192.0, 0.0, 8192.0) == 8192.0  # an idle GPU: the reservations, once
+    assert occupied_mib(0.0, 1024.0, 0.0, 4096.0) == 1024.0  # never more pending than reserved
+    used, reserved, pending = np.array([20480.0, 0.0]), np.array([8192.0, 1024.0]), np.array([6144.0, 4096.0])
+    assert occupied_mib_array(used, reserved, 0.0, pending).tolist() == [26624.0, 1024.0]
+    gpu = GpuView("u", 0, 32768.0, used_mib=20480.0, reserved_mib=8192.0, pending_mib=6144.0)
+    assert gpu.free_mib == 32768.0 - 26624.0
+
+
 def test_shortlist_keeps_the_best_scores_in_input_order_ties_to_the_earlier() -> None:
     scores = [3, 9, 5, 9, 1, 5, 10, 5]
     assert shortlist(scores, 3).tolist() == [1, 3, 6]
