@@ -63,6 +63,12 @@ def upper_margin(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, coverage: float) 
         raise ValueError(f"coverage must be in (0, 1), got {coverage}")
     t, p = _pair(y_true, y_pred)
     tiny = np.finfo(np.float64).tiny  # scale-free: the scores may be of densities far below 1
-    ratio = np.sort(np.log(np.maximum(t, tiny) / np.maximum(p, tiny)))
-    rank = min(len(ratio), int(np.ceil((len(ratio) + 1) * coverage)))
-    return float(ratio[rank - 1])
+    return conformal_quantile(np.log(np.maximum(t, tiny) / np.maximum(p, tiny)), coverage)
+
+
+def conformal_quantile(scores: npt.ArrayLike, level: float) -> float:
+    """The ceil((n + 1) x level)-th smallest score (split conformal; the largest when n is too small):
+    the one rank rule of `upper_margin` and of the bound's margins (`predictor.train.conformal_plan`)."""
+    ordered = np.sort(np.asarray(scores, dtype=np.float64))
+    rank = min(len(ordered), max(1, int(np.ceil((len(ordered) + 1) * level))))
+    return float(ordered[rank - 1])

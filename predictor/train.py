@@ -30,7 +30,7 @@ import torch
 
 from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
-from predictor.metrics import over_reservation, regression_metrics, under_rate
+from predictor.metrics import conformal_quantile, over_reservation, regression_metrics, under_rate
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
 from predictor.runtime import (
     INPUT_RANGE_COLUMNS,
@@ -478,13 +478,6 @@ def _class_margins(scores: FloatArray, classes: npt.NDArray[np.str_], level: flo
         margins[c] = pooled if c == ALL_FAMILIES or mask.sum() < MIN_FAMILY_CALIBRATION \
             else conformal_quantile(scores[mask], level)
     return margins, pooled
-
-
-def conformal_quantile(scores: FloatArray, level: float) -> float:
-    """The ceil((n + 1) x level)-th smallest score (split conformal; the largest when n is too small)."""
-    ordered = np.sort(scores)
-    rank = min(len(ordered), max(1, int(np.ceil((len(ordered) + 1) * level))))
-    return float(ordered[rank - 1])
 
 
 def conformal_plan(scores: FloatArray, groups: npt.NDArray[Any], classes: npt.NDArray[np.str_],

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from predictor.metrics import conformal_quantile
 from predictor.splits import grouped_split
 from predictor.train import (
     ALL_FAMILIES,
@@ -15,7 +16,6 @@ from predictor.train import (
     FittedModel,
     calibrate,
     conformal_plan,
-    conformal_quantile,
     fit_model,
     load_dataset,
     set_margins,
