@@ -19,9 +19,12 @@ request path).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,13 @@ SEED_COLUMNS: tuple[str, ...] = (
 )
 #: The optional shape annotation's column (`activations_millions`; 0: not given), read when present.
 SHAPE_COLUMNS: tuple[str, ...] = tuple(attr for _, attr in SHAPE_KEYS)
+#: The activation-count table beside the dataset (predictor.dataset.shapes.SHAPES_FILE; that module
+#: imports torch, this one must not: the replay reads the table too).
+SHAPES_FILE = "real_shapes.json"
+#: Share of the architectures whose optional activation count (`activations-millions`) the rows a
+#: model fits leave out, drawn per architecture from a hash of its name (`shapes_dropped`): the model
+#: learns with and without it, and a job that leaves it out is one of the rows it fitted.
+SHAPES_DROPPED_SHARE = 0.5
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "learning_rate",
     "regularization", "data_augmentation",
@@ -310,6 +320,39 @@ class Decomposition:
     def flops(self, density: FloatArray) -> FloatArray:
         out: FloatArray = density * self.flops_scale
         return out
+
+
+def shapes_dropped(names: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """(rows, shape columns): which optional shape annotation the fits leave out of each row: all of them
+    for SHAPES_DROPPED_SHARE of the architectures, by a hash of the name (deterministic)."""
+    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
+                          dtype=bool, count=len(names))
+    return np.repeat(dropped[:, None], len(SHAPE_COLUMNS), axis=1)
+
+
+def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],
+                  table_path: Path) -> dict[str, FloatArray]:
+    """The optional shape annotations of each row's architecture (predictor/dataset/shapes.py's table
+    next to the dataset), 0 where the architecture has none or the table is absent. The table's
+    activation count is at the architecture's default input; a row at another input reads it scaled
+    as the README tells a user to scale a model card's figure: by the input units (pixels of an
+    image, tokens of a sequence; an MLP's count does not depend on its input features)."""
+    table = read_shapes_table(table_path)
+    out = {c: np.asarray([float(table.get(str(n), {}).get(c, 0)) for n in names], dtype=np.float64)
+           for c in SHAPE_COLUMNS}
+    default = np.asarray([float(table.get(str(n), {}).get("input_default", 0)) for n in names], dtype=np.float64)
+    at_default = input_units({"input_dim": np.where(default > 0, default, 1.0), "model_type": cols["model_type"]})
+    out["activations_millions"] = out["activations_millions"] * input_units(cols) / at_default
+    return out
+
+
+def read_shapes_table(path: Path) -> dict[str, dict[str, float]]:
+    """predictor/dataset/shapes.py's table (name -> {attribute: value}); {} when absent. Read here
+    without importing that module (it builds models with torch)."""
+    if not path.is_file():
+        return {}
+    return {name: {k: float(v) for k, v in values.items()}
+            for name, values in json.loads(path.read_text())["architectures"].items()}
 
 
 def input_units(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:

@@ -30,6 +30,7 @@ import torch
 
 from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
+from predictor.features import SHAPES_FILE, shape_columns, shapes_dropped
 from predictor.metrics import conformal_quantile, over_reservation, regression_metrics, under_rate
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
 from predictor.runtime import (
@@ -49,7 +50,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "predictor" / "data" / "real_jobs.csv.gz"
 DEFAULT_ARTIFACT = REPO_ROOT / "predictor" / "artifacts"
 CALIBRATION_CONSTANTS = REPO_ROOT / "predictor" / "dataset" / "calibration.json"
-SHAPES_FILE = "real_shapes.json"  # predictor.dataset.shapes.SHAPES_FILE (that module imports torch)
 TARGETS: tuple[str, ...] = ("memory_mib", "gflops_per_iteration")
 MODELS: tuple[str, ...] = ("transformer_bigru_paper", "transformer_bigru_tuned", *BASELINES)
 #: Share of the jobs of architectures the margins never saw that the memory bound covers: the
@@ -73,10 +73,6 @@ CV_FOLDS = 10
 #: Threads for training: fixed so results are reproducible. One: these networks are so small that a
 #: second intra-op thread only adds synchronisation (10x slower on a busy 2-core machine).
 TRAIN_THREADS = 1
-#: Share of the architectures whose optional activation count (`activations-millions`) the rows a
-#: model fits leave out, drawn per architecture from a hash of its name (`shapes_dropped`): the model
-#: learns with and without it, and a job that leaves it out is one of the rows it fitted.
-SHAPES_DROPPED_SHARE = 0.5
 #: The smallest positive float: learned densities can be far below 1 (they are per input element).
 TINY = float(np.finfo(np.float64).tiny)
 
@@ -190,39 +186,6 @@ def load_dataset(path: Path = DEFAULT_DATA, max_rows: int | None = None, seed: i
         terms_bare=feats.decomposition(bare_cols, *memory_calibration()),
         fitted=(feats.physics_features(fit_cols), fit_terms.encode(y)),
     )
-
-
-def shapes_dropped(names: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
-    """(rows, shape columns): which optional shape annotation the fits leave out of each row: all of them
-    for SHAPES_DROPPED_SHARE of the architectures, by a hash of the name (deterministic)."""
-    dropped = np.fromiter((hashlib.sha256(str(n).encode()).digest()[0] < 256 * SHAPES_DROPPED_SHARE for n in names),
-                          dtype=bool, count=len(names))
-    return np.repeat(dropped[:, None], len(feats.SHAPE_COLUMNS), axis=1)
-
-
-def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],
-                  table_path: Path) -> dict[str, FloatArray]:
-    """The optional shape annotations of each row's architecture (predictor/dataset/shapes.py's table
-    next to the dataset), 0 where the architecture has none or the table is absent. The table's
-    activation count is at the architecture's default input; a row at another input reads it scaled
-    as the README tells a user to scale a model card's figure: by the input units (pixels of an
-    image, tokens of a sequence; an MLP's count does not depend on its input features)."""
-    table = _read_shapes(table_path)
-    out = {c: np.asarray([float(table.get(str(n), {}).get(c, 0)) for n in names], dtype=np.float64)
-           for c in feats.SHAPE_COLUMNS}
-    default = np.asarray([float(table.get(str(n), {}).get("input_default", 0)) for n in names], dtype=np.float64)
-    at_default = feats.input_units({"input_dim": np.where(default > 0, default, 1.0), "model_type": cols["model_type"]})
-    out["activations_millions"] = out["activations_millions"] * feats.input_units(cols) / at_default
-    return out
-
-
-def _read_shapes(path: Path) -> dict[str, dict[str, float]]:
-    """predictor/dataset/shapes.py's table (name -> {attribute: value}); {} when absent. Read here
-    without importing that module (it builds models with torch)."""
-    if not path.is_file():
-        return {}
-    return {name: {k: float(v) for k, v in values.items()}
-            for name, values in json.loads(path.read_text())["architectures"].items()}
 
 
 def _file_sha(path: Path) -> str:

@@ -1,9 +1,16 @@
 """Training-job descriptions for the replay, and the memory predictor DeepRes admits them with.
 
 Job pool, first found wins (`JobPool.source` names it in the report):
-1. predictor/data/jobs.csv, the predictor's dataset (rows with status == ok);
-2. predictor/dataset/_work/*.csv, its in-progress files (same columns);
-3. fallback: ../shared/data/gpumem GPUMemNet MLP measurements (real A100 peaks) as MLP JobSpecs.
+1. predictor/data/real_jobs.csv.gz, the real architectures the shipped predictor is trained on
+   (`deepres dataset real`). Each job is annotated as a data scientist describing a custom model
+   would: the family annotations of the row, plus the optional activation count
+   (`activations-millions`, scaled to the job's input) for the architectures the predictor's own
+   fits give it to (`predictor.features.shapes_dropped`: half of them, by a hash of the name), so
+   the replay meets the bound with and without it as the evaluation does. No `model` annotation:
+   the exact-architecture path would make the replay's admission nearly exact.
+2. predictor/data/jobs.csv, the template dataset of earlier releases (rows with status == ok);
+3. predictor/dataset/_work/*.csv, its in-progress files (same columns);
+4. fallback: ../shared/data/gpumem GPUMemNet MLP measurements (real A100 peaks) as MLP JobSpecs.
 The job's true peak is the dataset's calibrated `memory_mib` (what nvidia-smi would show).
 
 Predictor: `predictor.runtime.Predictor.load()` when it exists; otherwise a clearly labelled
@@ -14,6 +21,7 @@ it as soon as the shipped predictor lands).
 from __future__ import annotations
 
 import csv
+import gzip
 import logging
 import math
 import re
@@ -23,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor import features
 from predictor.spec import Demand, JobSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -46,24 +55,43 @@ class JobPool:
     source: str
 
 
+def _ok_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a dataset file (plain or gzipped csv) with status ok and a label."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as handle:
+        return [row for row in csv.DictReader(handle)
+                if row.get("status", "ok") == "ok" and row.get("memory_mib")]
+
+
+def _pool_job(row: dict[str, str], activations_millions: float = 0.0) -> PoolJob | None:
+    """A row as the annotations a user would write (None: the row does not parse or has no usable peak)."""
+    raw = {c.replace("_", "-"): row[c] for c in _SPEC_COLUMNS if row.get(c) not in (None, "")}
+    for key in ("regularization", "data-augmentation"):
+        if key in raw:
+            raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
+    if activations_millions > 0:
+        raw["activations-millions"] = f"{activations_millions:.6g}"
+    try:
+        spec = JobSpec.parse(raw)
+        true = float(row["memory_mib"])
+    except (SpecError, ValueError):
+        return None
+    return PoolJob(spec, true) if true > 0 and math.isfinite(true) else None
+
+
 def _from_dataset(path: Path) -> list[PoolJob]:
-    out = []
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row.get("status", "ok") != "ok" or not row.get("memory_mib"):
-                continue
-            raw = {c.replace("_", "-"): row[c] for c in _SPEC_COLUMNS if row.get(c) not in (None, "")}
-            for key in ("regularization", "data-augmentation"):
-                if key in raw:
-                    raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
-            try:
-                spec = JobSpec.parse(raw)
-                true = float(row["memory_mib"])
-            except (SpecError, ValueError):
-                continue
-            if true > 0 and math.isfinite(true):
-                out.append(PoolJob(spec, true))
-    return out
+    return [job for row in _ok_rows(path) if (job := _pool_job(row)) is not None]
+
+
+def _from_real(path: Path) -> list[PoolJob]:
+    """real_jobs.csv.gz with each architecture's activation count where the module docstring says."""
+    rows = _ok_rows(path)
+    names = np.asarray([row.get("name", "") for row in rows], dtype=str)
+    cols = {"model_type": np.asarray([row["model_type"] for row in rows], dtype=str),
+            "input_dim": np.asarray([float(row["input_dim"] or 0) for row in rows], dtype=np.float64)}
+    counts = features.shape_columns(cols, names, path.parent / features.SHAPES_FILE)["activations_millions"]
+    given = np.where(features.shapes_dropped(names)[:, 0], 0.0, counts)
+    return [job for row, count in zip(rows, given, strict=True) if (job := _pool_job(row, float(count))) is not None]
 
 
 def _from_gpumem(path: Path) -> list[PoolJob]:
@@ -83,6 +111,13 @@ def _from_gpumem(path: Path) -> list[PoolJob]:
 
 def load_job_pool(repo: Path = REPO) -> JobPool:
     """The first available source of the module docstring's list."""
+    real = repo / "predictor" / "data" / "real_jobs.csv.gz"
+    if real.is_file():
+        jobs = _from_real(real)
+        if jobs:
+            with_count = sum(1 for j in jobs if j.spec.activations_millions > 0)
+            return JobPool(jobs, f"the predictor's dataset of real architectures {real.relative_to(repo)} "
+                                 f"({len(jobs)} ok rows, {with_count} of them annotated with the activation count)")
     dataset = repo / "predictor" / "data" / "jobs.csv"
     if dataset.is_file():
         jobs = _from_dataset(dataset)
@@ -98,8 +133,8 @@ def load_job_pool(repo: Path = REPO) -> JobPool:
         if jobs:
             return JobPool(jobs, f"FALLBACK: GPUMemNet MLP measurements ({len(jobs)} runs); the predictor's dataset "
                                  "was not available")
-    raise FileNotFoundError("no job source: predictor/data/jobs.csv, predictor/dataset/_work/*.csv or "
-                            f"{fallback} is needed for the replay")
+    raise FileNotFoundError("no job source: predictor/data/real_jobs.csv.gz, predictor/data/jobs.csv, "
+                            f"predictor/dataset/_work/*.csv or {fallback} is needed for the replay")
 
 
 class PlaceholderPredictor:

@@ -5,7 +5,7 @@ in millions, at the job's input. It is fvcore's activation count, the "Activatio
 cards (resnet50 11.1, efficientnet_b0 6.7, vit_base_patch16_224 16.5 at 224 px), what `deepres profile`
 prints for the user's own code. Counted here on the meta device in eval mode at the architecture's
 default input; the training rows at other inputs scale it by the input units, as the README tells a
-user to scale a card's figure (`predictor.train.shape_columns`). Written by `deepres dataset real
+user to scale a card's figure (`predictor.features.shape_columns`). Written by `deepres dataset real
 --shapes` to predictor/data/real_shapes.json (name -> {activations_millions, input_default}).
 
 Also tried, as annotations by a written rule, and dropped: `hidden-size` (d_model, recurrent units, the
