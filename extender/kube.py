@@ -545,7 +545,7 @@ class KubeCluster:
         validating and serialising a V1Binding back to JSON was a quarter of a bind's CPU, and the
         layers above the pool (`param_serialize`, `call_api`, the pool manager's URL parsing and pool
         lookup, stdlib json) another quarter of what was left (every GPU pod is bound here; measured
-        against a real API server, one bind at a time: 0.96 -> 0.72 ms of CPU per POST, medians of
+        against a real API server, one bind at a time: 0.94 -> 0.73 ms of CPU per POST, medians of
         4 rounds). The headers are the client's own (its default headers and, per call, its
         credentials, so a rotated token is sent as soon as the client has it)."""
         resource = path.format(**{k: urllib.parse.quote(v, safe="") for k, v in path_params.items()})
