@@ -99,8 +99,8 @@ def test_bind_posts_one_binding_with_uid_node_target_and_the_annotations() -> No
 
 
 def test_posts_carry_the_clients_current_credentials_and_host_path() -> None:
-    """The Binding and the Event go out with the client's default headers and its bearer token as
-    the client has it at that moment (a rotated token, through the client's refresh hook, is sent
+    """The Binding and the Event go out with the client's default headers, its cookie and its bearer
+    token as the client has it at that moment (a rotated token, through the client's refresh hook, is sent
     from the next call on), to the configured host's own path, over one kept-alive connection."""
     with ApiServer() as api:
         config = api.kube._api.configuration
@@ -111,6 +111,7 @@ def test_posts_carry_the_clients_current_credentials_and_host_path() -> None:
         def rotate(configuration: Configuration) -> None:
             configuration.api_key["authorization"] = next(tokens)
 
+        api.kube._api.cookie = "session=s1"
         api.kube.bind(POD, "n1")
         config.refresh_api_key_hook = rotate
         api.kube.bind(POD, "n1")
@@ -118,7 +119,8 @@ def test_posts_carry_the_clients_current_credentials_and_host_path() -> None:
     assert [h["authorization"] for h in api.headers] == ["Bearer token-1", "Bearer token-2", "Bearer token-3"]
     assert [path for path, _ in api.posts] == ["/through/a/gateway/api/v1/namespaces/ml/pods/p/binding"] * 2 + [
         "/through/a/gateway/api/v1/namespaces/ml/events"]
-    assert all(h["User-Agent"] == api.kube._api.user_agent and h["Accept"] == "application/json" for h in api.headers)
+    assert all(h["User-Agent"] == api.kube._api.user_agent and h["Accept"] == "application/json"
+               and h["Cookie"] == "session=s1" for h in api.headers)
     assert len(api.peers) == 1  # the client's pool kept the connection
 
 
