@@ -498,8 +498,8 @@ class Extender:
         score gives: the same plan (the filter's, reused by this prioritize), the same names in the
         same order, the same demand mix, and every row as it was (a row's version changes with every
         write of it; the arrays object with every growth). Else None: the score is computed anew."""
-        with self._lock:
-            kept = self._shortlists.get(plan.request.uid)
+        with self._lock:  # taken: one prioritize follows a filter (a retried one computes the score)
+            kept = self._shortlists.pop(plan.request.uid, None)
         if kept is None or kept.plan is not plan or kept.names != names:
             return None
         if self.ledger.matrix.arrays is not kept.arrays or self._packing_mix(plan.request) is not kept.mix:
