@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -121,6 +123,20 @@ class PredictorUnavailable(RuntimeError):
     """The predictor is still loading or failed to load."""
 
 
+@dataclass(frozen=True, eq=False)
+class Shortlist:
+    """A filter's shortlist of a pod and the scores it ranked those nodes by, with what the scores
+    read: the matrix's arrays, the version of each row, the demand mix (see `_kept_shortlist`)."""
+
+    plan: Plan
+    names: tuple[str, ...]
+    values: npt.NDArray[np.int64]
+    lookup: Lookup  # of `names`: their rows, and the answer's JSON template
+    arrays: Any
+    versions: npt.NDArray[np.int64]
+    mix: DemandMix | None
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything decided about one pod at one time: its request and how it was derived."""
@@ -174,6 +190,7 @@ class Extender:
         # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
         self._holds: dict[str, tuple[str, float, float]] = {}
         self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
+        self._shortlists: OrderedDict[str, Shortlist] = OrderedDict()  # uid -> its filter's shortlist
         self._lock = threading.Lock()  # the small request caches above; learned state is the ledger's
         self._synced_s: float | None = None  # mono time of the first pod list applied
         self._ready = False  # latched once the predictor, the first sync and the telemetry quorum are in
@@ -387,7 +404,7 @@ class Extender:
             self.request_preemption(args.pod, list(result.failed), mono)
         if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0
                 and not soft_preferences(args.raw_pod)):
-            result = self._shortlisted(plan.request, result)
+            result = self._shortlisted(plan, result)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
@@ -407,8 +424,12 @@ class Extender:
             log.info("prioritize: bad ExtenderArgs: %s", err)
             return []
         now = self.clock()
+        kept_plan = self._filter_plan(args.pod, now)
+        kept = self._kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
+        if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
+            return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
         try:
-            plan = self._filter_plan(args.pod, now) or self.plan(args.pod, now)
+            plan = kept_plan or self.plan(args.pod, now)
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
         scores = self.scores(plan.request, args.node_names)
@@ -417,30 +438,75 @@ class Extender:
 
     def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
         """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""
-        mix = self._packing_mix(req)
+        return self._scores(req, names, self._packing_mix(req))
+
+    def _scores(self, req: PodRequest, names: tuple[str, ...], mix: DemandMix | None) -> Scores:
+        """`scores` with the demand mix already read (`_packing_mix`)."""
         if mix is not None:
             # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
             # recent admissions; reports/simulation.md measures it at FGD's allocation level
             return score_matrix_fragaware(req, names, self.ledger.matrix, self.params, mix, memo=self.merits)
         return score_matrix(req, names, self.ledger.matrix, self.ledger.views, self.params)
 
-    def _shortlisted(self, req: PodRequest, result: FilterResult) -> FilterResult:
+    def _shortlisted(self, plan: Plan, result: FilterResult) -> FilterResult:
         """The filter's answer when some nodes fit: the `policy.filter_shortlist` best of them by the
         prioritize score (`policy.shortlist`), and no failed nodes. kube-scheduler drops every node not
         named in NodeNames and needs the failures' reasons only when no node is left (its "0/N nodes
         are available" message, its preemption), so it then scores and sends to /prioritize a few
-        dozen nodes instead of thousands (README: "Filter shortlist")."""
+        dozen nodes instead of thousands (README: "Filter shortlist").
+
+        The shortlist's scores are kept for the pod's prioritize, which kube-scheduler sends next with
+        these names (`_kept_shortlist`): over the shortlist the score gives each node the value it had
+        among all (`policy.shortlist` says why), so recomputing it there repeated the same numpy work
+        on the worker's one Python thread (~0.2 ms per pod in `deepres bench cluster`)."""
+        req = plan.request
         keep = self.settings.policy.filter_shortlist
         if len(result.passed) <= keep:
             return FilterResult(result.passed, {}, {}, result.kinds)
-        scores = self.scores(req, result.passed)
+        matrix = self.ledger.matrix
+        arrays, mix = matrix.arrays, self._packing_mix(req)
+        looked = matrix.lookup(result.passed)  # the filter's own list: remembered, no lookup work
+        versions = arrays.version[np.where(looked.rows >= 0, looked.rows, 0)]  # before the rows are read
+        scores = self._scores(req, result.passed, mix)
         chosen = shortlist(scores.values, keep)
         picked = tuple(scores.names[i] for i in chosen.tolist())
         if scores.lookup is not None:  # the rows of the list kube-scheduler sends to prioritize next
             rows = scores.lookup.rows[chosen]
             rows.flags.writeable = False
-            self.ledger.matrix.remember(picked, Lookup(list(picked), rows, scores.lookup.layout))
+            picked_lookup = Lookup(list(picked), rows, scores.lookup.layout)
+            matrix.remember(picked, picked_lookup)
+            # kept when the score read the matrix rows alone (the packing score, or one GPU; the score of
+            # several GPUs reads the NodeViews) and these very rows
+            if scores.lookup is looked and (mix is not None or req.gpus <= 1):
+                values = scores.values[chosen]
+                values.flags.writeable = False
+                self._keep_shortlist(Shortlist(plan, picked, values, picked_lookup, arrays, versions[chosen], mix))
         return FilterResult(picked, {}, {}, {**result.kinds, NOT_SHORTLISTED: len(result.passed) - len(picked)})
+
+    def _keep_shortlist(self, kept: Shortlist) -> None:
+        uid = kept.plan.request.uid
+        if not uid:
+            return
+        with self._lock:
+            self._shortlists[uid] = kept
+            self._shortlists.move_to_end(uid)
+            while len(self._shortlists) > FILTER_PLANS_MAX:
+                self._shortlists.popitem(last=False)
+
+    def _kept_shortlist(self, plan: Plan, names: tuple[str, ...]) -> Shortlist | None:
+        """The scores the pod's filter kept for `names` (`_shortlisted`), when they are still what the
+        score gives: the same plan (the filter's, reused by this prioritize), the same names in the
+        same order, the same demand mix, and every row as it was (a row's version changes with every
+        write of it; the arrays object with every growth). Else None: the score is computed anew."""
+        with self._lock:  # taken: one prioritize follows a filter (a retried one computes the score)
+            kept = self._shortlists.pop(plan.request.uid, None)
+        if kept is None or kept.plan is not plan or kept.names != names:
+            return None
+        if self.ledger.matrix.arrays is not kept.arrays or self._packing_mix(plan.request) is not kept.mix:
+            return None
+        if not np.array_equal(kept.arrays.version[kept.lookup.rows], kept.versions):
+            return None
+        return kept
 
     def held_for_another(self, req: PodRequest, node: str, mono: float) -> str:
         """Why `node` is not for `req`: its room was freed by evicting pods for a pod of at least

@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
+from extender import app as app_module
 from extender.app import create_app, extender_of
 from extender.kube import InMemoryCluster, TokenIdentity
+from extender.protocol import parse_pod
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import (
@@ -115,6 +117,85 @@ def test_filter_shortlists_the_best_fitting_nodes_by_the_prioritize_score(annota
     again = {h["Host"]: h["Score"] for h in client.post(
         "/prioritize", json=extender_args(unlimited, names=short)).get_json()}
     assert again == {n: everyone[n] for n in short}
+
+
+def _counting_scores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls of the two scores over the matrix (the packing score and the spreading one)."""
+    calls: list[int] = []
+    for name in ("score_matrix", "score_matrix_fragaware"):
+        original = getattr(app_module, name)
+
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append(1)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(app_module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("annotations", [CNN_ANNOTATIONS, {**CNN_ANNOTATIONS, "deepres.io/criticality": "critical"}],
+                         ids=["packing", "spreading"])
+def test_prioritize_after_the_filter_answers_the_scores_the_shortlist_was_ranked_by(
+        annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler sends a pod's prioritize right after its filter, with the shortlist: the
+    extender answers with the scores it ranked the shortlist by (computed once, in the filter), which
+    are the scores a prioritize computed anew gives."""
+    client, _, clock = make(filter_shortlist=12)
+    names = sorted(_many_nodes(client, clock, 60), key=lambda n: (int(n[1:]) * 23) % 60)
+    for i in range(3):  # admissions: a demand mix for the packing score (the fragmentation-aware one)
+        placed = pod(f"placed-{i}", CNN_ANNOTATIONS)
+        client.post("/filter", json=extender_args(placed, names=names))
+        assert client.post("/bind", json=binding_args(placed, names[i])).get_json()["Error"] == ""
+    ext = extender_of(client.application)
+    body = pod("p", annotations)
+    packing = ext._packing_mix(ext.plan(parse_pod(body), clock.now).request) is not None
+    assert packing == (annotations == CNN_ANNOTATIONS)
+    calls = _counting_scores(monkeypatch)
+    short = client.post("/filter", json=extender_args(body, names=names)).get_json()["NodeNames"]
+    kept = client.post("/prioritize", json=extender_args(body, names=short)).get_json()
+    assert len(calls) == 1, "the prioritize scored the shortlist again"
+    plan = ext.plan(parse_pod(body), clock.now)
+    fresh = ext.scores(plan.request, tuple(short))
+    assert kept == [{"Host": n, "Score": v} for n, v in fresh.pairs()]
+    assert len({h["Score"] for h in kept}) > 1, kept  # the ranking has something to rank
+
+
+def test_prioritize_scores_anew_when_what_the_score_reads_changed_since_the_filter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortlist's scores stand only while nothing they read changed: a report that changes a
+    shortlisted node between the filter and the prioritize, another order of the names, or a pod of
+    several GPUs (whose score reads the NodeViews) gets a prioritize computed anew."""
+    client, _, clock = make(filter_shortlist=5)
+    used = _many_nodes(client, clock, 60)
+    names = list(used)
+    calls = _counting_scores(monkeypatch)
+    ext = extender_of(client.application)
+
+    def cycle(body: dict[str, Any], between: Any = None, reorder: bool = False) -> tuple[list[Any], list[Any]]:
+        short = client.post("/filter", json=extender_args(body, names=names)).get_json()["NodeNames"]
+        if between is not None:
+            between(short)
+        asked = short[::-1] if reorder else short
+        answer = client.post("/prioritize", json=extender_args(body, names=asked)).get_json()
+        fresh = ext.scores(ext.plan(parse_pod(body), clock.now).request, tuple(asked)).pairs()
+        return answer, [{"Host": n, "Score": v} for n, v in fresh]
+
+    def fill(short: list[str]) -> None:  # the best node fills up (another scheduler's pod, say)
+        send_report(client, short[0], 10_000, [(40960.0, 40000.0)], clock)
+
+    del calls[:]
+    answer, fresh = cycle(pod("a", CNN_ANNOTATIONS), between=fill)
+    assert answer == fresh and len(calls) == 3  # filter, prioritize anew, and `fresh`
+    assert answer[0]["Score"] == 0, "the filled node kept its old score"
+    del calls[:]
+    answer, fresh = cycle(pod("b", CNN_ANNOTATIONS), reorder=True)
+    assert answer == fresh and len(calls) == 3
+    del calls[:]
+    two = pod("c", {**CNN_ANNOTATIONS, "deepres.io/gpus": "2"})
+    for n in names:  # nodes of two GPUs, so that a two-GPU pod fits somewhere
+        send_report(client, n, 20_000 + names.index(n), [(40960.0, used[n]), (40960.0, 0.0)], clock)
+    answer, fresh = cycle(two)
+    assert answer == fresh and len(calls) == 3
 
 
 def test_no_shortlist_for_pods_kube_scheduler_scores_by_their_own_preferences() -> None:

@@ -50,6 +50,7 @@ class ApiServer:
     def __init__(self, status: int = 201, reason: str = "Created", delay_s: float = 0.0) -> None:
         self.posts: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []
+        self.peers: set[tuple[str, int]] = set()
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,6 +59,7 @@ class ApiServer:
             def do_POST(self) -> None:
                 recorder.posts.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
                 recorder.headers.append(dict(self.headers))
+                recorder.peers.add(self.client_address)
                 time.sleep(delay_s)
                 body = json.dumps({"kind": "Status", "code": status, "reason": reason}).encode()
                 try:
@@ -94,6 +96,38 @@ def test_bind_posts_one_binding_with_uid_node_target_and_the_annotations() -> No
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
     assert bare["metadata"] == {"name": "q", "namespace": "ml"} and bare["target"]["name"] == "n2"
     assert api.headers[0]["Content-Type"] == "application/json"
+
+
+def test_posts_carry_the_clients_current_credentials_and_host_path() -> None:
+    """The Binding and the Event go out with the client's default headers, its cookie and its bearer
+    token as the client has it at that moment (a rotated token, through the client's refresh hook, is sent
+    from the next call on), to the configured host's own path, over one kept-alive connection."""
+    with ApiServer() as api:
+        config = api.kube._api.configuration
+        config.host += "/through/a/gateway"
+        config.api_key = {"authorization": "Bearer token-1"}  # as the kubeconfig loader sets it
+        tokens = iter(["Bearer token-2", "Bearer token-3"])
+
+        def rotate(configuration: Configuration) -> None:
+            configuration.api_key["authorization"] = next(tokens)
+
+        api.kube._api.cookie = "session=s1"
+        api.kube.bind(POD, "n1")
+        config.refresh_api_key_hook = rotate
+        api.kube.bind(POD, "n1")
+        api.kube.event(POD, "Placed", "x")
+    assert [h["authorization"] for h in api.headers] == ["Bearer token-1", "Bearer token-2", "Bearer token-3"]
+    assert [path for path, _ in api.posts] == ["/through/a/gateway/api/v1/namespaces/ml/pods/p/binding"] * 2 + [
+        "/through/a/gateway/api/v1/namespaces/ml/events"]
+    assert all(h["User-Agent"] == api.kube._api.user_agent and h["Accept"] == "application/json"
+               and h["Cookie"] == "session=s1" for h in api.headers)
+    assert len(api.peers) == 1  # the client's pool kept the connection
+
+
+def test_a_pod_name_is_quoted_in_the_binding_path() -> None:
+    with ApiServer() as api:
+        api.kube.bind({"metadata": {"name": "a b", "namespace": "ml", "uid": "u"}}, "n1")
+    assert api.posts[0][0] == "/api/v1/namespaces/ml/pods/a%20b/binding"
 
 
 def test_every_api_call_carries_a_client_timeout() -> None:
