@@ -694,7 +694,7 @@ def save_artifact(model: FittedModel, data: Dataset, out_dir: Path, seed: int,
     (out_dir / "transformer_bigru_tuned.pt").unlink(missing_ok=True)  # the torch-format weights of old releases
     rows = train_rows if train_rows is not None else np.arange(data.n_rows, dtype=np.int64)
     metadata = {
-        "version": f"tbgru-{data.sha256[:10]}-s{seed}",
+        "version": f"tbgru{'-lgbm' if blend is not None else ''}-{data.sha256[:10]}-s{seed}",
         "model": model.name,
         "data_sha256": data.sha256,
         "data_rows": data.n_rows,
