@@ -110,17 +110,18 @@ def _rmse_discussion(results: Results, by_family: dict[str, Any]) -> list[str]:
     best_median = _best(grouped, "memory", "median_abs_rel_err")
     tuned = grouped[TUNED]["memory"]
     if best == TUNED:
-        line = f"- **Lowest RMSE on the grouped split: the tuned Transformer-BiGRU** ({_num(tuned['rmse'])} MiB)"
+        line = (f"- **Lowest RMSE on the grouped split: the tuned Transformer-BiGRU + LightGBM** "
+                f"({_num(tuned['rmse'])} MiB)")
         if best_median != TUNED:
             m = grouped[best_median]["memory"]
             line += (f", but not the lowest median relative error: {LABELS.get(best_median, best_median)} has "
-                     f"{_pct(m['median_abs_rel_err'])} against the network's {_pct(tuned['median_abs_rel_err'])} "
+                     f"{_pct(m['median_abs_rel_err'])} against the blend's {_pct(tuned['median_abs_rel_err'])} "
                      "(RMSE is set by the largest jobs, where the network's linear path along the log sizes "
                      "helps; on the many small and mid-size jobs the trees are closer)")
         return [line + "."]
     b = grouped[best]["memory"]
     lines = [
-        f"- **The tuned Transformer-BiGRU does not have the lowest RMSE on the grouped split**: "
+        f"- **The tuned Transformer-BiGRU + LightGBM does not have the lowest RMSE on the grouped split**: "
         f"{LABELS.get(best, best)} does ({_num(b['rmse'])} MiB against {_num(tuned['rmse'])} MiB), and the lowest "
         f"median relative error is {LABELS.get(best_median, best_median)}'s "
         f"({_pct(grouped[best_median]['memory']['median_abs_rel_err'])} against "
@@ -135,7 +136,7 @@ def _rmse_discussion(results: Results, by_family: dict[str, Any]) -> list[str]:
             f"  (1) extrapolation: the network reads log sizes through a linear (wide) path and extrapolates "
             f"along it (held only to its family's range of densities), trees stay within the targets their "
             f"leaves saw; on the held-out {worst} architectures the "
-            f"network's median error is {w['signed_median_rel_err'] * 100:+.0f}%"
+            f"blend's median error is {w['signed_median_rel_err'] * 100:+.0f}%"
             + (f" against {o['signed_median_rel_err'] * 100:+.0f}% for {LABELS.get(best, best)}" if o else "")
             + "; a few such many-fold misses dominate the mean over-reservation, and on large jobs the RMSE;"
         )
@@ -160,7 +161,7 @@ def _curve_table(report: dict[str, Any]) -> list[str]:
     if not curves["grouped"]:
         return []
     lfo = {c["coverage"]: c for c in curves["leave_family_out"]}
-    lines = ["### Coverage vs reservation (tuned network, same fits recalibrated)", "",
+    lines = ["### Coverage vs reservation (tuned model, same fits recalibrated)", "",
              f"The bound is calibrated to {report.get('upper_coverage', 0):.0%} (`--coverage`). Other levels on "
              "the same held-out jobs:", "",
              "| coverage | grouped under-rate | grouped over-reservation | leave-family-out under-rate | "
@@ -216,7 +217,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         lines += _curve_table(report)
         fam = by_family.get("grouped", {})
         if TUNED in fam:
-            lines += ["### Per family (tuned network, grouped split)", "", *_family_table(fam[TUNED]), ""]
+            lines += ["### Per family (tuned model, grouped split)", "", *_family_table(fam[TUNED]), ""]
         lines += _without_shapes_lines(report)
         lines += [f"![predicted vs real per family]({SCATTER_PNG})", "", f"![coverage per family]({COVERAGE_PNG})",
                   ""]
@@ -232,7 +233,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         ]
         fam = by_family.get("leave_family_out", {})
         if TUNED in fam:
-            lines += ["### Per held-out family (tuned network)", "", *_family_table(fam[TUNED]), ""]
+            lines += ["### Per held-out family (tuned model)", "", *_family_table(fam[TUNED]), ""]
     if rnd:
         lines += [
             f"## Random split (the seed's 70/30; {n_test.get('random', '?')} test jobs)",
