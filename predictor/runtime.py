@@ -33,7 +33,7 @@ from predictor import exact
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
-from predictor.trees import TreeEnsemble
+from predictor.trees import StackedTrees, TreeEnsemble
 
 FloatArray = npt.NDArray[np.float64]
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
@@ -79,14 +79,14 @@ class BlendedEstimator:
         if not 0.0 <= network_weight <= 1.0:
             raise ValueError(f"blend weight must be in [0, 1], got {network_weight}")
         self.network = network
-        self.trees = list(trees)
+        self.trees = StackedTrees(trees)
         self.network_weight = network_weight
 
     def predict_with_upper(self, X: FloatArray) -> tuple[FloatArray, FloatArray | None]:
         points, _ = self.network.predict_with_upper(X)
-        if points.shape[1] != len(self.trees):
-            raise ValueError(f"{points.shape[1]} network targets but {len(self.trees)} tree ensembles")
-        trees = np.column_stack([np.exp(tree.predict(X)) for tree in self.trees])  # the trees learn log(target)
+        trees = np.exp(self.trees.predict(X))  # the trees learn log(target)
+        if points.shape != trees.shape:
+            raise ValueError(f"{points.shape[1]} network targets but {trees.shape[1]} tree ensembles")
         return blend_points(points, trees, self.network_weight), None
 
 

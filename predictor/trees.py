@@ -1,16 +1,17 @@
 """Gradient-boosted regression trees as flat numpy arrays: the LightGBM member of the shipped
 predictor, evaluated at serving time with no lightgbm (or torch) import.
 
-`from_lightgbm_dump` flattens a LightGBM booster's `dump_model()` (training side); `TreeEnsemble.predict`
-walks every tree for every row at once, one level per step (a few microseconds per level for a
-few hundred trees), and sums the leaves, as LightGBM's own prediction does for a regression booster.
+`from_lightgbm_dump` flattens a LightGBM booster's `dump_model()` (training side); `StackedTrees`
+walks every tree of every target for every row at once, one level per step (a few microseconds per
+level for a few hundred trees), and sums the leaves, as LightGBM's own prediction does for a
+regression booster.
 Only what our boosters use is supported: numerical `<=` splits on finite features; anything else
 (categorical splits, a multi-class or averaged model) is refused when flattening, not mispredicted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,19 +39,7 @@ class TreeEnsemble:
 
     def predict(self, X: npt.ArrayLike) -> FloatArray:
         """Sum over the trees of each row's leaf value, (n,)."""
-        x = np.asarray(X, dtype=np.float64)
-        if x.ndim != 2:
-            raise ValueError(f"X must be (n, features), got shape {x.shape}")
-        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        rows = np.arange(len(x))[:, None]
-        for _ in range(len(self.feature)):  # at most one step per node; ends at the deepest leaf
-            feature = self.feature[node]
-            internal = feature >= 0
-            if not internal.any():
-                break
-            go_left = x[rows, np.where(internal, feature, 0)] <= self.threshold[node]
-            node = np.where(internal, np.where(go_left, self.left[node], self.right[node]), node)
-        out: FloatArray = self.value[node].sum(axis=1)
+        out: FloatArray = StackedTrees([self]).predict(X)[:, 0]
         return out
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
@@ -78,6 +67,46 @@ class TreeEnsemble:
                 raise ValueError(f"tree array {name} points outside the nodes")
         if n_features is not None and self.feature.max() >= n_features:
             raise ValueError(f"a tree splits on feature {int(self.feature.max())} of {n_features}")
+
+
+class StackedTrees:
+    """Several ensembles (one per output) walked together: (n, outputs) in one pass over the levels.
+
+    Leaves become nodes that split on feature 0 at +inf and lead to themselves, so every row takes the
+    same number of steps (the deepest tree's depth) with no test for having arrived: three array
+    lookups and a comparison per level for all trees of all outputs at once."""
+
+    def __init__(self, ensembles: Sequence[TreeEnsemble]) -> None:
+        if not ensembles:
+            raise ValueError("no tree ensembles to stack")
+        offsets = np.cumsum([0, *(len(e.feature) for e in ensembles[:-1])])
+        leaf = np.concatenate([e.feature < 0 for e in ensembles])
+        self.feature = np.where(leaf, 0, np.concatenate([e.feature for e in ensembles]))
+        self.threshold = np.where(leaf, np.inf, np.concatenate([e.threshold for e in ensembles]))
+        self.left = np.concatenate([e.left + o for e, o in zip(ensembles, offsets, strict=True)])
+        self.right = np.concatenate([e.right + o for e, o in zip(ensembles, offsets, strict=True)])
+        self.value = np.concatenate([e.value for e in ensembles])
+        self.roots = np.concatenate([e.roots + o for e, o in zip(ensembles, offsets, strict=True)])
+        self.outputs = np.zeros((len(self.roots), len(ensembles)))  # tree -> its output, as a 0/1 matrix
+        owner = np.repeat(np.arange(len(ensembles)), [len(e.roots) for e in ensembles])
+        self.outputs[np.arange(len(self.roots)), owner] = 1.0
+        self.depth = 0
+        frontier = self.roots[~leaf[self.roots]]
+        while len(frontier):  # levels below the roots, down to the deepest leaf
+            self.depth += 1
+            frontier = np.concatenate([self.left[frontier], self.right[frontier]])
+            frontier = frontier[~leaf[frontier]]
+
+    def predict(self, X: npt.ArrayLike) -> FloatArray:
+        x = np.asarray(X, dtype=np.float64)
+        if x.ndim != 2:
+            raise ValueError(f"X must be (n, features), got shape {x.shape}")
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots)))
+        rows = np.arange(len(x))[:, None]
+        for _ in range(self.depth):
+            node = np.where(x[rows, self.feature[node]] <= self.threshold[node], self.left[node], self.right[node])
+        out: FloatArray = self.value[node] @ self.outputs
+        return out
 
 
 def from_lightgbm_dump(dump: Mapping[str, Any]) -> TreeEnsemble:

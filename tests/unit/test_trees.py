@@ -60,3 +60,16 @@ def test_what_it_cannot_evaluate_is_refused_not_mispredicted() -> None:
     tree["tree_structure"] = {**tree["tree_structure"], "decision_type": "=="}  # a categorical split
     with pytest.raises(ValueError, match="unsupported"):
         from_lightgbm_dump({**dump, "tree_info": [tree]})
+
+
+def test_stacked_ensembles_give_each_its_own_column() -> None:
+    from predictor.trees import StackedTrees
+
+    first, x = _booster(seed=2)
+    second, _ = _booster(seed=3, num_leaves=4, n_estimators=30)
+    stacked = StackedTrees([from_lightgbm_dump(first.booster_.dump_model()),
+                            from_lightgbm_dump(second.booster_.dump_model())])
+    out = stacked.predict(x)
+    assert out.shape == (len(x), 2)
+    np.testing.assert_allclose(out[:, 0], first.predict(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[:, 1], second.predict(x), rtol=1e-12, atol=1e-12)
