@@ -3,8 +3,9 @@
 The extender calls `predict` inside kube-scheduler's 5-second extender timeout for every pod it
 sees, often for the same JobSpec again (a pod is retried on every cluster event), so:
 - the artifact (metadata.json + .npz weights) is loaded once (`Predictor.load`) and the network
-  runs in numpy (`predictor.inference`): no torch in the extender's process or image, and for one
-  row numpy beats torch's per-operator dispatch anyway;
+  runs in numpy (`predictor.inference`), the blended LightGBM booster too (`predictor.trees`): no
+  torch or lightgbm in the extender's process or image, and for one row numpy beats torch's
+  per-operator dispatch anyway;
 - results are cached by JobSpec (frozen, hashable; `defaulted` does not take part) in a bounded LRU;
 - a lock guards the cache only; inference itself needs no lock (nothing changes after loading).
 

@@ -1,4 +1,5 @@
-"""`deepres train`: fit the tuned Transformer-BiGRU and write the shipped artifact.
+"""`deepres train`: fit the tuned Transformer-BiGRU, blended with a LightGBM booster of the same features
+(`BLEND_NETWORK_WEIGHT`), and write the shipped artifact.
 
 The artifact is fitted by the recipe the report measures (`fit_model`: grouped cross-validation
 sets the admission margin of `memory_mib_upper` by split conformal at a level tuned on nested
@@ -7,8 +8,9 @@ default subset (`--split all`, the default); `deepres evaluate` measures the sam
 architectures held out by group.
 `--split grouped` fits on the grouped split's training rows and reports its test rows instead.
 
-Weights are written as .npz (numpy arrays under the module's state-dict names): serving reads them
-with `predictor.inference` and never imports torch. Everything is seeded (`--seed`): the same
+Weights are written as .npz (numpy arrays under the module's state-dict names, and the booster's trees
+flattened by `predictor.trees`): serving reads them with `predictor.inference` and `predictor.trees`
+and never imports torch or lightgbm. Everything is seeded (`--seed`): the same
 dataset and seed give the same weights on this CPU.
 """
 
