@@ -62,8 +62,8 @@ FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgb
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
 CACHE_VERSION = 7
-#: Bumped when the choice of the bound's base (quantile head or point) changed: only models with a head.
-BOUND_CHOICE_VERSION = 1
+#: Bumped when what the tuned model is changed (its bound's base; 2: the network blended with LightGBM).
+BOUND_CHOICE_VERSION = 2
 
 
 #: Coverages the bound is also recalibrated to (same fits, same held-out jobs) for the trade-off

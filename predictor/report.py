@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 Results = dict[str, dict[str, dict[str, dict[str, float]]]]  # split -> model -> target -> metric
 LABELS = {
-    "transformer_bigru_paper": "Transformer-BiGRU (paper)", "transformer_bigru_tuned": "Transformer-BiGRU (tuned)",
+    "transformer_bigru_paper": "Transformer-BiGRU (paper)",
+    "transformer_bigru_tuned": "Transformer-BiGRU (tuned) + LightGBM",
     "decision_tree": "Decision tree", "random_forest": "Random forest", "adaboost": "AdaBoost",
     "extra_trees": "ExtraTrees", "xgboost": "XGBoost", "lightgbm": "LightGBM", "catboost": "CatBoost",
 }
@@ -98,7 +99,7 @@ def _targets_line(grouped: dict[str, float] | None, lfo_under: float | None) -> 
     if lfo_under is not None:
         parts.append(f"leave-family-out under_rate {_pct(lfo_under)} "
                      f"({'meets' if lfo_under <= LFO_UNDER_TARGET else 'MISSES'} <= {LFO_UNDER_TARGET:.0%})")
-    return ["Against the issue's targets (tuned network): " + "; ".join(parts) + ".", ""]
+    return ["Against the issue's targets (tuned model: network + LightGBM): " + "; ".join(parts) + ".", ""]
 
 
 def _rmse_discussion(results: Results, by_family: dict[str, Any]) -> list[str]:
@@ -109,17 +110,18 @@ def _rmse_discussion(results: Results, by_family: dict[str, Any]) -> list[str]:
     best_median = _best(grouped, "memory", "median_abs_rel_err")
     tuned = grouped[TUNED]["memory"]
     if best == TUNED:
-        line = f"- **Lowest RMSE on the grouped split: the tuned Transformer-BiGRU** ({_num(tuned['rmse'])} MiB)"
+        line = (f"- **Lowest RMSE on the grouped split: the tuned Transformer-BiGRU + LightGBM** "
+                f"({_num(tuned['rmse'])} MiB)")
         if best_median != TUNED:
             m = grouped[best_median]["memory"]
             line += (f", but not the lowest median relative error: {LABELS.get(best_median, best_median)} has "
-                     f"{_pct(m['median_abs_rel_err'])} against the network's {_pct(tuned['median_abs_rel_err'])} "
+                     f"{_pct(m['median_abs_rel_err'])} against the blend's {_pct(tuned['median_abs_rel_err'])} "
                      "(RMSE is set by the largest jobs, where the network's linear path along the log sizes "
                      "helps; on the many small and mid-size jobs the trees are closer)")
         return [line + "."]
     b = grouped[best]["memory"]
     lines = [
-        f"- **The tuned Transformer-BiGRU does not have the lowest RMSE on the grouped split**: "
+        f"- **The tuned Transformer-BiGRU + LightGBM does not have the lowest RMSE on the grouped split**: "
         f"{LABELS.get(best, best)} does ({_num(b['rmse'])} MiB against {_num(tuned['rmse'])} MiB), and the lowest "
         f"median relative error is {LABELS.get(best_median, best_median)}'s "
         f"({_pct(grouped[best_median]['memory']['median_abs_rel_err'])} against "
@@ -134,7 +136,7 @@ def _rmse_discussion(results: Results, by_family: dict[str, Any]) -> list[str]:
             f"  (1) extrapolation: the network reads log sizes through a linear (wide) path and extrapolates "
             f"along it (held only to its family's range of densities), trees stay within the targets their "
             f"leaves saw; on the held-out {worst} architectures the "
-            f"network's median error is {w['signed_median_rel_err'] * 100:+.0f}%"
+            f"blend's median error is {w['signed_median_rel_err'] * 100:+.0f}%"
             + (f" against {o['signed_median_rel_err'] * 100:+.0f}% for {LABELS.get(best, best)}" if o else "")
             + "; a few such many-fold misses dominate the mean over-reservation, and on large jobs the RMSE;"
         )
@@ -159,7 +161,7 @@ def _curve_table(report: dict[str, Any]) -> list[str]:
     if not curves["grouped"]:
         return []
     lfo = {c["coverage"]: c for c in curves["leave_family_out"]}
-    lines = ["### Coverage vs reservation (tuned network, same fits recalibrated)", "",
+    lines = ["### Coverage vs reservation (tuned model, same fits recalibrated)", "",
              f"The bound is calibrated to {report.get('upper_coverage', 0):.0%} (`--coverage`). Other levels on "
              "the same held-out jobs:", "",
              "| coverage | grouped under-rate | grouped over-reservation | leave-family-out under-rate | "
@@ -215,7 +217,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         lines += _curve_table(report)
         fam = by_family.get("grouped", {})
         if TUNED in fam:
-            lines += ["### Per family (tuned network, grouped split)", "", *_family_table(fam[TUNED]), ""]
+            lines += ["### Per family (tuned model, grouped split)", "", *_family_table(fam[TUNED]), ""]
         lines += _without_shapes_lines(report)
         lines += [f"![predicted vs real per family]({SCATTER_PNG})", "", f"![coverage per family]({COVERAGE_PNG})",
                   ""]
@@ -231,7 +233,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         ]
         fam = by_family.get("leave_family_out", {})
         if TUNED in fam:
-            lines += ["### Per held-out family (tuned network)", "", *_family_table(fam[TUNED]), ""]
+            lines += ["### Per held-out family (tuned model)", "", *_family_table(fam[TUNED]), ""]
     if rnd:
         lines += [
             f"## Random split (the seed's 70/30; {n_test.get('random', '?')} test jobs)",
@@ -295,8 +297,10 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "groups back it), whichever reserves less on them. The margins are calibrated "
         "on the out-of-fold jobs inside their fit's training ranges (out-of-range ones are served the margin "
         "times the widening below). "
-        "The tuned network's raw bound is its pinball-trained 95% quantile head or its point prediction, "
-        "whichever reserves less on the same nested folds; the other models' is their point prediction. "
+        "The shipped model (`transformer_bigru_tuned`) is the tuned network blended with a LightGBM booster "
+        "fitted on the same rows and features: the geometric mean of their two densities "
+        "(`predictor.runtime.blend_points`; weight 0.5); its raw bound, like every other model's, is its point "
+        "prediction. "
         "Test rows are never seen before scoring.",
         "- **Outside the training ranges** (params, batch, input size or depth beyond what the family had in "
         "training) the runtime widens the bound (x2^(0.5 x doublings out), at most x4; x2 for a model-type "
@@ -342,7 +346,16 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         "weights and a difficulty-normalised score reserved more at the same nested under-rate). Ten CV folds "
         "instead of five were chosen because out-of-fold fits on 80% of the groups err more than the final "
         "fit (out-of-fold 95th percentile log score 0.52 vs 0.49 with ten folds); the grouped test figures of "
-        "the five-fold version had been seen by then.",
+        "the five-fold version had been seen by then. The blend with LightGBM was chosen on the same kind of "
+        "nested folds of the grouped split's training rows (10 CV folds of the network, of LightGBM, CatBoost, "
+        "XGBoost, AdaBoost and a random forest, and of blends of them in log space; nested over-reservation at a "
+        "5% nested under-rate): the network alone reserved 0.44, 0.51 and 0.43 for three seeds, LightGBM alone "
+        "0.43, the network + LightGBM 0.37, 0.41 and 0.38; three network seeds averaged reserved 0.44 (their "
+        "errors are shared: more seeds do not help); a network weight of 0.35 to 0.65 reserved within 0.02 of "
+        "0.5. AdaBoost alone reserved least there (0.32; blending the network into it did not lower that), so "
+        "the network is kept because the issue names it and it errs least on the largest jobs, not for the "
+        "bound. The study printed the grouped test figures next to the nested ones, so "
+        "they were visible when the blend was chosen.",
         "- **Baselines** (`predictor.baselines`) see the same physics features and learn the same log densities; "
         "each has a "
         "2-3 point grid of its most sensitive knob, chosen on the grouped split's calibration fold: "
@@ -355,8 +368,9 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
         + (f"The dataset was subsampled to {context['rows']} jobs (`--max-rows`, a seeded random subset of the "
            f"rows; {context['n_groups']} architecture groups remain)." if context.get("max_rows")
            else "Every job of the dataset is used."),
-        "- **Serving** needs no torch: the artifact's weights are .npz and `predictor.inference` runs the network "
-        "in numpy; the tests hold it to the torch forward pass.",
+        "- **Serving** needs no torch and no lightgbm: the artifact's weights are .npz, `predictor.inference` runs "
+        "the network in numpy and `predictor.trees` walks the booster's trees flattened into arrays; the tests "
+        "hold them to the torch forward pass and to LightGBM's own prediction.",
         "",
         "## Discussion",
         "",

@@ -3,8 +3,9 @@
 The extender calls `predict` inside kube-scheduler's 5-second extender timeout for every pod it
 sees, often for the same JobSpec again (a pod is retried on every cluster event), so:
 - the artifact (metadata.json + .npz weights) is loaded once (`Predictor.load`) and the network
-  runs in numpy (`predictor.inference`): no torch in the extender's process or image, and for one
-  row numpy beats torch's per-operator dispatch anyway;
+  runs in numpy (`predictor.inference`), the blended LightGBM booster too (`predictor.trees`): no
+  torch or lightgbm in the extender's process or image, and for one row numpy beats torch's
+  per-operator dispatch anyway;
 - results are cached by JobSpec (frozen, hashable; `defaulted` does not take part) in a bounded LRU;
 - a lock guards the cache only; inference itself needs no lock (nothing changes after loading).
 
@@ -33,6 +34,7 @@ from predictor import exact
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
+from predictor.trees import StackedTrees, TreeEnsemble
 
 FloatArray = npt.NDArray[np.float64]
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
@@ -52,6 +54,43 @@ OUT_OF_RANGE_MAX_FACTOR = 4.0
 UNSEEN_FAMILY_FACTOR = 2.0
 
 
+#: The smallest positive float: learned densities can be far below 1 (they are per input element).
+TINY_DENSITY = float(np.finfo(np.float64).tiny)
+#: Artifact arrays of the blend's tree member, one ensemble per target: TREE_PREFIX + "<target>." + name.
+TREE_PREFIX = "tree"
+
+
+def blend_points(network: FloatArray, trees: FloatArray, network_weight: float) -> FloatArray:
+    """The blend's point in target units: the weighted mean in log space (a geometric mean) of the
+    network's and the tree booster's predictions. One rule for `predictor.train` and the runtime.
+    Why a blend: on jobs of architectures neither saw, the two err differently (the network extrapolates
+    along the log sizes, the trees stay inside what they saw), so the blend errs less and the margin the
+    bound needs shrinks (nested grouped folds: see README "How the bound is calibrated")."""
+    out: FloatArray = np.exp(network_weight * np.log(np.maximum(network, TINY_DENSITY))
+                             + (1.0 - network_weight) * np.log(np.maximum(trees, TINY_DENSITY)))
+    return out
+
+
+class BlendedEstimator:
+    """The shipped predictor's learner at serving time: the numpy network and the flattened tree
+    booster of each target (`predictor.trees`), blended by `blend_points`; no quantile head (the bound's
+    base is the blended point)."""
+
+    def __init__(self, network: NumpyEstimator, trees: Sequence[TreeEnsemble], network_weight: float) -> None:
+        if not 0.0 <= network_weight <= 1.0:
+            raise ValueError(f"blend weight must be in [0, 1], got {network_weight}")
+        self.network = network
+        self.trees = StackedTrees(trees)
+        self.network_weight = network_weight
+
+    def predict_with_upper(self, X: FloatArray) -> tuple[FloatArray, FloatArray | None]:
+        points, _ = self.network.predict_with_upper(X)
+        trees = np.exp(self.trees.predict(X))  # the trees learn log(target)
+        if points.shape != trees.shape:
+            raise ValueError(f"{points.shape[1]} network targets but {trees.shape[1]} tree ensembles")
+        return blend_points(points, trees, self.network_weight), None
+
+
 class ArtifactError(RuntimeError):
     """The shipped artifact is missing or unreadable; the message names the command that builds it."""
 
@@ -59,7 +98,7 @@ class ArtifactError(RuntimeError):
 class Predictor:
     """The embedded demand predictor (`predictor.spec.DemandPredictor`)."""
 
-    def __init__(self, estimator: NumpyEstimator, metadata: dict[str, Any],
+    def __init__(self, estimator: NumpyEstimator | BlendedEstimator, metadata: dict[str, Any],
                  cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self._estimator = estimator
         self.metadata = metadata
@@ -104,7 +143,14 @@ class Predictor:
             metadata = json.loads(meta_path.read_text())
             with np.load(weights_path, allow_pickle=False) as archive:
                 weights = {name: archive[name] for name in archive.files}
-            estimator = NumpyEstimator(metadata["estimator"], weights)
+            network = NumpyEstimator(metadata["estimator"], weights)
+            estimator: NumpyEstimator | BlendedEstimator = network
+            blend = metadata.get("blend")
+            if blend is not None:  # the network blended with a tree booster (predictor.train.BLEND_TREE)
+                trees = [TreeEnsemble.from_arrays(weights, f"{TREE_PREFIX}{k}.") for k in range(int(blend["targets"]))]
+                for tree in trees:
+                    tree.check(len(metadata["feature_names"]))
+                estimator = BlendedEstimator(network, trees, float(blend["network_weight"]))
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
             raise ArtifactError(f"the predictor artifact in {directory} is unreadable ({err}): "
                                 f"rebuild it with `deepres train`") from None

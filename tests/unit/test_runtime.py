@@ -113,21 +113,43 @@ def test_artifact_holds_npz_weights_and_no_pickle(artifact: Path) -> None:
     assert (artifact / WEIGHTS_FILE).suffix == ".npz"
     assert not list(artifact.glob("*.pt"))
     with np.load(artifact / WEIGHTS_FILE, allow_pickle=False) as archive:
-        assert "position.weight" in archive.files and all(archive[k].dtype == np.float32 for k in archive.files)
+        network = [k for k in archive.files if not k.startswith("tree")]
+        assert "position.weight" in network and all(archive[k].dtype == np.float32 for k in network)
+        # the blend's LightGBM member, one flattened booster per target (predictor.trees)
+        assert {"tree0.threshold", "tree1.threshold", "tree0.roots"} <= set(archive.files)
+
+
+def _walk_trees(arrays: dict[str, Any], prefix: str, row: np.ndarray) -> float:
+    """Sum of the leaves one row reaches, node by node (a plain reading of the flattened trees)."""
+    total = 0.0
+    for root in arrays[prefix + "roots"]:
+        node = int(root)
+        while arrays[prefix + "feature"][node] >= 0:
+            go_left = row[arrays[prefix + "feature"][node]] <= arrays[prefix + "threshold"][node]
+            node = int(arrays[prefix + "left"][node] if go_left else arrays[prefix + "right"][node])
+        total += float(arrays[prefix + "value"][node])
+    return total
 
 
 def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
-    """The served numbers are the trained network's: torch forward vs the npz-in-numpy runtime."""
+    """The served numbers are the trained blend's: the torch network's forward and the LightGBM booster
+    (rebuilt from the artifact's trees by hand here) blended in log space, vs the npz-in-numpy runtime."""
     from predictor import features as feats
     from predictor.model import TransformerBiGRURegressor
 
     meta = json.loads((artifact / "metadata.json").read_text())
     with np.load(artifact / WEIGHTS_FILE) as archive:
-        est = TransformerBiGRURegressor.from_state({k: archive[k] for k in archive.files}, meta["estimator"])
+        arrays = {k: archive[k] for k in archive.files}
+    est = TransformerBiGRURegressor.from_state({k: v for k, v in arrays.items() if not k.startswith("tree")},
+                                               meta["estimator"])
     cols = feats.columns_from_specs(SPECS)
     x = feats.physics_features(cols).values
-    density, upper = est.predict_with_upper(x)  # torch: the learned densities
+    network, upper = est.predict_with_upper(x)  # torch: the learned densities
     assert upper is not None
+    w = meta["blend"]["network_weight"]
+    assert meta["blend"]["trees"] == "lightgbm" and 0 < w < 1 and meta["memory_upper_base"] == "point"
+    trees = np.column_stack([[_walk_trees(arrays, f"tree{k}.", row) for row in x] for k in range(2)])
+    density = network ** w * np.exp(trees) ** (1 - w)  # a geometric mean; the trees learn log densities
     low, high = clip_bounds(meta["target_ranges"], [s.model_type for s in SPECS], 2)  # each family's range
     density, upper = np.clip(density, low, high), np.clip(upper, low[:, 0], high[:, 0])
     calibration = meta["memory_calibration"]

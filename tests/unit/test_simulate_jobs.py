@@ -14,8 +14,8 @@ import pytest
 
 from extender.simulate.jobs import load_job_pool
 
-HEADER = ("model_type,params_millions,batch_size,input_dim,num_layers,iterations,precision,optimizer,learning_rate,"
-          "regularization,data_augmentation,memory_mib,status,name").split(",")
+HEADER = ["model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "precision",
+          "optimizer", "learning_rate", "regularization", "data_augmentation", "memory_mib", "status", "name"]
 
 
 def _row(name: str, family: str, side: int, peak: float, status: str = "ok") -> dict[str, str]:

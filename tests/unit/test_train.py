@@ -165,3 +165,27 @@ def test_margins_cover_held_out_rows_at_the_stated_rate_with_heteroscedastic_err
     set_margins(pooled, data, rows, point, None, coverage)
     served = np.asarray([pooled.family_shifts.get(f, pooled.memory_shift) for f in families])
     assert np.mean(served) > 3.0 * np.mean(margins) and max(served) > 7.0
+
+
+def test_the_tuned_model_blends_the_network_with_lightgbm_in_log_space(tmp_path: Path) -> None:
+    """The shipped recipe's point is the geometric mean of the tuned network and a LightGBM booster, each
+    fitted on its own on the same rows (rebuilt here from the learners themselves)."""
+    from predictor.baselines import BaselineRegressor
+    from predictor.model import TransformerBiGRURegressor, tuned_config
+
+    data = load_dataset(_frame_with_groups(tmp_path, 120))
+    split = grouped_split(data.groups, 0.3, 0)
+    model = fit_model("transformer_bigru_tuned", data, split, seed=0, epochs_scale=2 / 120, cv_folds=1)
+    fit_rows = np.setdiff1d(split.train, model.held_out[0]) if model.held_out is not None else split.train
+    network = TransformerBiGRURegressor(tuned_config(), data.physics_x.categorical, 0,
+                                        epochs=max(1, round(tuned_config().epochs * 2 / 120)))
+    network.fit(data.fit_x(fit_rows), data.fit_t(fit_rows))
+    trees = BaselineRegressor("lightgbm", {"num_leaves": 15}, 0).fit(data.fit_x(fit_rows), data.fit_t(fit_rows))
+    x = data.physics_x.values[split.test]
+    expected = np.sqrt(network.predict(x) * trees.predict(x))
+    points, quantile = model.raw_both(x, data.families[split.test])
+    assert quantile is None and model.bound_source == "point"
+    low = np.asarray([model.target_ranges[f][0] for f in data.families[split.test]])
+    high = np.asarray([model.target_ranges[f][1] for f in data.families[split.test]])
+    np.testing.assert_allclose(points, np.clip(expected, low, high), rtol=1e-5)
+    assert not np.allclose(points, np.clip(network.predict(x), low, high), rtol=1e-3)  # not the network alone
