@@ -38,6 +38,7 @@ from predictor.model import TransformerBiGRURegressor, paper_config, tuned_confi
 from predictor.runtime import (
     INPUT_RANGE_COLUMNS,
     METADATA_FILE,
+    TINY_DENSITY,
     TREE_PREFIX,
     WEIGHTS_FILE,
     blend_points,
@@ -89,8 +90,7 @@ BLEND_NETWORK_WEIGHT = 0.5
 #: grouped split's calibration fold).
 BLEND_TREE = "lightgbm"
 BLEND_TREE_SETTINGS: dict[str, Any] = {"num_leaves": 15}
-#: The smallest positive float: learned densities can be far below 1 (they are per input element).
-TINY = float(np.finfo(np.float64).tiny)
+TINY = TINY_DENSITY  # the runtime's floor for densities, so train and serving clip alike
 
 
 class DatasetError(Exception):
