@@ -47,6 +47,8 @@ LEARNED_MAX = 10_000
 #: API connections kept besides one per request thread: the pod and node watches, the worker, the
 #: events worker, and a few to spare.
 POOL_SPARE = 8
+#: The User-Agent of the extender's API requests (followed by its version).
+USER_AGENT = "deepres-extender"
 
 
 def backoff_s(failures: int, rng: Callable[[], float] = random.random) -> float:
@@ -331,6 +333,8 @@ class KubeCluster:
             except config.ConfigException:
                 config.load_kube_config()
             api_client = client.ApiClient(self.pool_configuration(client.Configuration.get_default_copy(), callers))
+            # who is asking, in the API server's audit log and request logs (the client's default names no one)
+            api_client.user_agent = f"{USER_AGENT}/{importlib.import_module('extender').__version__}"
         self._client = client
         self._api: Any = api_client
         self._core: Any = client.CoreV1Api(self._api)
