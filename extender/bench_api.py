@@ -187,7 +187,8 @@ def table(windows: dict[str, dict[str, Any]]) -> str:
     lines = []
     for label, window in windows.items():
         pods, seconds = window["pods"], window["seconds"]
-        unit, scale = ("per pod", 1.0 / pods) if pods else ("per s", 1.0 / max(seconds, 1e-9))
+        unit = "per node" if label.startswith("node") else "per pod"
+        unit, scale = (unit, 1.0 / pods) if pods else ("per s", 1.0 / max(seconds, 1e-9))
         lines.append(f"== {label}: {pods} pods in {seconds} s ({unit})")
         if "cpu_ms_per_pod" in window:
             lines.append(f"  CPU ms {unit}: {window['cpu_ms_per_pod']}")

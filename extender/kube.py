@@ -49,6 +49,12 @@ LEARNED_MAX = 10_000
 POOL_SPARE = 8
 #: The User-Agent of the extender's API requests (followed by its version).
 USER_AGENT = "deepres-extender"
+#: The Node list and watch ask for the nodes' metadata only (PartialObjectMetadata, as client-go's
+#: metadata informers do): the extender needs their names, and a Node's status (conditions, images,
+#: a heartbeat from every kubelet) is most of its bytes. Plain JSON is the second choice, for an API
+#: server that cannot serve the first (it then sends whole Nodes, which carry the same metadata).
+NODE_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
+NODE_WATCH_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
 
 
 def backoff_s(failures: int, rng: Callable[[], float] = random.random) -> float:
@@ -426,10 +432,11 @@ class KubeCluster:
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._list(self._core.list_node)
+                listed = self._list(self._core.list_node, _headers={"Accept": NODE_LIST_ACCEPT})
                 handlers.nodes_listed([name for n in listed.get("items") or () if (name := _name(n))])
                 failures = 0
-                for kind, node in self._events(self._core.list_node, resource_version=_resource_version(listed)):
+                for kind, node in self._events(self._core.list_node, _headers={"Accept": NODE_WATCH_ACCEPT},
+                                               resource_version=_resource_version(listed)):
                     if self._stop.is_set():
                         return
                     name = _name(node)
