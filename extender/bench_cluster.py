@@ -17,7 +17,8 @@ placed pod; per verb: the extender's own time per call during the GPU phase (its
 histogram). This process parses no API objects into models (raw JSON), so that the harness takes
 as little of the machine as it can. The machine is shared by everything above: the figures are for
 this machine, not a cluster. Writes reports/bench-cluster.json (`nodes_<N>` sections; a run of some
-sizes or limits replaces only those in the file).
+sizes or limits replaces only those in the file). `--api-accounting FILE` also counts what each
+client asks of kube-apiserver per pod (extender.bench_api).
 """
 
 from __future__ import annotations
