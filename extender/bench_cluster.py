@@ -17,7 +17,8 @@ placed pod; per verb: the extender's own time per call during the GPU phase (its
 histogram). This process parses no API objects into models (raw JSON), so that the harness takes
 as little of the machine as it can. The machine is shared by everything above: the figures are for
 this machine, not a cluster. Writes reports/bench-cluster.json (`nodes_<N>` sections; a run of some
-sizes or limits replaces only those in the file).
+sizes or limits replaces only those in the file). `--api-accounting FILE` also counts what each
+client asks of kube-apiserver per pod (extender.bench_api).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 import orjson
 import yaml
 
+from extender import bench_api
 from extender.cli import UsageError
 from extender.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 
@@ -64,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                         help="seconds between two reports of one simulated agent (default 15, the chart's)")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
+    parser.add_argument("--api-accounting", default="", metavar="FILE",
+                        help="audit kube-apiserver and write each client's requests and the watch events per pod "
+                             "(and in idle windows) to FILE; timings of such a run are not the benchmark's")
 
 
 def _progress(message: str) -> None:
@@ -255,16 +260,22 @@ class _Agents:
 class _Run:
     """One control plane with N nodes, the extender, and its simulated agents."""
 
-    def __init__(self, root: Path, nodes: int, heartbeat_s: float) -> None:
+    def __init__(self, root: Path, nodes: int, heartbeat_s: float, accounting: str = "") -> None:
         client: Any = importlib.import_module("kubernetes.client")
         config: Any = importlib.import_module("kubernetes.config")
-        self.plane = ControlPlane(root).start(log=_progress)
+        audit = bench_api.apiserver_args(root / "audit") if accounting else []
+        self.plane = ControlPlane(root, extra_apiserver_args=audit).start(log=_progress)
+        self.accounting = bench_api.Accounting(Path(accounting), root / "audit" / "audit.log",
+                                               lambda: self.plane.get("/metrics", timeout_s=30), self._cpu,
+                                               lambda path, timeout_s: self.plane.get(path, timeout_s=timeout_s),
+                                               ) if accounting else None
         # the control plane's own default kube-scheduler plays no part here: stopped, not measured
         self.plane.stop_one("kube-scheduler")
         configuration = client.Configuration()
         config.load_kube_config(str(self.plane.admin_kubeconfig), client_configuration=configuration)
         configuration.connection_pool_maxsize = 32  # the 16 threads creating pods keep their connections
         self.api: Any = client.ApiClient(configuration)
+        self.api.user_agent = bench_api.BENCH_AGENT  # tells this process's requests from the extender's
         self.core: Any = client.CoreV1Api(self.api)
         self.client: Any = client
         self.names = [f"gpu-{i:05d}" for i in range(nodes)]
@@ -274,6 +285,7 @@ class _Run:
         self.scheduler_pid = 0
         self.tokens: dict[str, str] = {}
         self.agents: _Agents | None = None
+        self.profile_s: dict[str, float] = {}  # --api-accounting: seconds of the API server's profile per phase
 
     def setup(self) -> None:
         c = self.client
@@ -401,12 +413,18 @@ class _Run:
         names = [f"{label}-{i:05d}" for i in range(pods)]
         created: dict[str, float] = {}
         bound: dict[str, float] = {}
+        running: set[str] = set()
         done = threading.Event()
-        watcher = threading.Thread(target=self._watch_binds, args=(set(names), bound, done), daemon=True)
+        watcher = threading.Thread(target=self._watch_binds, args=(set(names), bound, done,
+                                                                    running if self.accounting else None), daemon=True)
         watcher.start()
         time.sleep(1.0)
         verbs0 = self._verb_totals() if gpu else {}
         binding0 = self._apiserver_binding()
+        if self.accounting is not None:
+            self.accounting.begin(label)
+            self.accounting.begin(f"{label}-settled")
+            self.accounting.profile(label, self.profile_s.get(label, 4.0 if gpu else 2.0))  # while pods pour in
         cpu0 = self._cpu()
         start = time.monotonic()
 
@@ -430,6 +448,15 @@ class _Run:
             raise RuntimeError(f"{label}: only {len(bound)} of {pods} pods bound")
         elapsed = max(bound.values()) - start
         cpu1 = self._cpu()
+        if self.accounting is not None:
+            self.accounting.end(label, pods)
+            # and until kwok has every pod Running: work a fast phase leaves behind its window
+            deadline = time.monotonic() + 120
+            while len(running) < pods and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cpu2 = self._cpu()
+            self.accounting.end(f"{label}-settled", pods,
+                                {k: round(1000 * (cpu2[k] - cpu0[k]) / pods, 2) for k in cpu2})
         verbs1 = self._verb_totals() if gpu else {}
         binding1 = self._apiserver_binding()
         stop_pid(self.scheduler_pid)
@@ -452,18 +479,42 @@ class _Run:
             time.sleep(1)
         return result
 
-    def _watch_binds(self, names: set[str], bound: dict[str, float], done: threading.Event) -> None:
+    def node_status_round(self) -> None:
+        """--api-accounting: every Node's status written once, as kubelets report theirs (a heartbeat
+        condition): what the Node watches of every client cost the API server per Node update."""
+        assert self.accounting is not None
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                           "message": "kubelet is posting ready status",
+                                           "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+        cpu0 = self._cpu()
+        self.accounting.begin("node-status")
+        self._parallel([lambda n=n: self.core.patch_node_status(
+            n, body, _content_type="application/strategic-merge-patch+json", _preload_content=False).data
+            for n in self.names])
+        time.sleep(2.0)  # the watches deliver
+        cpu1 = self._cpu()
+        self.accounting.end("node-status", len(self.names),
+                            {k: round(1000 * (cpu1[k] - cpu0[k]) / len(self.names), 2) for k in cpu1})
+
+    def _watch_binds(self, names: set[str], bound: dict[str, float], done: threading.Event,
+                     running: set[str] | None = None) -> None:
         """Record when each pod is first seen bound; a watch that ends or fails is resumed from a relist.
         Raw JSON lines: this process must not take the machine's CPU from what it measures."""
 
         def seen(pod: dict[str, Any]) -> None:
             name = pod["metadata"]["name"]
+            if running is not None and name in names and (pod.get("status") or {}).get("phase") == "Running":
+                running.add(name)
             if name in names and (pod.get("spec") or {}).get("nodeName") and name not in bound:
                 bound[name] = time.monotonic()
                 if len(bound) == len(names):
                     done.set()
 
-        while not done.is_set():
+        def finished() -> bool:  # every pod bound (and Running, when asked to follow that too)
+            return done.is_set() and (running is None or len(running) >= len(names))
+
+        while not finished():
             try:
                 listed = json.loads(self.core.list_namespaced_pod(BENCH_NS, _preload_content=False).data)
                 for pod in listed["items"]:
@@ -480,7 +531,7 @@ class _Run:
                             raise RuntimeError(str(event.get("object")))
                         if event.get("type") in ("ADDED", "MODIFIED"):
                             seen(event["object"])
-                    if done.is_set():
+                    if finished():
                         resp.close()
                         return
             except Exception as err:  # the measurement goes on from a relist
@@ -575,7 +626,7 @@ def run(args: argparse.Namespace) -> int:
         root = Path(args.keep) / f"nodes-{nodes}" if args.keep else Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         if args.keep:
             shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)
-        bench = _Run(root, nodes, args.heartbeat_s)
+        bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json")
         previous = report.get(f"nodes_{nodes}", {})
         section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
                                    "agent_heartbeat_s": args.heartbeat_s}
@@ -584,6 +635,9 @@ def run(args: argparse.Namespace) -> int:
             bench.setup()
             plain = {name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
                      for name in limits}
+            accounting = bench.accounting
+            if accounting is not None:  # the background without pods: no agents, as in the plain phases
+                accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
             bench.start_agents()
             for name in limits:
                 gpu = bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
@@ -603,6 +657,11 @@ def run(args: argparse.Namespace) -> int:
                     "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
                 }
+            if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
+                gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
+                accounting.idle("idle-agents", max(gpu_windows))
+                bench.node_status_round()
+                _progress("API requests by client\n" + bench_api.table(accounting.write()))
             if bench.agents is not None and bench.agents.refused:
                 _progress(f"{len(bench.agents.refused)} reports refused, e.g. {bench.agents.refused[:3]}")
             load.append(round(os.getloadavg()[0], 2))

@@ -47,6 +47,14 @@ LEARNED_MAX = 10_000
 #: API connections kept besides one per request thread: the pod and node watches, the worker, the
 #: events worker, and a few to spare.
 POOL_SPARE = 8
+#: The User-Agent of the extender's API requests (followed by its version).
+USER_AGENT = "deepres-extender"
+#: The Node list and watch ask for the nodes' metadata only (PartialObjectMetadata, as client-go's
+#: metadata informers do): the extender needs their names, and a Node's status (conditions, images,
+#: a heartbeat from every kubelet) is most of its bytes. Plain JSON is the second choice, for an API
+#: server that cannot serve the first (it then sends whole Nodes, which carry the same metadata).
+NODE_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
+NODE_WATCH_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
 
 
 def backoff_s(failures: int, rng: Callable[[], float] = random.random) -> float:
@@ -331,6 +339,8 @@ class KubeCluster:
             except config.ConfigException:
                 config.load_kube_config()
             api_client = client.ApiClient(self.pool_configuration(client.Configuration.get_default_copy(), callers))
+            # who is asking, in the API server's audit log and request logs (the client's default names no one)
+            api_client.user_agent = f"{USER_AGENT}/{importlib.import_module('extender').__version__}"
         self._client = client
         self._api: Any = api_client
         self._core: Any = client.CoreV1Api(self._api)
@@ -376,9 +386,11 @@ class KubeCluster:
         self._stop.set()
 
     def _watch_timeouts(self) -> dict[str, Any]:
-        """A watch ends on the server after resync_s; a silent one (dead connection, stuck proxy) is
-        cut by the client's read timeout a little later, and then relisted like any failure."""
-        return {"timeout_seconds": int(self.resync_s),
+        """A watch ends on the server after resync_s and is resumed where it stopped; a silent one
+        (dead connection, stuck proxy) is cut by the client's read timeout a little later, and then
+        relisted like any failure. Bookmarks keep the place to resume from recent when the watched
+        objects are quiet (else it could fall out of the API server's window: 410, a relist)."""
+        return {"timeout_seconds": int(self.resync_s), "allow_watch_bookmarks": True,
                 "_request_timeout": (self.api_timeout_s, self.resync_s + self.api_timeout_s)}
 
     def _rewatch(self, what: str, err: Exception, failures: int) -> int:
@@ -393,21 +405,32 @@ class KubeCluster:
         return failures
 
     def _watch_pods(self, handlers: ClusterHandlers) -> None:
+        """List the pods of this scheduler, then watch them. A watch that ends as asked (after
+        resync_s) is resumed from the last version it showed, as client-go's reflectors do: a
+        relist every resync_s sent every pod of the scheduler again (a full JSON list for the API
+        server, a parse of each for the extender) for nothing a continued watch does not give. Any
+        failure (410 Gone, an error, a silent watch cut) relists."""
         selector = f"spec.schedulerName={self.scheduler_name}"
         failures = 0
+        version: str | None = None  # where the next watch starts; None: list first
         while not self._stop.is_set():
             try:
-                listed = self._list(self._core.list_pod_for_all_namespaces, field_selector=selector)
-                pods = [p for p in listed.get("items") or () if isinstance(p, dict)]
-                with self._lock:
-                    self._pods = {pod_meta(p)[:2]: p for p in pods}
-                handlers.pods_listed(pods)
-                self._synced.set()
-                failures = 0
+                if version is None:
+                    listed = self._list(self._core.list_pod_for_all_namespaces, field_selector=selector)
+                    pods = [p for p in listed.get("items") or () if isinstance(p, dict)]
+                    with self._lock:
+                        self._pods = {pod_meta(p)[:2]: p for p in pods}
+                    handlers.pods_listed(pods)
+                    self._synced.set()
+                    failures = 0
+                    version = _resource_version(listed)
                 for kind, pod in self._events(self._core.list_pod_for_all_namespaces, field_selector=selector,
-                                              resource_version=_resource_version(listed)):
+                                              resource_version=version):
                     if self._stop.is_set():
                         return
+                    version = _object_version(pod) or version
+                    if kind == "BOOKMARK":
+                        continue
                     deleted = kind == "DELETED"
                     with self._lock:
                         if deleted:
@@ -416,18 +439,27 @@ class KubeCluster:
                             self._pods[pod_meta(pod)[:2]] = pod
                     handlers.pod_changed(pod, deleted)
             except Exception as err:  # the watch must outlive any API hiccup: log, back off, relist
+                version = None
                 failures = self._rewatch("pod", err, failures)
 
     def _watch_nodes(self, handlers: ClusterHandlers) -> None:
+        """List the nodes' names, then watch them; resumed and relisted as `_watch_pods` is."""
         failures = 0
+        version: str | None = None
         while not self._stop.is_set():
             try:
-                listed = self._list(self._core.list_node)
-                handlers.nodes_listed([name for n in listed.get("items") or () if (name := _name(n))])
-                failures = 0
-                for kind, node in self._events(self._core.list_node, resource_version=_resource_version(listed)):
+                if version is None:
+                    listed = self._list(self._core.list_node, _headers={"Accept": NODE_LIST_ACCEPT})
+                    handlers.nodes_listed([name for n in listed.get("items") or () if (name := _name(n))])
+                    failures = 0
+                    version = _resource_version(listed)
+                for kind, node in self._events(self._core.list_node, _headers={"Accept": NODE_WATCH_ACCEPT},
+                                               resource_version=version):
                     if self._stop.is_set():
                         return
+                    version = _object_version(node) or version
+                    if kind == "BOOKMARK":
+                        continue
                     name = _name(node)
                     if not name:
                         continue
@@ -436,6 +468,7 @@ class KubeCluster:
                     elif kind == "ADDED":
                         handlers.node_added(name)
             except Exception as err:
+                version = None
                 failures = self._rewatch("node", err, failures)
 
     def _list(self, call: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
@@ -458,7 +491,8 @@ class KubeCluster:
     def _events(self, call: Callable[..., Any], **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         """A watch's (type, object) events from its JSON lines (see `_list` for why not the client's
         Watch, which deserialises each object into models). An ERROR event ends the watch
-        (WatchExpired: 410 Gone relists at once); BOOKMARKs and anything unreadable are skipped."""
+        (WatchExpired: 410 Gone relists at once); BOOKMARKs are given (their version is where to
+        resume); anything unreadable is skipped."""
         response = call(watch=True, _preload_content=False, **kwargs, **self._watch_timeouts())
         try:
             if not 200 <= int(response.status) <= 299:
@@ -474,7 +508,7 @@ class KubeCluster:
                 kind, obj = event.get("type"), event.get("object")
                 if kind == "ERROR":
                     raise WatchExpired(str(obj))
-                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+                if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") and isinstance(obj, dict):
                     yield kind, obj
         finally:
             response.close()
@@ -638,6 +672,12 @@ def _json(resp: Any) -> Any:
 
 def _resource_version(listed: Mapping[str, Any]) -> str | None:
     meta = listed.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and version else None
+
+
+def _object_version(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
     return version if isinstance(version, str) and version else None
 

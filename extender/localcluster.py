@@ -349,6 +349,7 @@ class ControlPlane:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     extra_scheduler_args: list[str] = field(default_factory=list)
+    extra_apiserver_args: list[str] = field(default_factory=list)
 
     @property
     def pki(self) -> Path:
@@ -448,7 +449,7 @@ class ControlPlane:
             # nodes are born tainted not-ready and the node lifecycle controller (not run: it would need
             # kwok to heartbeat every node) would lift it; kwok nodes are Ready from the start
             "--disable-admission-plugins=TaintNodesByCondition",
-            *(extra or []),
+            *self.extra_apiserver_args, *(extra or []),
         ])
 
     # ---- readiness ----

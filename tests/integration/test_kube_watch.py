@@ -112,3 +112,61 @@ def test_a_pod_read_against_a_stuck_api_server_times_out_as_a_cluster_error() ->
         with pytest.raises(ClusterError, match="read pod ml/a"):
             kube.read_pod("ml", "a")
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("what", ["pods", "nodes"])
+def test_a_watch_that_ends_as_asked_resumes_where_it_stopped_without_a_relist(what: str) -> None:
+    """A watch the API server ends after its timeoutSeconds is resumed from the last version it
+    showed (a bookmark's included), as client-go's reflectors do; relisting instead sent every pod
+    of the scheduler (every node) again every resync_s. Watches ask for bookmarks."""
+    requests: list[tuple[str, str | None, bool]] = []  # (list | watch, resourceVersion, allowWatchBookmarks)
+    kind = "Pod" if what == "pods" else "PartialObjectMetadata"
+
+    def obj(version: str) -> dict[str, Any]:
+        return {**pod("u1", "a"), "kind": kind, "metadata": {**pod("u1", "a")["metadata"], "resourceVersion": version}}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            watch = query.get("watch") == ["true"]
+            requests.append(("watch" if watch else "list", (query.get("resourceVersion") or [None])[0],
+                             query.get("allowWatchBookmarks") == ["true"]))
+            if not watch:
+                body = {"kind": "List", "metadata": {"resourceVersion": "10"}, "items": [obj("9")]}
+                send_json(self, json.dumps(body).encode())
+                return
+            watches = sum(1 for r in requests if r[0] == "watch")
+            if watches == 1:  # an event, a bookmark, then the end of the watch's time
+                lines = [{"type": "MODIFIED", "object": obj("12")},
+                         {"type": "BOOKMARK", "object": {"kind": kind, "metadata": {"resourceVersion": "15"}}}]
+            elif watches == 2:
+                lines = [{"type": "ADDED" if what == "nodes" else "MODIFIED", "object": obj("16")}]
+            else:
+                time.sleep(0.2)
+                lines = []
+            send_json(self, "".join(json.dumps(line) + "\n" for line in lines).encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    loopback = Loopback(Handler)
+    kube = KubeCluster("deepres-scheduler", 300, 60, api_client=loopback.api_client(), api_timeout_s=2.0)
+    seen: list[str] = []
+    handlers = ClusterHandlers(pod_changed=lambda p, d: seen.append(p["metadata"]["resourceVersion"]),
+                               pods_listed=lambda pods: seen.append("list"), node_deleted=lambda n: None,
+                               nodes_listed=lambda names: seen.append("list"), node_added=lambda n: seen.append(n))
+    thread = threading.Thread(target=kube._watch_pods if what == "pods" else kube._watch_nodes, args=(handlers,),
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while sum(1 for r in requests if r[0] == "watch") < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    kube.stop()
+    thread.join(timeout=5)
+    loopback.close()
+    assert requests[:4] == [("list", None, False), ("watch", "10", True), ("watch", "15", True),
+                            ("watch", "16", True)], requests
+    assert seen[0] == "list" and seen.count("list") == 1
+    assert seen[1:] == (["12", "16"] if what == "pods" else ["a"])
