@@ -15,7 +15,11 @@ optimizer's state and step bytes. A request is a lookup, no tracing and no torch
   bound widens by the error this makes on traced inputs left out, the data card's check);
 - memory = the nvidia-smi calibration (predictor/dataset/calibration.json) of the traced peak;
   memory_mib_upper = memory x (1 + the calibration's margin [+ batch extrapolation margin]
-  [+ input interpolation margin]).
+  [+ input interpolation margin]), or, where the real-GPU campaign measured a GPU
+  (`bound.measured_lines`, predictor/dataset/campaign.py), the highest of that and each measured
+  line of the job's precision x (1 + its own margin + the same extra margins): the public
+  calibration was fitted on small MLPs on an A100, and a bound must hold on the GPUs measured
+  (an H100 with today's CUDA: a smaller context, a larger factor for large jobs).
 
 An unknown name raises `SpecError` naming the closest known names (difflib).
 """
@@ -206,14 +210,24 @@ def estimate(name: str, batch_size: int, input_dim: int | None, precision: str, 
     extrapolated = not batches[0] <= batch_size <= batches[-1]
     cal, bound = table["calibration"], table["bound"]
     memory = float(cal["context_mib"]) + float(cal["factor"]) * peak
-    rel = float(bound["calibration_rel"])
-    rel += float(bound["batch_extrapolation_rel"]) if extrapolated else 0.0
+    extra = float(bound["batch_extrapolation_rel"]) if extrapolated else 0.0
     if interpolated:  # per kind of input (image side, tokens...) when the table says
         by_kind: Any = bound["input_interpolation_rel"]
-        rel += float(by_kind[e["kind"]] if e["kind"] in by_kind else by_kind["default"]) if isinstance(
+        extra += float(by_kind[e["kind"]] if e["kind"] in by_kind else by_kind["default"]) if isinstance(
             by_kind, dict) else float(by_kind)
-    return ExactEstimate(resolved, round(peak, 1), round(memory, 1), round(memory * (1.0 + rel), 1),
+    upper = max(memory * (1.0 + float(bound["calibration_rel"]) + extra),
+                measured_upper(bound, key, peak, extra))
+    return ExactEstimate(resolved, round(peak, 1), round(memory, 1), round(upper, 1),
                          round(gflops, 4), interpolated, extrapolated)
+
+
+def measured_upper(bound: dict[str, Any], precision: str, traced_peak_mib: float, extra: float = 0.0) -> float:
+    """The highest bound of the measured GPUs' lines for this precision (`any`: a traced peak whose
+    precision is not known); 0 where the table holds no measured line."""
+    uppers = [(float(line["context_mib"]) + float(line["factor"]) * traced_peak_mib)
+              * (1.0 + float(line["rel"]) + extra)
+              for line in bound.get("measured_lines", ()) if line["precision"] == precision]
+    return max(uppers, default=0.0)
 
 
 def traced_memory(traced_peak_mib: float, path: str = str(TABLE_PATH)) -> tuple[float, float]:
@@ -225,7 +239,8 @@ def traced_memory(traced_peak_mib: float, path: str = str(TABLE_PATH)) -> tuple[
         constants = json.loads((Path(__file__).resolve().parent / "dataset" / "calibration.json").read_text())
         cal = {"context_mib": constants["context_mib"], "factor": constants["factor"]}
     memory = float(cal["context_mib"]) + float(cal["factor"]) * float(traced_peak_mib)
-    return round(memory, 1), round(memory * (1.0 + rel), 1)
+    upper = max(memory * (1.0 + rel), measured_upper(table["bound"], "any", float(traced_peak_mib)))
+    return round(memory, 1), round(upper, 1)
 
 
 def names(path: str = str(TABLE_PATH)) -> list[str]:

@@ -183,6 +183,21 @@ def _curve_table(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def exact_lines(exact: dict[str, Any]) -> list[str]:
+    """The exact path's figures: the headline (every held-out source pooled), then each source."""
+    if exact.get("median_abs_rel_err") is None:
+        return [f"Not measured in this build: {exact.get('note', 'no figures')}. `exact` in predictor.json is "
+                "null.", ""]
+    out = [f"Median abs. rel. error {_pct(exact['median_abs_rel_err'])}, under-rate "
+           f"{_pct(exact['under_rate'])}" + (f" ({exact['note']})" if exact.get("note") else "") + ".", ""]
+    for name, part in exact.items():
+        if isinstance(part, dict) and "median_abs_rel_err" in part:
+            out.append(f"- `{name}` ({part['n']} jobs): median {_pct(part['median_abs_rel_err'])}, p90 "
+                       f"{_pct(part['p90_abs_rel_err'])}, under-rate {_pct(part['under_rate'])}, over-reservation "
+                       f"{_pct(part['over_reservation'])}" + (f"; {part['note']}" if part.get("note") else "") + ".")
+    return [*out, ""] if len(out) > 2 else out
+
+
 def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str, Any], context: dict[str, Any],
                    out: Path) -> Path:
     grouped = results.get("grouped")
@@ -251,13 +266,7 @@ def write_markdown(report: dict[str, Any], results: Results, by_family: dict[str
             "",
         ]
     exact, runtime = report.get("exact", {}), report.get("runtime", {})
-    lines += ["## Exact-architecture path", ""]
-    if exact.get("median_abs_rel_err") is None:
-        lines += [f"Not measured in this build: {exact.get('note', 'no figures')}. `exact` in predictor.json is "
-                  "null.", ""]
-    else:
-        lines += [f"Median abs. rel. error {_pct(exact['median_abs_rel_err'])}, under-rate "
-                  f"{_pct(exact['under_rate'])}" + (f" ({exact['note']})" if exact.get("note") else "") + ".", ""]
+    lines += ["## Exact-architecture path", "", *exact_lines(exact)]
     lines += ["## Serving", ""]
     if runtime.get("p99_ms") is not None:
         lines += [f"Measured in a fresh process (`predictor.bench.runtime_figures`): importing the runtime and "

@@ -279,7 +279,11 @@ def run_calibration(jobs: int = 1, seed: int = 0, source_dir: Path = SOURCE_DIR,
     constants_path.write_text(json.dumps(constants, indent=2) + "\n")
     if report_path is not None:
         report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        try:  # the real-GPU campaign's figures (`campaign report`) are its own: keep them
+            kept = {"campaign": json.loads(report_path.read_text())["campaign"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = {}
+        report_path.write_text(json.dumps({**report, **kept}, indent=2) + "\n")
     calibration_constants.cache_clear()
     return report
 

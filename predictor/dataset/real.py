@@ -432,7 +432,7 @@ def job_rows(done: dict[str, dict[str, Any]], fit: calibration.LineFit) -> list[
     return rows
 
 
-def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound: dict[str, float]) -> dict[str, Any]:
+def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound: dict[str, Any]) -> dict[str, Any]:
     """The exact-architecture table: per architecture, per precision and input, the traced
     forward/backward peak and the after-backward bytes at each traced batch (MiB), the GFLOPs, and
     each optimizer's (state, step) MiB. predictor/exact.py turns these into a Demand."""
@@ -533,8 +533,14 @@ def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) ->
 
     fit = calibration.calibration_constants()
     constants = json.loads(calibration.CONSTANTS_PATH.read_text())
-    bound = {"calibration_rel": round(float(constants.get("bound_rel", 0.05)), 4),
-             "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}
+    bound: dict[str, Any] = {"calibration_rel": round(float(constants.get("bound_rel", 0.05)), 4),
+                             "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}
+    # real-GPU measurements, where the campaign left them: the bound covers those GPUs too
+    from predictor.dataset import campaign
+
+    lines = [line for t in sorted(campaign.MEASURED_DIR.glob("*.csv")) for line in campaign.measured_lines(t)]
+    if lines:
+        bound["measured_lines"] = lines
     data_dir.mkdir(parents=True, exist_ok=True)
     write_store(done, data_dir / STORE.name)
     traces = trace_rows(done)

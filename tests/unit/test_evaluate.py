@@ -84,10 +84,33 @@ def test_exact_path_on_held_out_measured_runs(tmp_path: Path) -> None:
     from predictor.evaluate import exact_heldout
 
     figures = exact_heldout(tmp_path, 8)
-    assert figures["n"] == 8
-    assert figures["median_abs_rel_err"] < 0.06 and figures["under_rate"] <= 0.125
+    mlp = figures["mlp"]
+    assert mlp["n"] == 8
+    assert mlp["median_abs_rel_err"] < 0.06 and mlp["under_rate"] <= 0.125
     assert (tmp_path / "exact-heldout-8-0.json").exists()  # traced peaks cached for the next run
     assert exact_heldout(tmp_path, 8) == figures
+
+
+def test_exact_figures_pool_the_real_gpu_campaign_with_the_mlp_runs(tmp_path: Path) -> None:
+    """Every measured campaign row the exact table can answer is counted, on its own and in the
+    headline: the headline is not the MLP runs' alone once real measurements exist."""
+    import csv
+
+    from predictor import exact
+    from predictor.dataset.campaign import MEASURED_DIR
+    from predictor.evaluate import exact_heldout
+
+    tables = sorted(MEASURED_DIR.glob("*.csv"))
+    assert tables, "the campaign's measured table is in the repo"
+    known = set(exact.names())
+    with tables[0].open(newline="") as handle:
+        answerable = sum(1 for row in csv.DictReader(handle) if row["status"] == "ok" and row["name"] in known)
+    figures = exact_heldout(tmp_path, 4)
+    campaign = figures[f"campaign_{tables[0].stem}"]
+    assert campaign["all_rows"]["n"] == answerable > 300
+    assert 0.2 * answerable < campaign["n"] < 0.45 * answerable  # the held-out groups' rows alone
+    assert figures["n"] == 4 + sum(figures[k]["n"] for k in figures if k.startswith("campaign_"))
+    assert 0.0 <= campaign["under_rate"] <= 1.0
 
 
 def test_the_hindsight_bound_is_the_test_jobs_own_quantile(tmp_path: Path, evaluated: tuple[Path, str]) -> None:
