@@ -1,0 +1,207 @@
+"""The agent's NVML source fed with REAL NVML answers, recorded on an H100 (driver 580.159.04).
+
+tests/fixtures/nvml-h100-580.json holds, per sample, what pynvml answered on that machine (`raw`) and
+what the agent's `NvmlSource` built there a moment later (`agent`). `Replay` below answers exactly
+the recorded values through pynvml's function names (its error class and constants are the real
+binding's); it computes nothing. The expected report is worked out here from the raw answers by the
+rules nvml.py documents, and, where the two reads were close enough, compared with the recorded one.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from extender.agent.cgroups import CgroupReader, parse_cgroup
+from extender.agent.main import Agent, AgentSettings
+from extender.agent.nvml import NvmlSource
+from extender.telemetry import GpuReport, NodeReport
+from tests.fakes.procfs import make_proc_root
+
+with warnings.catch_warnings():  # a deprecated `pynvml` package, if installed too, warns on import
+    warnings.simplefilter("ignore", FutureWarning)
+    import pynvml
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "nvml-h100-580.json"
+RECORD: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))
+SAMPLES: list[dict[str, Any]] = RECORD["samples"]
+BYTES_PER_MIB = 1024 * 1024
+# samples whose memory, utilisation or power moved between the raw reads and the agent's own read:
+# there only what cannot move (identity, capacity, reserve, which processes) is compared
+MOVED = {11, 44}
+
+
+class Replay:
+    """One recorded device, answering through pynvml's names with the values recorded, nothing else."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def __init__(self, raw: dict[str, Any], *, memory_v2: bool = True) -> None:
+        self.raw = raw
+        self.memory_v2 = memory_v2  # False: answer the v2 call as a driver without it would
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return str(RECORD["driver"])
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1  # the machine had one GPU
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        if index != 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return "handle-0"
+
+    def nvmlDeviceGetUUID(self, handle: str) -> Any:
+        return self._answer("uuid")
+
+    def nvmlDeviceGetName(self, handle: str) -> Any:
+        return self._answer("name")
+
+    def nvmlDeviceGetMigMode(self, handle: str) -> Any:
+        return self._answer("mig_mode")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str, version: int | None = None) -> SimpleNamespace:
+        if version is None:
+            return SimpleNamespace(**self._answer("memory"))
+        if version != pynvml.nvmlMemory_v2 or not self.memory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(version=version, **self._answer("memory_v2"))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> SimpleNamespace:
+        return SimpleNamespace(**self._answer("utilization"))
+
+    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> Any:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU  # what was recorded
+        return self._answer("temperature")
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> Any:
+        return self._answer("power_mw")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in self._answer("processes")]
+
+    def _answer(self, key: str) -> Any:
+        value = self.raw[key]
+        if isinstance(value, dict) and "error" in value:  # the recorder's note of a failed call
+            raise pynvml.NVMLError(value["code"])
+        return value
+
+
+def _replayed(sample: dict[str, Any], **kw: Any) -> GpuReport:
+    source = NvmlSource.open(Replay(sample["raw"], **kw))
+    result = source.sample()
+    assert result.responsive and result.error == ""
+    (gpu,) = result.gpus
+    return gpu
+
+
+def _mib(n_bytes: int) -> float:
+    return n_bytes / BYTES_PER_MIB
+
+
+def _ids(samples: list[dict[str, Any]]) -> list[str]:
+    return [f"{s['index']}-{len(s['raw']['processes'])}proc" for s in samples]
+
+
+def test_the_fixture_covers_idle_one_and_several_processes() -> None:
+    counts = {len(s["raw"]["processes"]) for s in SAMPLES}
+    assert {0, 1} <= counts and max(counts) >= 2
+    assert RECORD["driver"] == "580.159.04" and all(s["raw"]["name"] == "NVIDIA H100 80GB HBM3" for s in SAMPLES)
+    assert {s["index"] for s in SAMPLES} >= MOVED
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=_ids(SAMPLES))
+def test_report_follows_the_documented_rules(sample: dict[str, Any]) -> None:
+    raw = sample["raw"]
+    v1, v2 = raw["memory"], raw["memory_v2"]
+    # what this driver answered: v2 splits total - free into `used` + `reserved`, v1's `used` is the
+    # whole of total - free (nvidia-smi's figure); the two calls were read one after the other, so
+    # their `free` may differ by what moved in between, and the agent's figures are v2's
+    assert v2["total"] - v2["free"] == v2["used"] + v2["reserved"] and v2["reserved"] > 0
+    assert v1["used"] == v1["total"] - v1["free"] and v1["total"] == v2["total"]
+
+    gpu = _replayed(sample)
+    assert (gpu.uuid, gpu.model, gpu.index) == (raw["uuid"], raw["name"], 0)
+    assert gpu.memory_total_mib == pytest.approx(_mib(v2["total"]), abs=0.05)
+    assert gpu.memory_used_mib == pytest.approx(_mib(v2["total"] - v2["free"]), abs=0.05)  # reserve included
+    assert gpu.memory_reserved_mib == pytest.approx(_mib(v2["reserved"]), abs=0.05)
+    assert gpu.utilization_gpu == pytest.approx(raw["utilization"]["gpu"] / 100)
+    assert gpu.utilization_memory == pytest.approx(raw["utilization"]["memory"] / 100)
+    assert gpu.temperature_c == raw["temperature"]
+    assert gpu.power_w == pytest.approx(raw["power_mw"] / 1000, abs=0.05)
+    expected = [(p["pid"], _mib(p["used_gpu_memory"])) for p in raw["processes"]]
+    assert len(gpu.processes) == len(expected)
+    for process, (pid, mib) in zip(gpu.processes, expected, strict=True):
+        assert process.pid == pid and process.used_memory_mib == pytest.approx(mib, abs=0.05)
+        assert process.pod_uid == "" and process.container_id == ""  # the source does not attribute
+    assert gpu.healthy and gpu.error == ""
+
+
+def test_the_figures_are_those_of_an_80_gb_board() -> None:
+    """Absolute anchors, so a scale error shared by the rules above and the source cannot pass."""
+    idle = _replayed(SAMPLES[0])
+    assert 81_000 < idle.memory_total_mib < 82_000  # 80 GB HBM3: 81,559 MiB
+    assert idle.memory_used_mib == idle.memory_reserved_mib == 480.0  # idle: only the driver's reserve
+    assert 30 < (idle.temperature_c or 0) < 90 and 50 < (idle.power_w or 0) < 700
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=_ids(SAMPLES))
+def test_replay_matches_the_report_the_agent_made_on_the_gpu(sample: dict[str, Any]) -> None:
+    replayed = json.loads(json.dumps(msgspec.to_builtins(_replayed(sample))))
+    (recorded,) = sample["agent"]["gpus"]
+    if sample["index"] not in MOVED:
+        assert replayed == recorded
+        return
+    stable = ("uuid", "index", "model", "memory_total_mib", "memory_reserved_mib", "healthy", "error")
+    assert {k: replayed[k] for k in stable} == {k: recorded[k] for k in stable}
+    assert [p["pid"] for p in replayed["processes"]] == [p["pid"] for p in recorded["processes"]]  # same set
+    assert replayed != recorded  # the sample really did move: else it belongs with the others
+
+
+@pytest.mark.parametrize("sample", SAMPLES[:2], ids=_ids(SAMPLES[:2]))
+def test_a_driver_without_the_v2_call_gives_the_same_used_figure(sample: dict[str, Any]) -> None:
+    v1 = sample["raw"]["memory"]
+    gpu = _replayed(sample, memory_v2=False)
+    assert gpu.memory_used_mib == pytest.approx(_mib(v1["total"] - v1["free"]), abs=0.05)
+    assert gpu.memory_reserved_mib == 0.0  # v1 cannot tell the reserve apart
+
+
+def test_recorded_cgroup_is_no_pod_and_the_round_goes_on(tmp_path: Path) -> None:
+    """There the processes ran in a sandbox's cgroup v2 (`0::/process_api/<hex>`), not under a
+    kubelet: the agent reports them with no pod and tracks no pod, without failing the round."""
+    sample = max(SAMPLES, key=lambda s: len(s["raw"]["processes"]))
+    procs = sample["raw"]["processes"]
+    assert all(p["cgroup"].startswith("0::/process_api/") for p in procs)
+    assert all(parse_cgroup(p["cgroup"]) is None for p in procs)
+    proc_root = make_proc_root(tmp_path / "proc", {p["pid"]: p["cgroup"] + "\n" for p in procs})
+    assert all(CgroupReader(proc_root).pod_of(p["pid"]) is None for p in procs)
+
+    sent: list[NodeReport] = []
+
+    class Sink:
+        def submit(self, report: NodeReport) -> None:
+            sent.append(report)
+
+    settings = AgentSettings(node="h100", proc_root=str(proc_root))
+    agent = Agent(settings, NvmlSource.open(Replay(sample["raw"])), Sink(), clock=lambda: 1.0e9, monotonic=lambda: 5.0)
+    report = agent.step()
+    assert sent == [report]
+    (gpu,) = report.gpus
+    assert [p.pid for p in gpu.processes] == [p["pid"] for p in procs]
+    assert all(p.pod_uid == "" and p.container_id == "" for p in gpu.processes)
+    assert report.pods == ()
