@@ -1,16 +1,21 @@
 """The agent's NVML source fed with REAL NVML answers, recorded on an H100 (driver 580.159.04).
 
 tests/fixtures/nvml-h100-580.json holds, per sample, what pynvml answered on that machine (`raw`) and
-what the agent's `NvmlSource` built there a moment later (`agent`). `Replay` below answers exactly
-the recorded values through pynvml's function names (its error class and constants are the real
-binding's); it computes nothing. The expected report is worked out here from the raw answers by the
-rules nvml.py documents, and, where the two reads were close enough, compared with the recorded one.
+what the agent's `NvmlSource` built there a moment later (`agent`). The recorded values reach the
+source two ways, and every check runs with both: `Replay`, a pynvml-shaped object answering through
+pynvml's function names (its error class and constants are the real binding's), and the real
+nvidia-ml-py binding itself over `RecordedLibrary`, a stand-in for libnvidia-ml.so's C functions
+that fills the binding's ctypes structures, so the binding's own conversions run too. Neither
+computes anything. The expected report is worked out here from the raw answers by the rules nvml.py
+documents and, where the two reads were close enough, compared with the report recorded there.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -102,8 +107,124 @@ class Replay:
         return value
 
 
-def _replayed(sample: dict[str, Any], **kw: Any) -> GpuReport:
-    source = NvmlSource.open(Replay(sample["raw"], **kw))
+_SUCCESS, _INVALID_ARGUMENT, _INSUFFICIENT_SIZE = 0, 2, 7
+
+
+class RecordedLibrary:
+    """libnvidia-ml.so's C functions as nvidia-ml-py calls them (ctypes arguments, an NVML return
+    code), filling the binding's structures with the recorded values. A function it lacks is one the
+    library does not export: the binding raises FUNCTION_NOT_FOUND, as with an older driver."""
+
+    def __init__(self, raw: dict[str, Any], *, memory_v2: bool = True) -> None:
+        self.raw = raw
+        self.missing = frozenset() if memory_v2 else frozenset({"nvmlDeviceGetMemoryInfo_v2"})
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in object.__getattribute__(self, "missing"):  # not exported by this "driver"
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    def nvmlInitWithFlags(self, flags: int) -> int:
+        return _SUCCESS
+
+    def nvmlShutdown(self) -> int:
+        return _SUCCESS
+
+    def nvmlErrorString(self, code: int) -> bytes:
+        return f"recorded NVML error {code}".encode()
+
+    def nvmlSystemGetDriverVersion(self, buffer: Any, size: Any) -> int:
+        buffer.value = str(RECORD["driver"]).encode()
+        return _SUCCESS
+
+    def nvmlDeviceGetCount_v2(self, count: Any) -> int:
+        count._obj.value = 1
+        return _SUCCESS
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, device: Any) -> int:
+        return _SUCCESS if index.value == 0 else _INVALID_ARGUMENT
+
+    def nvmlDeviceGetName(self, device: Any, buffer: Any, size: Any) -> int:
+        return self._fill(lambda name: setattr(buffer, "value", name.encode()), "name")
+
+    def nvmlDeviceGetUUID(self, device: Any, buffer: Any, size: Any) -> int:
+        return self._fill(lambda uuid: setattr(buffer, "value", uuid.encode()), "uuid")
+
+    def nvmlDeviceGetMigMode(self, device: Any, current: Any, pending: Any) -> int:
+        def fill(modes: list[int]) -> None:
+            current._obj.value, pending._obj.value = modes
+
+        return self._fill(fill, "mig_mode")
+
+    def nvmlDeviceGetMemoryInfo(self, device: Any, memory: Any) -> int:
+        return self._fill(lambda v1: _set_fields(memory._obj, v1), "memory")
+
+    def nvmlDeviceGetMemoryInfo_v2(self, device: Any, memory: Any) -> int:
+        if memory._obj.version != pynvml.nvmlMemory_v2:
+            return int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self._fill(lambda v2: _set_fields(memory._obj, v2), "memory_v2")
+
+    def nvmlDeviceGetUtilizationRates(self, device: Any, utilization: Any) -> int:
+        return self._fill(lambda rates: _set_fields(utilization._obj, rates), "utilization")
+
+    def nvmlDeviceGetTemperature(self, device: Any, sensor: Any, temperature: Any) -> int:
+        if sensor.value != pynvml.NVML_TEMPERATURE_GPU:
+            return _INVALID_ARGUMENT
+        return self._fill(lambda celsius: setattr(temperature._obj, "value", celsius), "temperature")
+
+    def nvmlDeviceGetPowerUsage(self, device: Any, power: Any) -> int:
+        return self._fill(lambda milliwatts: setattr(power._obj, "value", milliwatts), "power_mw")
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, device: Any, count: Any, infos: Any) -> int:
+        code, processes = self._answer("processes")
+        if code != _SUCCESS:
+            return code
+        if infos is None:  # the binding asks for the count first
+            count._obj.value = len(processes)
+            return _INSUFFICIENT_SIZE if processes else _SUCCESS
+        if count._obj.value < len(processes):
+            return _INSUFFICIENT_SIZE
+        for info, process in zip(infos, processes, strict=False):
+            info.pid, info.usedGpuMemory = process["pid"], process["used_gpu_memory"]
+            info.gpuInstanceId = info.computeInstanceId = 0xFFFFFFFF  # no MIG
+        count._obj.value = len(processes)
+        return _SUCCESS
+
+    def _answer(self, key: str) -> tuple[int, Any]:
+        """(NVML return code, recorded value)."""
+        value = self.raw[key]
+        if isinstance(value, dict) and "error" in value:  # the recorder's note of a failed call
+            return int(value["code"]), None
+        return _SUCCESS, value
+
+    def _fill(self, fill: Callable[[Any], None], key: str) -> int:
+        code, value = self._answer(key)
+        if code == _SUCCESS:
+            fill(value)
+        return code
+
+
+def _set_fields(structure: ctypes.Structure, values: dict[str, int]) -> None:
+    for name, value in values.items():
+        setattr(structure, name, value)
+
+
+@pytest.fixture(params=["pynvml-shaped", "real-binding"])
+def nvml_of(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """raw answers (+ memory_v2=False for a driver without the v2 call) -> what NvmlSource is given."""
+    if request.param == "pynvml-shaped":
+        return Replay
+
+    def binding(raw: dict[str, Any], **kw: Any) -> Any:
+        monkeypatch.setattr(pynvml, "nvmlLib", RecordedLibrary(raw, **kw))  # loaded: no real library is opened
+        monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+        return pynvml
+
+    return binding
+
+
+def _replayed(nvml_of: Callable[..., Any], sample: dict[str, Any], **kw: Any) -> GpuReport:
+    source = NvmlSource.open(nvml_of(sample["raw"], **kw))
     result = source.sample()
     assert result.responsive and result.error == ""
     (gpu,) = result.gpus
@@ -126,7 +247,7 @@ def test_the_fixture_covers_idle_one_and_several_processes() -> None:
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=_ids(SAMPLES))
-def test_report_follows_the_documented_rules(sample: dict[str, Any]) -> None:
+def test_report_follows_the_documented_rules(nvml_of: Callable[..., Any], sample: dict[str, Any]) -> None:
     raw = sample["raw"]
     v1, v2 = raw["memory"], raw["memory_v2"]
     # what this driver answered: v2 splits total - free into `used` + `reserved`, v1's `used` is the
@@ -135,7 +256,7 @@ def test_report_follows_the_documented_rules(sample: dict[str, Any]) -> None:
     assert v2["total"] - v2["free"] == v2["used"] + v2["reserved"] and v2["reserved"] > 0
     assert v1["used"] == v1["total"] - v1["free"] and v1["total"] == v2["total"]
 
-    gpu = _replayed(sample)
+    gpu = _replayed(nvml_of, sample)
     assert (gpu.uuid, gpu.model, gpu.index) == (raw["uuid"], raw["name"], 0)
     assert gpu.memory_total_mib == pytest.approx(_mib(v2["total"]), abs=0.05)
     assert gpu.memory_used_mib == pytest.approx(_mib(v2["total"] - v2["free"]), abs=0.05)  # reserve included
@@ -152,36 +273,40 @@ def test_report_follows_the_documented_rules(sample: dict[str, Any]) -> None:
     assert gpu.healthy and gpu.error == ""
 
 
-def test_the_figures_are_those_of_an_80_gb_board() -> None:
+def test_the_figures_are_those_of_an_80_gb_board(nvml_of: Callable[..., Any]) -> None:
     """Absolute anchors, so a scale error shared by the rules above and the source cannot pass."""
-    idle = _replayed(SAMPLES[0])
+    idle = _replayed(nvml_of, SAMPLES[0])
     assert 81_000 < idle.memory_total_mib < 82_000  # 80 GB HBM3: 81,559 MiB
     assert idle.memory_used_mib == idle.memory_reserved_mib == 480.0  # idle: only the driver's reserve
     assert 30 < (idle.temperature_c or 0) < 90 and 50 < (idle.power_w or 0) < 700
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=_ids(SAMPLES))
-def test_replay_matches_the_report_the_agent_made_on_the_gpu(sample: dict[str, Any]) -> None:
-    replayed = json.loads(json.dumps(msgspec.to_builtins(_replayed(sample))))
+def test_replay_matches_the_report_the_agent_made_on_the_gpu(
+    nvml_of: Callable[..., Any], sample: dict[str, Any]
+) -> None:
+    replayed = json.loads(json.dumps(msgspec.to_builtins(_replayed(nvml_of, sample))))
     (recorded,) = sample["agent"]["gpus"]
     if sample["index"] not in MOVED:
         assert replayed == recorded
         return
     stable = ("uuid", "index", "model", "memory_total_mib", "memory_reserved_mib", "healthy", "error")
     assert {k: replayed[k] for k in stable} == {k: recorded[k] for k in stable}
-    assert [p["pid"] for p in replayed["processes"]] == [p["pid"] for p in recorded["processes"]]  # same set
+    assert [p["pid"] for p in replayed["processes"]] == [p["pid"] for p in recorded["processes"]]  # same processes
     assert replayed != recorded  # the sample really did move: else it belongs with the others
 
 
 @pytest.mark.parametrize("sample", SAMPLES[:2], ids=_ids(SAMPLES[:2]))
-def test_a_driver_without_the_v2_call_gives_the_same_used_figure(sample: dict[str, Any]) -> None:
+def test_a_driver_without_the_v2_call_gives_the_same_used_figure(
+    nvml_of: Callable[..., Any], sample: dict[str, Any]
+) -> None:
     v1 = sample["raw"]["memory"]
-    gpu = _replayed(sample, memory_v2=False)
+    gpu = _replayed(nvml_of, sample, memory_v2=False)
     assert gpu.memory_used_mib == pytest.approx(_mib(v1["total"] - v1["free"]), abs=0.05)
     assert gpu.memory_reserved_mib == 0.0  # v1 cannot tell the reserve apart
 
 
-def test_recorded_cgroup_is_no_pod_and_the_round_goes_on(tmp_path: Path) -> None:
+def test_recorded_cgroup_is_no_pod_and_the_round_goes_on(nvml_of: Callable[..., Any], tmp_path: Path) -> None:
     """There the processes ran in a sandbox's cgroup v2 (`0::/process_api/<hex>`), not under a
     kubelet: the agent reports them with no pod and tracks no pod, without failing the round."""
     sample = max(SAMPLES, key=lambda s: len(s["raw"]["processes"]))
@@ -198,7 +323,7 @@ def test_recorded_cgroup_is_no_pod_and_the_round_goes_on(tmp_path: Path) -> None
             sent.append(report)
 
     settings = AgentSettings(node="h100", proc_root=str(proc_root))
-    agent = Agent(settings, NvmlSource.open(Replay(sample["raw"])), Sink(), clock=lambda: 1.0e9, monotonic=lambda: 5.0)
+    agent = Agent(settings, NvmlSource.open(nvml_of(sample["raw"])), Sink(), clock=lambda: 1.0e9, monotonic=lambda: 5.0)
     report = agent.step()
     assert sent == [report]
     (gpu,) = report.gpus
