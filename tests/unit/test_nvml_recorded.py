@@ -13,6 +13,7 @@ documents and, where the two reads were close enough, compared with the report r
 from __future__ import annotations
 
 import ctypes
+import inspect
 import json
 import warnings
 from collections.abc import Callable
@@ -77,7 +78,7 @@ class Replay:
     def nvmlDeviceGetName(self, handle: str) -> Any:
         return self._answer("name")
 
-    def nvmlDeviceGetMigMode(self, handle: str) -> Any:
+    def nvmlDeviceGetMigMode(self, device: str) -> Any:
         return self._answer("mig_mode")
 
     def nvmlDeviceGetMemoryInfo(self, handle: str, version: int | None = None) -> SimpleNamespace:
@@ -244,6 +245,14 @@ def test_the_fixture_covers_idle_one_and_several_processes() -> None:
     assert {0, 1} <= counts and max(counts) >= 2
     assert RECORD["driver"] == "580.159.04" and all(s["raw"]["name"] == "NVIDIA H100 80GB HBM3" for s in SAMPLES)
     assert {s["index"] for s in SAMPLES} >= MOVED
+
+
+def test_replay_functions_match_pynvml_by_name_and_parameters() -> None:
+    names = [n for n in vars(Replay) if n.startswith("nvml") and callable(getattr(Replay, n))]
+    assert len(names) >= 12
+    for name in names:
+        real = list(inspect.signature(getattr(pynvml, name)).parameters)
+        assert list(inspect.signature(getattr(Replay({}), name)).parameters) == real, name
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=_ids(SAMPLES))
