@@ -29,6 +29,9 @@ CASES: dict[str, PodRef | None] = {
     "v2-host-process.txt": None,
     "v1-plain-docker.txt": None,
     "v2-user-session.txt": None,
+    # recorded on the real H100 (tests/fixtures/nvml-h100-580.json): a sandbox's cgroup v2, no kubelet;
+    # the last component is 32 hex digits like a static pod's UID, but without `pod` it is no pod
+    "v2-process-api-sandbox.txt": None,
     "empty.txt": None,
 }
 
