@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 
 import numpy as np
 import numpy.typing as npt
 
-from extender.policy.filtering import PASSED, is_fresh, node_failure
+from extender.policy.filtering import PASSED, is_fresh, node_failure, whole_gpu_request
 from extender.policy.fragmentation import DEFAULT_SHARPNESS, MAX_MERIT, DemandMix, merits_from_deltas
 from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node, spreads
 from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
@@ -290,7 +290,28 @@ def filter_matrix(
     params: PolicyParams,
 ) -> FilterResult:
     """`filter_nodes` computed over the matrix; failures are explained from `nodes` (the NodeViews).
-    The passed names' rows are remembered for the pod's prioritize (`NodeMatrix.lookup`)."""
+    The passed names' rows are remembered for the pod's prioritize (`NodeMatrix.lookup`). The
+    whole-GPU fallback as there (`filtering.whole_gpu_request`): looked at only when no node passed,
+    so a cluster with room pays nothing for it."""
+    if not isinstance(names, tuple):
+        names = tuple(names)
+    result = _filter_matrix_once(pod, names, matrix, nodes, now_s, params)
+    if result.passed or not pod.fallback:
+        return result
+    whole = whole_gpu_request(pod, map(nodes.get, matrix.lookup(names).names))
+    if whole is None:
+        return result
+    return replace(_filter_matrix_once(whole, names, matrix, nodes, now_s, params), request=whole)
+
+
+def _filter_matrix_once(
+    pod: PodRequest,
+    names: tuple[str, ...],
+    matrix: NodeMatrix,
+    nodes: Mapping[str, NodeView],
+    now_s: float,
+    params: PolicyParams,
+) -> FilterResult:
     looked = matrix.lookup(names)
     unique, rows = looked.names, looked.rows
     if not unique:

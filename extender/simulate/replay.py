@@ -61,6 +61,7 @@ from extender.policy import (
     score_nodes,
     score_nodes_fragaware,
 )
+from extender.policy.filtering import reserved_per_gpu
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -99,6 +100,7 @@ class Job:
     node: int = -1
     gpus: list[int] = field(default_factory=list)
     reserved_mib: float = 0.0  # per GPU
+    whole_gpu: bool = False  # placed by the whole-GPU fallback (`whole_gpu_request`)
     start: float = math.nan
     run_id: int = 0
     ooms: int = 0
@@ -212,6 +214,7 @@ class Strategy:
         self.jobs = jobs
         self.params = params
         self.preemptions = 0
+        self.whole_gpu_binds = 0  # placements by the whole-GPU fallback (DeepRes)
         self.usage_followed = 0  # reservations the usage rule moved (the report checks every ablation's)
 
     def admission(self, job: Job) -> float:
@@ -308,7 +311,7 @@ class DeepRes(Strategy):
         """The pod as the extender's filter sees it at `now` (its priority evaluated then, as live)."""
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
-                          priority=priority_of(self.inputs(job), now, self.params))
+                          priority=priority_of(self.inputs(job), now, self.params), fallback=True)
 
     def view(self, i: int, now: float) -> NodeView:
         cached = self._views.get(i)
@@ -325,11 +328,12 @@ class DeepRes(Strategy):
 
     def filtered(self, job: Job, now: float) -> tuple[PodRequest, dict[str, NodeView], list[str], list[str]]:
         """(the pod, the views of the nodes kube-scheduler would send: CPU, memory and GPU model fit,
-        the names the live filter passes, the names it fails for memory: where preemption may help)."""
+        the names the live filter passes, the names it fails for memory: where preemption may help).
+        The pod is the whole-GPU request when the filter's fallback applied (`whole_gpu_request`)."""
         pod = self.request(job, now)
         views = {self.c.names[i]: self.view(i, now) for i in np.flatnonzero(self.c.base_mask(job.pod)).tolist()}
         result = filter_nodes(pod, list(views), views, 0.0, self.params)
-        return pod, views, list(result.passed), list(result.failed)
+        return result.request or pod, views, list(result.passed), list(result.failed)
 
     def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
         pod, views, passed, _ = self.filtered(job, now)
@@ -349,7 +353,8 @@ class DeepRes(Strategy):
             chosen = choose_gpus_for(pod, views[best], self.params)
         if not chosen:
             return None
-        return self._index[best], [g.index for g in chosen], job.admission_mib
+        job.whole_gpu = pod.whole_gpu
+        return self._index[best], [g.index for g in chosen], reserved_per_gpu(pod, (g.capacity_mib for g in chosen))
 
     def representatives(self, passed: Sequence[str]) -> list[str]:
         """The first-named node of each distinct node state (GPU capacity, use, reservations and jobs,
@@ -392,12 +397,15 @@ class DeepRes(Strategy):
         return [int(r.pod_uid) for r in found[1]]
 
     def on_bind(self, job: Job, now: float) -> None:
-        self.demand.admit(job.admission_mib, job.pod.num_gpu, job.pod.cpu_milli)
+        admitted = job.reserved_mib if job.whole_gpu else job.admission_mib  # as the extender's reserve_on
+        if job.whole_gpu:
+            self.whole_gpu_binds += 1
+        self.demand.admit(admitted, job.pod.num_gpu, job.pod.cpu_milli)
         node = self.c.names[job.node]
         inputs = self.inputs(job)
         job.reservation = Reservation(pod_uid=str(job.idx), namespace="openb", name=job.pod.name, node=node,
                                       gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
-                                      memory_mib=job.reserved_mib, admission_mib=job.admission_mib,
+                                      memory_mib=job.reserved_mib, admission_mib=admitted,
                                       predicted_mib=job.predicted_mib, priority_inputs=inputs, bound_s=now,
                                       signature=job.spec_key)
 
@@ -603,6 +611,7 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
         "p95_queue_s": round(_p95(queue), 1),
         "oom_kills": float(ooms), "oom_rate": round(ooms / max(len(jobs), 1), 5),
         "preemptions": float(strat.preemptions), "usage_followed": float(strat.usage_followed),
+        "whole_gpu_binds": float(strat.whole_gpu_binds),
         "deadline_miss_rate": round(misses / max(len(ls), 1), 4), "jain": round(jain, 4),
         "mean_alloc": round(statistics.fmean(series_alloc), 4) if series_alloc else math.nan,
         "mean_mem_use": round(statistics.fmean(series_mem), 4) if series_mem else math.nan,
