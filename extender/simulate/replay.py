@@ -671,5 +671,13 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              f"OOM: the newcomer is killed after {OOM_AFTER_S:.0f} s and restarts after a back-off; "
              f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
              "(waiting plus work lost to OOM kills and preemptions)"]
+    deepres = outcomes.get("deepres")
+    if deepres is not None:
+        above = sum(1 for j in jobs if j.upper_mib > max(caps.values()))
+        notes.append(f"whole-GPU fallback (`whole_gpu_request`, the extender's filter): {above} jobs have an upper "
+                     f"bound above the largest GPU ({max(caps.values()) / MIB_PER_GB:.0f} GB); a job whose bound "
+                     "exceeds every GPU it may use while its point estimate fits one asks for an empty GPU of the "
+                     "largest such size and reserves it whole, until the usage rule follows its observed peak; "
+                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs so")
     qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
     return ReplayExperiment(outcomes, notes, qos_order, node_stride, len(nodes), gpus)
