@@ -56,8 +56,15 @@ from extender.policy import (
     priority_of,
     shortlist,
 )
-from extender.policy.columnar import Lookup, Scores, filter_matrix, score_matrix, score_matrix_fragaware
-from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_request
+from extender.policy.columnar import (
+    Lookup,
+    Scores,
+    filter_matrix,
+    largest_gpu_rows,
+    score_matrix,
+    score_matrix_fragaware,
+)
+from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import (
@@ -427,6 +434,8 @@ class Extender:
             return []
         now = self.clock()
         kept_plan = self._filter_plan(args.pod, now)
+        if kept_plan is not None and kept_plan.request.whole_gpu:  # the filter's fallback held for its names:
+            kept_plan = None  # decided again over these (rare pods: the plan is cheap to redo)
         kept = self._kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
         if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
             return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
@@ -445,7 +454,7 @@ class Extender:
         verb that has no kept filter plan (prioritize, bind, preemption)."""
         if not req.fallback:
             return req
-        return whole_gpu_request(req, map(self.ledger.views.get, names)) or req
+        return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus)) or req
 
     def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
         """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""

@@ -72,10 +72,17 @@ def whole_gpu_request(pod: PodRequest, nodes: Iterable[NodeView | None]) -> PodR
     passed (a node passed under the fallback is one whose GPUs are all below the bound)."""
     if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
         return None
-    largest = largest_gpu_mib(nodes, pod.gpus)
-    if largest <= EMPTY_SLACK_MIB or pod.admission_mib <= largest or pod.predicted_mib > largest:
+    return whole_gpu_for(pod, largest_gpu_mib(nodes, pod.gpus))
+
+
+def whole_gpu_for(pod: PodRequest, largest_mib: float) -> PodRequest | None:
+    """`whole_gpu_request` with the candidates' `largest_gpu_mib` already known (the columnar path
+    reads it from its matrix: `columnar.largest_gpu_rows`)."""
+    if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
         return None
-    return replace(pod, admission_mib=largest - EMPTY_SLACK_MIB, whole_gpu=True)
+    if largest_mib <= EMPTY_SLACK_MIB or pod.admission_mib <= largest_mib or pod.predicted_mib > largest_mib:
+        return None
+    return replace(pod, admission_mib=largest_mib - EMPTY_SLACK_MIB, whole_gpu=True)
 
 
 def reserved_per_gpu(pod: PodRequest, capacities_mib: Iterable[float]) -> float:

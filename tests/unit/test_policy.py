@@ -38,7 +38,15 @@ from extender.policy import (
     score_nodes,
     shortlist,
 )
-from extender.policy.columnar import NodeMatrix, filter_matrix, fits_rows, fresh_rows, gpu_keys, score_matrix
+from extender.policy.columnar import (
+    NodeMatrix,
+    filter_matrix,
+    fits_rows,
+    fresh_rows,
+    gpu_keys,
+    largest_gpu_rows,
+    score_matrix,
+)
 from extender.policy.filtering import largest_gpu_mib, reserved_per_gpu, whole_gpu_request
 from extender.policy.types import EMPTY_SLACK_MIB
 
@@ -275,6 +283,11 @@ def test_columnar_filter_equals_the_reference_under_the_whole_gpu_fallback(
     nodes, names, request = case
     result = filter_nodes(request, names, nodes, NOW, P)
     assert _columnar(request, names, nodes) == result
+    matrix = NodeMatrix(rows=2, cols=1)
+    for view in nodes.values():
+        matrix.put(view)
+    for gpus in (1, 2, 3, 5):
+        assert largest_gpu_rows(matrix, names, gpus) == largest_gpu_mib(map(nodes.get, names), gpus)
     if result.request is not None:  # what the fallback placed: empty GPUs the point fits, the bound does not
         assert result.request.whole_gpu and request.fallback
         assert result.request.admission_mib == largest_gpu_mib(map(nodes.get, names), request.gpus) - EMPTY_SLACK_MIB
