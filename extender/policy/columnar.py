@@ -308,25 +308,8 @@ def filter_matrix(
     The passed names' rows are remembered for the pod's prioritize (`NodeMatrix.lookup`). The
     whole-GPU fallback as there (`filtering.whole_gpu_request`): looked at only when no node passed,
     so a cluster with room pays nothing for it."""
-    if not isinstance(names, tuple):
+    if not isinstance(names, tuple):  # read again by the whole-GPU fallback
         names = tuple(names)
-    result = _filter_matrix_once(pod, names, matrix, nodes, now_s, params)
-    if result.passed or not pod.fallback:
-        return result
-    whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
-    if whole is None:
-        return result
-    return replace(_filter_matrix_once(whole, names, matrix, nodes, now_s, params), request=whole)
-
-
-def _filter_matrix_once(
-    pod: PodRequest,
-    names: tuple[str, ...],
-    matrix: NodeMatrix,
-    nodes: Mapping[str, NodeView],
-    now_s: float,
-    params: PolicyParams,
-) -> FilterResult:
     looked = matrix.lookup(names)
     unique, rows = looked.names, looked.rows
     if not unique:
@@ -338,6 +321,10 @@ def _filter_matrix_once(
         ok = np.ones(len(unique), dtype=bool)
     else:
         ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib)
+        if pod.fallback and not ok.any():  # before wording any failure: the fallback's answer replaces it
+            whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
+            if whole is not None:
+                return replace(filter_matrix(whole, names, matrix, nodes, now_s, params), request=whole)
     if ok.all():  # every candidate passes (the usual answer in a cluster with room): no per-node work
         key = names if isinstance(names, tuple) else None
         passed_all = key if key is not None and len(key) == len(unique) else tuple(unique)
