@@ -64,7 +64,7 @@ from extender.policy.columnar import (
     score_matrix,
     score_matrix_fragaware,
 )
-from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for
+from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import (
@@ -448,12 +448,15 @@ class Extender:
         return orjson.Fragment(host_priority_json(scores.names, scores.values,
                                                   scores.lookup.derived if scores.lookup else None))
 
-    def _whole_gpu_on(self, req: PodRequest, names: Iterable[str]) -> PodRequest:
+    def _whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:
         """`req`, or its whole-GPU form when the fallback applies over `names`
         (`filtering.whole_gpu_request`): what the filter decided for these nodes, decided again by a
-        verb that has no kept filter plan (prioritize, bind, preemption)."""
+        verb that has no kept filter plan (prioritize, bind, preemption). `few` names (bind's one
+        node, preemption's) are read from the NodeViews, a prioritize's list from the matrix."""
         if not req.fallback:
             return req
+        if few:
+            return whole_gpu_request(req, map(self.ledger.views.get, names)) or req
         return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus)) or req
 
     def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
@@ -622,7 +625,7 @@ class Extender:
         if not plan.request.gpu_job:
             return self._bind_plain(raw, key, args.node)
         version = self.predictor_version
-        req = self._whole_gpu_on(plan.request, (args.node,))
+        req = self._whole_gpu_on(plan.request, (args.node,), few=True)
         if req is not plan.request:
             plan = replace(plan, request=req)
         held = self.held_for_another(req, args.node, mono)
@@ -717,7 +720,7 @@ class Extender:
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("preempt pod=%s: %s", args.pod.key, err)
             return preemption_result({}, {})
-        req = self._whole_gpu_on(plan.request, args.victims)
+        req = self._whole_gpu_on(plan.request, args.victims, few=True)
         out: dict[str, tuple[str, ...]] = {}
         for node, proposed in args.victims.items():
             ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
@@ -777,7 +780,7 @@ class Extender:
             return []
         now, mono = self.clock(), self.mono()
         try:
-            req = self._whole_gpu_on(self.plan(pod, now).request, nodes)
+            req = self._whole_gpu_on(self.plan(pod, now).request, nodes, few=True)
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("no preemption for pod=%s: %s", pod.key, err)
             return []
