@@ -673,11 +673,17 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              "(waiting plus work lost to OOM kills and preemptions)"]
     deepres = outcomes.get("deepres")
     if deepres is not None:
-        above = sum(1 for j in jobs if j.upper_mib > max(caps.values()))
-        notes.append(f"whole-GPU fallback (`whole_gpu_request`, the extender's filter): {above} jobs have an upper "
-                     f"bound above the largest GPU ({max(caps.values()) / MIB_PER_GB:.0f} GB); a job whose bound "
-                     "exceeds every GPU it may use while its point estimate fits one asks for an empty GPU of the "
-                     "largest such size and reserves it whole, until the usage rule follows its observed peak; "
-                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs so")
+        def max_cap(pod: Pod) -> float:
+            return max(caps[m] for m in ([m for m in caps if not pod.spec or m in pod.spec] or list(caps)))
+
+        above = [j for j in jobs if j.upper_mib > max_cap(j.pod)]
+        whole = sum(1 for j in above if j.predicted_mib <= max_cap(j.pod))
+        notes.append(f"whole-GPU fallback (`whole_gpu_request`, the extender's filter): {len(above)} jobs have an "
+                     f"upper bound above the largest GPU they may use ({sum(1 for j in above if not j.pod.spec)} of "
+                     f"them may use any GPU, the largest being {max(caps.values()) / MIB_PER_GB:.0f} GB); for the "
+                     f"{whole} whose point estimate fits that GPU, DeepRes asks for an empty GPU of that size and "
+                     "reserves it whole until the usage rule follows the observed peak (the others are refused); "
+                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs so (a job placed again after a "
+                     "preemption or an OOM kill counts again)")
     qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
     return ReplayExperiment(outcomes, notes, qos_order, node_stride, len(nodes), gpus)
