@@ -9,7 +9,9 @@ that fit the smallest GPU the pod may use). Policies:
 - request: the trace's gpu_milli as the declared share of GPU memory, binpack, FIFO (HAMi-style);
 - deepres (and its ablations deepres-pack, deepres-nofrag): the live `extender.policy` functions with
   the live defaults (`PolicySettings().params()`): admission = the predictor's upper bound (or a job
-  signature's observed peak x margin, `corrected_admission`), the filter (`filter_nodes`), the score
+  signature's observed peak x margin, `corrected_admission`), the filter (`filter_nodes`, with its
+  whole-GPU fallback: a bound above every GPU the pod may use, its point estimate fitting, asks for an
+  empty GPU of the largest such size and reserves it whole, `whole_gpu_request`), the score
   and GPU choice (`packs_by_mix`, `score_nodes_fragaware` / `score_nodes`, `choose_gpus_for`),
   priority order (LS = high criticality, BE = low, others normal; LS jobs have a deadline of arrival
   + 2 x run time), the usage rule (`observe_usage`: the reservation follows the observed peak and the
