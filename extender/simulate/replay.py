@@ -200,6 +200,11 @@ class Cluster:
         job.reserved_mib = reserve_mib
         self.version[job.node] += 1
 
+    def largest_gpu_mib(self, pod: Pod) -> float:
+        """The largest GPU of a node of a model `pod` may use (its CPU and memory aside)."""
+        allowed = self.base_mask(replace(pod, cpu_milli=0, memory_mib=0))
+        return float(self.cap[allowed].max()) if allowed.any() else 0.0
+
     def over_committed(self, job: Job) -> bool:
         return any(self.used[job.node, g] > self.cap[job.node, g] + 1e-6 for g in job.gpus)
 
@@ -217,6 +222,7 @@ class Strategy:
         self.params = params
         self.preemptions = 0
         self.whole_gpu_binds = 0  # placements by the whole-GPU fallback (DeepRes)
+        self.whole_gpu_jobs: set[int] = set()  # the jobs placed so at least once
         self.usage_followed = 0  # reservations the usage rule moved (the report checks every ablation's)
 
     def admission(self, job: Job) -> float:
@@ -402,6 +408,7 @@ class DeepRes(Strategy):
         admitted = job.reserved_mib if job.whole_gpu else job.admission_mib  # as the extender's reserve_on
         if job.whole_gpu:
             self.whole_gpu_binds += 1
+            self.whole_gpu_jobs.add(job.idx)
         self.demand.admit(admitted, job.pod.num_gpu, job.pod.cpu_milli)
         node = self.c.names[job.node]
         inputs = self.inputs(job)
@@ -613,7 +620,11 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
         "p95_queue_s": round(_p95(queue), 1),
         "oom_kills": float(ooms), "oom_rate": round(ooms / max(len(jobs), 1), 5),
         "preemptions": float(strat.preemptions), "usage_followed": float(strat.usage_followed),
-        "whole_gpu_binds": float(strat.whole_gpu_binds),
+        "whole_gpu_binds": float(strat.whole_gpu_binds), "whole_gpu_jobs": float(len(strat.whole_gpu_jobs)),
+        # of those, jobs whose bound fits a GPU they may use: the nodes holding one were not candidates
+        # (CPU or memory short) when the fallback took a whole smaller GPU
+        "whole_gpu_jobs_bound_fits": float(sum(1 for i in strat.whole_gpu_jobs
+                                              if jobs[i].upper_mib <= strat.c.largest_gpu_mib(jobs[i].pod))),
         "deadline_miss_rate": round(misses / max(len(ls), 1), 4), "jain": round(jain, 4),
         "mean_alloc": round(statistics.fmean(series_alloc), 4) if series_alloc else math.nan,
         "mean_mem_use": round(statistics.fmean(series_mem), 4) if series_mem else math.nan,
@@ -685,7 +696,12 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
                      f"them may use any GPU, the largest being {max(caps.values()) / MIB_PER_GB:.0f} GB); for the "
                      f"{whole} whose point estimate fits that GPU, DeepRes asks for an empty GPU of that size and "
                      "reserves it whole until the usage rule follows the observed peak (the others are refused); "
-                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs so (a job placed again after a "
-                     "preemption or an OOM kill counts again)")
+                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs of "
+                     f"{deepres.metrics['whole_gpu_jobs']:.0f} jobs so. The fallback looks at the nodes the pod fits "
+                     "by CPU and memory at that moment (as the live filter sees only the nodes kube-scheduler "
+                     f"sends), so {deepres.metrics['whole_gpu_jobs_bound_fits']:.0f} of those jobs have a bound "
+                     "that fits a larger GPU they may use, whose nodes were short of CPU or memory then; the "
+                     "replay cannot show the risk this takes (an OOM kill on the smaller GPU), since every job's "
+                     "true peak fits the smallest GPU it may use")
     qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
     return ReplayExperiment(outcomes, notes, qos_order, node_stride, len(nodes), gpus)
