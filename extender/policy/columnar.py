@@ -321,16 +321,16 @@ def filter_matrix(
         ok = np.ones(len(unique), dtype=bool)
     else:
         ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib)
-        if pod.fallback and not ok.any():  # before wording any failure: the fallback's answer replaces it
-            whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
-            if whole is not None:
-                return replace(filter_matrix(whole, names, matrix, nodes, now_s, params), request=whole)
     if ok.all():  # every candidate passes (the usual answer in a cluster with room): no per-node work
         key = names if isinstance(names, tuple) else None
         passed_all = key if key is not None and len(key) == len(unique) else tuple(unique)
         if passed_all is not key:  # else `lookup` remembered this very list
             matrix.remember(passed_all, looked)  # the list kube-scheduler sends to prioritize next
         return FilterResult(passed_all, {}, {}, {PASSED: len(passed_all)})
+    if pod.fallback and not ok.any():  # before wording any failure: the fallback's answer replaces it
+        whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
+        if whole is not None:
+            return replace(filter_matrix(whole, names, matrix, nodes, now_s, params), request=whole)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
