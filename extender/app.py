@@ -19,8 +19,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,8 +56,15 @@ from extender.policy import (
     priority_of,
     shortlist,
 )
-from extender.policy.columnar import Lookup, Scores, filter_matrix, score_matrix, score_matrix_fragaware
-from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh
+from extender.policy.columnar import (
+    Lookup,
+    Scores,
+    filter_matrix,
+    largest_gpu_rows,
+    score_matrix,
+    score_matrix_fragaware,
+)
+from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import (
@@ -306,7 +313,7 @@ class Extender:
             predicted = demand.memory_mib
         inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
         req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
-                         priority_of(inputs, now_s, self.params), True)
+                         priority_of(inputs, now_s, self.params), True, fallback=source != "override")
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
@@ -395,9 +402,11 @@ class Extender:
             return filter_all_unresolvable(args, str(err))
         except PredictorUnavailable as err:
             return filter_error(f"predictor unavailable: {err}", args)
-        self._keep_filter_plan(args.pod, plan, now)
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
+        if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
+            plan = replace(plan, request=result.request)
+        self._keep_filter_plan(args.pod, plan, now)
         if self._holds and plan.request.gpu_job:
             result = self._respect_holds(plan.request, result, mono)
         if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
@@ -425,6 +434,8 @@ class Extender:
             return []
         now = self.clock()
         kept_plan = self._filter_plan(args.pod, now)
+        if kept_plan is not None and kept_plan.request.whole_gpu:  # the filter's fallback held for its names:
+            kept_plan = None  # decided again over these (rare pods: the plan is cheap to redo)
         kept = self._kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
         if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
             return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
@@ -432,9 +443,21 @@ class Extender:
             plan = kept_plan or self.plan(args.pod, now)
         except (AnnotationError, PredictorUnavailable):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
-        scores = self.scores(plan.request, args.node_names)
+        req = plan.request if kept_plan is not None else self._whole_gpu_on(plan.request, args.node_names)
+        scores = self.scores(req, args.node_names)
         return orjson.Fragment(host_priority_json(scores.names, scores.values,
                                                   scores.lookup.derived if scores.lookup else None))
+
+    def _whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:
+        """`req`, or its whole-GPU form when the fallback applies over `names`
+        (`filtering.whole_gpu_request`): what the filter decided for these nodes, decided again by a
+        verb that has no kept filter plan (prioritize, bind, preemption). `few` names (bind's one
+        node, preemption's) are read from the NodeViews, a prioritize's list from the matrix."""
+        if not req.fallback:
+            return req
+        if few:
+            return whole_gpu_request(req, map(self.ledger.views.get, names)) or req
+        return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus)) or req
 
     def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
         """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""
@@ -602,7 +625,9 @@ class Extender:
         if not plan.request.gpu_job:
             return self._bind_plain(raw, key, args.node)
         version = self.predictor_version
-        req = plan.request
+        req = self._whole_gpu_on(plan.request, (args.node,), few=True)
+        if req is not plan.request:
+            plan = replace(plan, request=req)
         held = self.held_for_another(req, args.node, mono)
         if held:
             self.metrics.binds.labels("refused").inc()
@@ -622,6 +647,8 @@ class Extender:
             self.metrics.binds.labels("failed").inc()
             return binding_result(f"cannot bind {key} to {args.node}: a bind of this pod is in progress")
         res = outcome.reservation
+        if req.whole_gpu:
+            self.metrics.whole_gpu_binds.inc()
         view = self.ledger.node_view(args.node)
         indexes = [str(g.index) for u in res.gpu_uuids if view and (g := view.gpu(u)) is not None]
         placement = self._placed_message(plan, args.node, indexes)
@@ -671,7 +698,10 @@ class Extender:
         assert demand is not None
         what = f"predicted {gib(demand.memory_mib)} (upper {gib(demand.memory_mib_upper)})"
         if plan.source == "corrected":
-            what += f", admitted {gib(plan.request.admission_mib)} from observed peaks"
+            what += ", admitted from observed peaks" if plan.request.whole_gpu else \
+                f", admitted {gib(plan.request.admission_mib)} from observed peaks"
+        if plan.request.whole_gpu:
+            what += "; whole GPU: the upper bound exceeds every GPU it could be given, the prediction fits"
         return f"{what}, {demand.gflops_per_iteration:.0f} GFLOP/iter; {where}"
 
     def preempt(self, body: Any) -> dict[str, Any]:
@@ -690,7 +720,7 @@ class Extender:
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("preempt pod=%s: %s", args.pod.key, err)
             return preemption_result({}, {})
-        req = plan.request
+        req = self._whole_gpu_on(plan.request, args.victims, few=True)
         out: dict[str, tuple[str, ...]] = {}
         for node, proposed in args.victims.items():
             ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
@@ -750,7 +780,7 @@ class Extender:
             return []
         now, mono = self.clock(), self.mono()
         try:
-            req = self.plan(pod, now).request
+            req = self._whole_gpu_on(self.plan(pod, now).request, nodes, few=True)
         except (AnnotationError, PredictorUnavailable) as err:
             log.info("no preemption for pod=%s: %s", pod.key, err)
             return []

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
-from extender.policy.filtering import node_failure
+from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
@@ -279,6 +279,9 @@ class Ledger:
                 self.overcommits_refused += 1
                 return failure[1] if failure is not None else "no GPU left that fits"
             res = replace(template, gpu_uuids=tuple(g.uuid for g in chosen))
+            if pod.whole_gpu:  # the whole-GPU fallback: the GPUs' whole memory, nothing shares them
+                whole = reserved_per_gpu(pod, (g.capacity_mib for g in chosen))
+                res = replace(res, memory_mib=whole, admission_mib=whole)
             self._add(res)
             return Reserved(res, False)
 

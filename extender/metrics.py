@@ -50,6 +50,10 @@ class ExtenderMetrics:
                                          "unauthorized, unknown_node).", ["outcome"], registry=r)
         self.binds = Counter("deepres_extender_binds_total", "Binds by outcome (bound, refused, failed).",
                              ["outcome"], registry=r)
+        self.whole_gpu_binds = Counter("deepres_extender_whole_gpu_binds_total",
+                                       "Pods bound to whole GPUs by the whole-GPU fallback (their upper bound "
+                                       "exceeded every GPU they could be given, their point estimate fit).",
+                                       registry=r)
         self.preemptions = Counter("deepres_extender_preemption_victims_total",
                                    "Victims returned by preempt.", registry=r)
         r.register(_StateCollector(state, clock))

@@ -8,7 +8,8 @@ Records (frozen dataclasses, `extender.policy.types`)
     NodeView(name, gpus: tuple[GpuView, ...], received_s)
         derived once: healthy, free_desc, capacity_desc (build one per node and telemetry/ledger
         change, then reuse it for every call: the filter is O(1) per node)
-    PodRequest(uid, namespace, name, gpus=1, admission_mib=0, predicted_mib=0, priority=0, gpu_job=True)
+    PodRequest(uid, namespace, name, gpus=1, admission_mib=0, predicted_mib=0, priority=0, gpu_job=True,
+               fallback=False, whole_gpu=False)
     PriorityInputs(criticality=1, deadline_s=None, gpu_seconds=0, gpus=1)
     Reservation(pod_uid, namespace, name, node, gpu_uuids, memory_mib, admission_mib, predicted_mib,
                 priority_inputs, bound_s, signature="", predictor_version="")
@@ -16,7 +17,7 @@ Records (frozen dataclasses, `extender.policy.types`)
                  usage_warmup_s=120, usage_margin=1.10, min_reservation_mib=256,
                  size_scale_gpu_s=1e6, deadline_floor_s=60)
     FilterResult(passed: tuple[str, ...], failed: dict[str, str], unresolvable: dict[str, str],
-                 kinds: dict[str, int])
+                 kinds: dict[str, int], request: PodRequest | None = None)
 
 Functions
     filter_nodes(pod, names, nodes: Mapping[str, NodeView], now_s, params) -> FilterResult
@@ -25,6 +26,11 @@ Functions
     score_node(pod, node | None, params) -> int
     choose_gpus(pod, node, params) -> tuple[GpuView, ...] | None     (bind uses the same rule)
     gpus_fit(free_desc, gpus, need_mib) -> bool    (THE fit test; columnar.fits_rows its vectorised twin)
+    whole_gpu_request(pod, nodes) -> PodRequest | None   (THE whole-GPU fallback: a bound above every
+        candidate GPU, the point estimate fitting the largest: empty GPUs of that size, reserved whole;
+        filter_nodes / filter_matrix apply it when no node passes and return it as FilterResult.request)
+    largest_gpu_mib(nodes, gpus) -> float; reserved_per_gpu(pod, capacities) -> float
+        (columnar.largest_gpu_rows: the vectorised twin of largest_gpu_mib)
     is_fresh(received_s, now_s, params) -> bool    (telemetry trusted; columnar.fresh_rows its twin)
     spreads(pod, params) -> bool                   (THE spread rule)
     gpu_key(free, utilization, empty, need, spread) -> float   (THE GPU choice order; columnar.gpu_keys)
@@ -68,7 +74,15 @@ Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = pri
 the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
 """
 
-from extender.policy.filtering import filter_nodes, gpus_fit, is_fresh, node_failure
+from extender.policy.filtering import (
+    filter_nodes,
+    gpus_fit,
+    is_fresh,
+    largest_gpu_mib,
+    node_failure,
+    reserved_per_gpu,
+    whole_gpu_request,
+)
 from extender.policy.fragmentation import (
     DemandMix,
     DemandShape,
@@ -137,6 +151,7 @@ __all__ = [
     "gpu_key",
     "gpus_fit",
     "is_fresh",
+    "largest_gpu_mib",
     "merit_from_delta",
     "node_failure",
     "observe_usage",
@@ -144,6 +159,7 @@ __all__ = [
     "packs_by_mix",
     "plan_victims",
     "priority_of",
+    "reserved_per_gpu",
     "score_node",
     "score_nodes",
     "score_nodes_fragaware",
@@ -151,4 +167,5 @@ __all__ = [
     "shortlist",
     "spreads",
     "warmed_up",
+    "whole_gpu_request",
 ]

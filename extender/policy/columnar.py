@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 
 import numpy as np
 import numpy.typing as npt
 
-from extender.policy.filtering import PASSED, is_fresh, node_failure
+from extender.policy.filtering import PASSED, is_fresh, node_failure, whole_gpu_for
 from extender.policy.fragmentation import DEFAULT_SHARPNESS, MAX_MERIT, DemandMix, merits_from_deltas
 from extender.policy.scoring import _UTILISATION_SCALE, _WHOLE_PENALTY_MIB, MAX_SCORE, MIN_SCORE, score_node, spreads
 from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
@@ -269,6 +269,21 @@ def fits_rows(a: _Arrays, rows: I64, gpus: int, need_mib: float) -> B:
     return fits
 
 
+def largest_gpu_rows(matrix: NodeMatrix, names: Iterable[str], gpus: int) -> float:
+    """`filtering.largest_gpu_mib` over the nodes `names` (its vectorised twin, property-tested): the
+    most, over the named nodes with `gpus` healthy GPUs, of their `gpus`-th largest (the matrix holds
+    only healthy GPUs, capacity 0 in the columns past them)."""
+    looked = matrix.lookup(names)
+    rows = looked.rows[looked.rows >= 0]
+    a = matrix.arrays
+    count = max(gpus, 1)
+    if not len(rows) or count > a.cap.shape[1]:
+        return 0.0
+    caps = a.cap[rows]
+    kth = caps.max(axis=1) if count == 1 else -np.partition(-caps, count - 1, axis=1)[:, count - 1]
+    return float(kth.max())
+
+
 def fresh_rows(a: _Arrays, rows: I64, now_s: float, params: PolicyParams) -> B:
     """`filtering.is_fresh` for the given rows at once (a free row, received -inf, is never fresh)."""
     fresh: B = now_s - a.received[rows] <= params.telemetry_ttl_s
@@ -290,7 +305,11 @@ def filter_matrix(
     params: PolicyParams,
 ) -> FilterResult:
     """`filter_nodes` computed over the matrix; failures are explained from `nodes` (the NodeViews).
-    The passed names' rows are remembered for the pod's prioritize (`NodeMatrix.lookup`)."""
+    The passed names' rows are remembered for the pod's prioritize (`NodeMatrix.lookup`). The
+    whole-GPU fallback as there (`filtering.whole_gpu_request`): looked at only when no node passed,
+    so a cluster with room pays nothing for it."""
+    if not isinstance(names, tuple):  # read again by the whole-GPU fallback
+        names = tuple(names)
     looked = matrix.lookup(names)
     unique, rows = looked.names, looked.rows
     if not unique:
@@ -308,6 +327,10 @@ def filter_matrix(
         if passed_all is not key:  # else `lookup` remembered this very list
             matrix.remember(passed_all, looked)  # the list kube-scheduler sends to prioritize next
         return FilterResult(passed_all, {}, {}, {PASSED: len(passed_all)})
+    if pod.fallback and not ok.any():  # before wording any failure: the fallback's answer replaces it
+        whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
+        if whole is not None:
+            return replace(filter_matrix(whole, names, matrix, nodes, now_s, params), request=whole)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}

@@ -4,13 +4,18 @@ A node passes when it has `pod.gpus` healthy GPUs each with effective free memor
 admission memory, and its telemetry is fresh. Failures a person can act on are reported per node;
 those no preemption could fix (no or stale telemetry, too few GPUs, the job larger than the node's
 GPUs) are "unresolvable", which also keeps kube-scheduler from preempting there in vain.
+
+When no candidate passes because the predictor's bound exceeds every candidate GPU while its point
+estimate fits one, the pod asks for a whole GPU instead (`whole_gpu_request`, the whole-GPU
+fallback): refusing it everywhere would leave it Pending forever although it would run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
-from extender.policy.types import FilterResult, NodeView, PodRequest, PolicyParams
+from extender.policy.types import EMPTY_SLACK_MIB, FilterResult, NodeView, PodRequest, PolicyParams
 
 MIB_PER_GIB = 1024.0
 
@@ -34,6 +39,58 @@ def gpus_fit(free_desc: Sequence[float], gpus: int, need_mib: float) -> bool:
     and the simulator all ask this (columnar.fits_rows is its vectorised twin, property-tested)."""
     count = max(gpus, 1)
     return len(free_desc) >= count and free_desc[count - 1] >= need_mib
+
+
+def largest_gpu_mib(nodes: Iterable[NodeView | None], gpus: int) -> float:
+    """The largest GPU memory a `gpus`-GPU pod could be given on `nodes`: the most, over the nodes
+    with that many healthy GPUs, of the node's `gpus`-th largest GPU (its per-GPU size for such a
+    pod). 0 when no node has that many. None (a name with no report) is skipped."""
+    count = max(gpus, 1)
+    return max((n.capacity_desc[count - 1] for n in nodes if n is not None and len(n.capacity_desc) >= count),
+               default=0.0)
+
+
+def whole_gpu_request(pod: PodRequest, nodes: Iterable[NodeView | None]) -> PodRequest | None:
+    """THE whole-GPU fallback: the request to place instead of `pod` when its admission (per GPU)
+    exceeds every GPU it could be given on `nodes` while its point estimate (`predicted_mib`) fits the
+    largest of them, L (`largest_gpu_mib`): the same pod asking for empty GPUs of that size
+    (`admission_mib` = L - EMPTY_SLACK_MIB: what an idle GPU of size L has free, so only an empty one
+    passes) and reserving them whole at bind (`reserved_per_gpu`); the usage rule then corrects the
+    reservation after the warm-up, as for any pod. None when the fallback does not apply: the pod is
+    not the predictor's (`fallback` off: the user's gpu-memory is never second-guessed), its
+    admission fits some GPU of `nodes` (it waits for room there: a job whose bound fits an 80 GB GPU
+    does not take a 16 GB one), or its point estimate exceeds them all (refused: larger than the GPUs).
+
+    `nodes` are the candidates of the decision: the nodes kube-scheduler sent to this filter (those
+    its own plugins found feasible: node selectors, affinity, taints, CPU and memory), with or
+    without fresh telemetry (a GPU's size does not go stale). Not the whole known cluster: a pod
+    pinned to a pool of 16 GB nodes would then wait forever for an 80 GB GPU it may not use, and
+    the filter would read every node per request. The price: an 80 GB node that kube-scheduler left
+    out for a moment (its CPU full) lets the pod take a whole smaller GPU now rather than wait; its
+    point estimate fits that GPU, and the usage rule follows what it really uses. Bind, which sees
+    one node, decides with that node alone, which agrees with the filter for every node the filter
+    passed (a node passed under the fallback is one whose GPUs are all below the bound)."""
+    if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
+        return None
+    return whole_gpu_for(pod, largest_gpu_mib(nodes, pod.gpus))
+
+
+def whole_gpu_for(pod: PodRequest, largest_mib: float) -> PodRequest | None:
+    """`whole_gpu_request` with the candidates' `largest_gpu_mib` already known (the columnar path
+    reads it from its matrix: `columnar.largest_gpu_rows`)."""
+    if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
+        return None
+    if largest_mib <= EMPTY_SLACK_MIB or pod.admission_mib <= largest_mib or pod.predicted_mib > largest_mib:
+        return None
+    return replace(pod, admission_mib=largest_mib - EMPTY_SLACK_MIB, whole_gpu=True)
+
+
+def reserved_per_gpu(pod: PodRequest, capacities_mib: Iterable[float]) -> float:
+    """What bind reserves per GPU for `pod` on GPUs of these capacities: its admission, or for a
+    whole-GPU request (`whole_gpu_request`) the GPUs' whole memory, so that nothing shares them."""
+    if not pod.whole_gpu:
+        return pod.admission_mib
+    return max([pod.admission_mib, *capacities_mib])
 
 
 def is_fresh(received_s: float, now_s: float, params: PolicyParams) -> bool:
@@ -64,8 +121,15 @@ def node_failure(
     need = pod.admission_mib
     if gpus_fit(free, need_gpus, need):
         return None
-    if node.capacity_desc[need_gpus - 1] < need:
-        largest = gib(node.capacity_desc[need_gpus - 1])
+    size = node.capacity_desc[need_gpus - 1]
+    if size < need:
+        largest = gib(size)
+        if pod.whole_gpu:
+            return TOO_LARGE, f"needs a whole GPU of {gib(need + EMPTY_SLACK_MIB)} (its upper bound exceeds " \
+                              f"every GPU it could be given), larger than this node's GPUs ({largest})", True
+        if pod.fallback and pod.predicted_mib > size:
+            return TOO_LARGE, f"predicted {gib(pod.predicted_mib)} per GPU (upper bound {gib(need)}), larger " \
+                              f"than this node's GPUs ({largest})", True
         return TOO_LARGE, f"needs {gib(need)} per GPU, larger than this node's GPUs ({largest})", True
     return MEMORY, _memory_reason(pod, node), False
 
@@ -80,8 +144,23 @@ def filter_nodes(
     """Split `names` into passed / failed / unresolvable; the passed names keep the input order.
 
     Names are looked up in `nodes` (the extender's snapshot); an unknown name has no agent report.
-    Duplicated names are answered once. The result only ever holds names from the input.
+    Duplicated names are answered once. The result only ever holds names from the input. When none
+    passes and the whole-GPU fallback applies (`whole_gpu_request` over these nodes), the answer is
+    the fallback request's, which it carries (`FilterResult.request`).
     """
+    names = tuple(names)
+    result = _filter_once(pod, names, nodes, now_s, params)
+    if result.passed or not pod.fallback:
+        return result
+    whole = whole_gpu_request(pod, map(nodes.get, names))
+    if whole is None:
+        return result
+    return replace(_filter_once(whole, names, nodes, now_s, params), request=whole)
+
+
+def _filter_once(
+    pod: PodRequest, names: Iterable[str], nodes: Mapping[str, NodeView], now_s: float, params: PolicyParams,
+) -> FilterResult:
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -104,9 +183,13 @@ def filter_nodes(
 
 
 def _memory_reason(pod: PodRequest, node: NodeView) -> str:
-    """`gpu-1: needs 23.1 GiB, 11.4 GiB free` naming the roomiest GPUs (at most four)."""
+    """`gpu-1: needs 23.1 GiB, 11.4 GiB free` naming the roomiest GPUs (at most four); a whole-GPU
+    request says so: `gpu-1: needs a whole GPU (31.9 GiB free), 11.4 GiB free`."""
     best = sorted(node.healthy, key=lambda g: -g.free_mib)[: max(pod.gpus, 1)][:4]
     frees = ", ".join(f"{g.label}: {gib(g.free_mib)} free" for g in best)
+    need = f"a whole GPU ({gib(pod.admission_mib)} free)" if pod.whole_gpu else gib(pod.admission_mib)
     if pod.gpus == 1:
-        return f"{best[0].label}: needs {gib(pod.admission_mib)}, {gib(best[0].free_mib)} free"
-    return f"needs {pod.gpus} GPUs with {gib(pod.admission_mib)} free each; {frees}"
+        return f"{best[0].label}: needs {need}, {gib(best[0].free_mib)} free"
+    if pod.whole_gpu:
+        return f"needs {pod.gpus} whole GPUs ({gib(pod.admission_mib)} free each); {frees}"
+    return f"needs {pod.gpus} GPUs with {need} free each; {frees}"

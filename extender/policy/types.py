@@ -109,6 +109,10 @@ class PodRequest:
     `admission_mib` is the memory each of its `gpus` GPUs must have free (the prediction's upper
     bound, a signature's observed peak, or the user's override). `priority` is `priority_of(...)`
     evaluated at the decision time. A pod that is not a GPU job passes every node, neutrally scored.
+
+    `fallback`: the admission is the predictor's (bound or observed peaks, not the user's
+    gpu-memory), so the whole-GPU fallback may replace it (`filtering.whole_gpu_request`);
+    `whole_gpu`: this request is that replacement (an empty GPU, reserved whole at bind).
     """
 
     uid: str
@@ -119,6 +123,8 @@ class PodRequest:
     predicted_mib: float = 0.0
     priority: float = 0.0
     gpu_job: bool = True
+    fallback: bool = False
+    whole_gpu: bool = False
 
     @property
     def key(self) -> str:
@@ -182,9 +188,12 @@ class PolicyParams:
 @dataclass(frozen=True, slots=True)
 class FilterResult:
     """The filter's answer: nodes that pass, nodes that fail (preemption may help), nodes that fail
-    whatever happens (unresolvable), and how many nodes failed per reason kind (for metrics)."""
+    whatever happens (unresolvable), and how many nodes failed per reason kind (for metrics).
+    `request` is the whole-GPU request the answer was computed for when the fallback applied
+    (`filtering.whole_gpu_request`; prioritize and bind then place that), else None."""
 
     passed: tuple[str, ...]
     failed: dict[str, str]
     unresolvable: dict[str, str]
     kinds: dict[str, int]
+    request: PodRequest | None = None

@@ -250,7 +250,8 @@ def run_all(data: Path, groups: Sequence[tuple[Sequence[str], Sequence[int]]], p
                 continue
             first = next(iter(parts.values()))
             outcomes = {p: parts[p].outcomes[p] for p in replay_policies if p in parts}
-            outcome.replays.append(ReplayExperiment(outcomes, first.notes, first.qos_order, first.stride,
+            noted = parts.get("deepres", first)  # its notes add what only DeepRes's run counts (whole GPUs)
+            outcome.replays.append(ReplayExperiment(outcomes, noted.notes, first.qos_order, first.stride,
                                                     first.nodes, first.gpus))
     return outcome
 

@@ -9,7 +9,9 @@ that fit the smallest GPU the pod may use). Policies:
 - request: the trace's gpu_milli as the declared share of GPU memory, binpack, FIFO (HAMi-style);
 - deepres (and its ablations deepres-pack, deepres-nofrag): the live `extender.policy` functions with
   the live defaults (`PolicySettings().params()`): admission = the predictor's upper bound (or a job
-  signature's observed peak x margin, `corrected_admission`), the filter (`filter_nodes`), the score
+  signature's observed peak x margin, `corrected_admission`), the filter (`filter_nodes`, with its
+  whole-GPU fallback: a bound above every GPU the pod may use, its point estimate fitting, asks for an
+  empty GPU of the largest such size and reserves it whole, `whole_gpu_request`), the score
   and GPU choice (`packs_by_mix`, `score_nodes_fragaware` / `score_nodes`, `choose_gpus_for`),
   priority order (LS = high criticality, BE = low, others normal; LS jobs have a deadline of arrival
   + 2 x run time), the usage rule (`observe_usage`: the reservation follows the observed peak and the
@@ -61,6 +63,7 @@ from extender.policy import (
     score_nodes,
     score_nodes_fragaware,
 )
+from extender.policy.filtering import reserved_per_gpu
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -99,6 +102,7 @@ class Job:
     node: int = -1
     gpus: list[int] = field(default_factory=list)
     reserved_mib: float = 0.0  # per GPU
+    whole_gpu: bool = False  # placed by the whole-GPU fallback (`whole_gpu_request`)
     start: float = math.nan
     run_id: int = 0
     ooms: int = 0
@@ -196,6 +200,11 @@ class Cluster:
         job.reserved_mib = reserve_mib
         self.version[job.node] += 1
 
+    def largest_gpu_mib(self, pod: Pod) -> float:
+        """The largest GPU of a node of a model `pod` may use (its CPU and memory aside)."""
+        allowed = self.base_mask(replace(pod, cpu_milli=0, memory_mib=0))
+        return float(self.cap[allowed].max()) if allowed.any() else 0.0
+
     def over_committed(self, job: Job) -> bool:
         return any(self.used[job.node, g] > self.cap[job.node, g] + 1e-6 for g in job.gpus)
 
@@ -212,6 +221,8 @@ class Strategy:
         self.jobs = jobs
         self.params = params
         self.preemptions = 0
+        self.whole_gpu_binds = 0  # placements by the whole-GPU fallback (DeepRes)
+        self.whole_gpu_jobs: set[int] = set()  # the jobs placed so at least once
         self.usage_followed = 0  # reservations the usage rule moved (the report checks every ablation's)
 
     def admission(self, job: Job) -> float:
@@ -308,7 +319,7 @@ class DeepRes(Strategy):
         """The pod as the extender's filter sees it at `now` (its priority evaluated then, as live)."""
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
-                          priority=priority_of(self.inputs(job), now, self.params))
+                          priority=priority_of(self.inputs(job), now, self.params), fallback=True)
 
     def view(self, i: int, now: float) -> NodeView:
         cached = self._views.get(i)
@@ -325,11 +336,12 @@ class DeepRes(Strategy):
 
     def filtered(self, job: Job, now: float) -> tuple[PodRequest, dict[str, NodeView], list[str], list[str]]:
         """(the pod, the views of the nodes kube-scheduler would send: CPU, memory and GPU model fit,
-        the names the live filter passes, the names it fails for memory: where preemption may help)."""
+        the names the live filter passes, the names it fails for memory: where preemption may help).
+        The pod is the whole-GPU request when the filter's fallback applied (`whole_gpu_request`)."""
         pod = self.request(job, now)
         views = {self.c.names[i]: self.view(i, now) for i in np.flatnonzero(self.c.base_mask(job.pod)).tolist()}
         result = filter_nodes(pod, list(views), views, 0.0, self.params)
-        return pod, views, list(result.passed), list(result.failed)
+        return result.request or pod, views, list(result.passed), list(result.failed)
 
     def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
         pod, views, passed, _ = self.filtered(job, now)
@@ -349,7 +361,8 @@ class DeepRes(Strategy):
             chosen = choose_gpus_for(pod, views[best], self.params)
         if not chosen:
             return None
-        return self._index[best], [g.index for g in chosen], job.admission_mib
+        job.whole_gpu = pod.whole_gpu
+        return self._index[best], [g.index for g in chosen], reserved_per_gpu(pod, (g.capacity_mib for g in chosen))
 
     def representatives(self, passed: Sequence[str]) -> list[str]:
         """The first-named node of each distinct node state (GPU capacity, use, reservations and jobs,
@@ -392,12 +405,16 @@ class DeepRes(Strategy):
         return [int(r.pod_uid) for r in found[1]]
 
     def on_bind(self, job: Job, now: float) -> None:
-        self.demand.admit(job.admission_mib, job.pod.num_gpu, job.pod.cpu_milli)
+        admitted = job.reserved_mib if job.whole_gpu else job.admission_mib  # as the extender's reserve_on
+        if job.whole_gpu:
+            self.whole_gpu_binds += 1
+            self.whole_gpu_jobs.add(job.idx)
+        self.demand.admit(admitted, job.pod.num_gpu, job.pod.cpu_milli)
         node = self.c.names[job.node]
         inputs = self.inputs(job)
         job.reservation = Reservation(pod_uid=str(job.idx), namespace="openb", name=job.pod.name, node=node,
                                       gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
-                                      memory_mib=job.reserved_mib, admission_mib=job.admission_mib,
+                                      memory_mib=job.reserved_mib, admission_mib=admitted,
                                       predicted_mib=job.predicted_mib, priority_inputs=inputs, bound_s=now,
                                       signature=job.spec_key)
 
@@ -603,6 +620,11 @@ def _outcome(strat: Strategy, jobs: Sequence[Job], ooms: int, series_t: list[flo
         "p95_queue_s": round(_p95(queue), 1),
         "oom_kills": float(ooms), "oom_rate": round(ooms / max(len(jobs), 1), 5),
         "preemptions": float(strat.preemptions), "usage_followed": float(strat.usage_followed),
+        "whole_gpu_binds": float(strat.whole_gpu_binds), "whole_gpu_jobs": float(len(strat.whole_gpu_jobs)),
+        # of those, jobs whose bound fits a GPU they may use: the nodes holding one were not candidates
+        # (CPU or memory short) when the fallback took a whole smaller GPU
+        "whole_gpu_jobs_bound_fits": float(sum(1 for i in strat.whole_gpu_jobs
+                                              if jobs[i].upper_mib <= strat.c.largest_gpu_mib(jobs[i].pod))),
         "deadline_miss_rate": round(misses / max(len(ls), 1), 4), "jain": round(jain, 4),
         "mean_alloc": round(statistics.fmean(series_alloc), 4) if series_alloc else math.nan,
         "mean_mem_use": round(statistics.fmean(series_mem), 4) if series_mem else math.nan,
@@ -662,5 +684,24 @@ def run_replay_experiment(data: Path, seed: int = 42, limit: int = 0, policies: 
              f"OOM: the newcomer is killed after {OOM_AFTER_S:.0f} s and restarts after a back-off; "
              f"LS deadline = arrival + {DEADLINE_FACTOR:g} x run time; queue time = JCT - run time "
              "(waiting plus work lost to OOM kills and preemptions)"]
+    deepres = outcomes.get("deepres")
+    if deepres is not None:
+        def max_cap(pod: Pod) -> float:
+            return max(caps[m] for m in ([m for m in caps if not pod.spec or m in pod.spec] or list(caps)))
+
+        above = [j for j in jobs if j.upper_mib > max_cap(j.pod)]
+        whole = sum(1 for j in above if j.predicted_mib <= max_cap(j.pod))
+        notes.append(f"whole-GPU fallback (`whole_gpu_request`, the extender's filter): {len(above)} jobs have an "
+                     f"upper bound above the largest GPU they may use ({sum(1 for j in above if not j.pod.spec)} of "
+                     f"them may use any GPU, the largest being {max(caps.values()) / MIB_PER_GB:.0f} GB); for the "
+                     f"{whole} whose point estimate fits that GPU, DeepRes asks for an empty GPU of that size and "
+                     "reserves it whole until the usage rule follows the observed peak (the others are refused); "
+                     f"DeepRes placed {deepres.metrics['whole_gpu_binds']:.0f} runs of "
+                     f"{deepres.metrics['whole_gpu_jobs']:.0f} jobs so. The fallback looks at the nodes the pod fits "
+                     "by CPU and memory at that moment (as the live filter sees only the nodes kube-scheduler "
+                     f"sends), so {deepres.metrics['whole_gpu_jobs_bound_fits']:.0f} of those jobs have a bound "
+                     "that fits a larger GPU they may use, whose nodes were short of CPU or memory then; the "
+                     "replay cannot show the risk this takes (an OOM kill on the smaller GPU), since every job's "
+                     "true peak fits the smallest GPU it may use")
     qos_order = [q for q in ("LS", "BE", "Burstable", "Guaranteed") if any(j.qos == q for j in jobs)]
     return ReplayExperiment(outcomes, notes, qos_order, node_stride, len(nodes), gpus)

@@ -21,7 +21,8 @@ LABELS = {"random": "Random", "bestfit": "BestFit", "fgd": "FGD", "deepres": "De
           "deepres-nofrag": "DeepRes (no frag term)"}
 COLOURS = {"random": "tab:gray", "bestfit": "tab:blue", "fgd": "tab:green", "deepres": "tab:red",
            "deepres-nofrag": "tab:purple", "static": "tab:gray", "request": "tab:blue", "deepres-pack": "tab:orange"}
-REPLAY_KEYS = ("mean_jct_s", "p95_jct_s", "mean_queue_s", "oom_rate", "preemptions", "deadline_miss_rate", "jain")
+REPLAY_KEYS = ("mean_jct_s", "p95_jct_s", "mean_queue_s", "oom_rate", "preemptions", "deadline_miss_rate", "jain",
+               "never_placed", "whole_gpu_binds")
 VALIDATION_TOLERANCE = 1.0
 
 
@@ -60,7 +61,7 @@ def write_report(out: Path, records: Sequence[RunRecord], replays: Sequence[Repl
     if replay is not None:
         for name, outcome in replay.outcomes.items():
             if name in ("static", "request", "deepres"):
-                doc["replay"][name] = {k: outcome.metrics[k] for k in REPLAY_KEYS}
+                doc["replay"][name] = {k: outcome.metrics.get(k, 0.0) for k in REPLAY_KEYS}
         static = replay.outcomes.get("static")
         deepres = replay.outcomes.get("deepres")
         if static is not None and deepres is not None and static.metrics["mean_jct_s"] > 0:

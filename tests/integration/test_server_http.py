@@ -104,6 +104,50 @@ def test_bind_then_preempt_over_http(url: str) -> None:
     assert error["Error"].startswith("cannot bind default/high-job to pn: gpu-0: needs 8.0 GiB")
 
 
+# a 350M-parameter transformer: the predictor's bound is far above its point estimate
+BIG_ANNOTATIONS = {
+    "deepres.io/model-type": "transformer", "deepres.io/params-millions": "350", "deepres.io/batch-size": "16",
+    "deepres.io/input-dim": "1024", "deepres.io/num-layers": "24", "deepres.io/precision": "amp",
+    "deepres.io/optimizer": "adamw",
+}
+
+
+def _whole_gpu_binds(url: str) -> float:
+    text = get(url + "/metrics")[1]
+    line = next((li for li in text.splitlines() if li.startswith("deepres_extender_whole_gpu_binds_total ")), "")
+    return float(line.split()[1]) if line else -1.0
+
+
+def test_a_pod_whose_bound_exceeds_every_gpu_gets_a_whole_gpu_that_no_other_pod_shares(url: str) -> None:
+    """The whole-GPU fallback through the served verbs: the node's only GPU is smaller than the
+    predictor's upper bound for the pod and larger than its point estimate."""
+    status, decided = post(url + "/v1/predict", {"annotations": BIG_ANNOTATIONS})
+    assert status == 200
+    point, upper = decided["demand"]["memory_mib"], decided["demand"]["memory_mib_upper"]
+    assert upper - point > 512  # room for a GPU size between them
+    size = round((point + upper) / 2)
+    telemetry(url, "whole-n", 1, [(float(size), 0.0)])
+    before = _whole_gpu_binds(url)
+    first = pod("whole-first", BIG_ANNOTATIONS)
+    status, out = post(url + "/filter", extender_args(first, names=["whole-n"]))
+    assert status == 200 and out["NodeNames"] == ["whole-n"], out  # before the fallback: too large, forever
+    status, scores = post(url + "/prioritize", extender_args(first, names=["whole-n"]))
+    assert status == 200 and scores[0]["Host"] == "whole-n" and scores[0]["Score"] > 0
+    assert post(url + "/bind", binding_args(first, "whole-n")) == (200, {"Error": ""})
+    assert _whole_gpu_binds(url) == before + 1
+    telemetry(url, "whole-n", 2, [(float(size), 0.0)])  # the job has not allocated yet: the reservation holds
+    second = pod("whole-second", BIG_ANNOTATIONS)
+    status, out = post(url + "/filter", extender_args(second, names=["whole-n"]))
+    assert status == 200 and out["NodeNames"] == []
+    free = f"{(size - 128) / 1024:.1f}"
+    assert out["FailedNodes"] == {"whole-n": f"gpu-0: needs a whole GPU ({free} GiB free), 0.0 GiB free"}
+    tiny = pod("whole-tiny", {**CNN_ANNOTATIONS, "deepres.io/gpu-memory": "512Mi"})  # no share of it either
+    status, out = post(url + "/filter", extender_args(tiny, names=["whole-n"]))
+    assert out["NodeNames"] == [] and out["FailedNodes"] == {"whole-n": "gpu-0: needs 0.5 GiB, 0.0 GiB free"}
+    status, error = post(url + "/bind", binding_args(tiny, "whole-n"))
+    assert status == 200 and error["Error"].startswith("cannot bind default/whole-tiny to whole-n: gpu-0: needs")
+
+
 def announced_huge_body_status(url: str, path: str, token: str = "") -> int:
     """Announce a 20 MB body and send none: the server must refuse on the header alone."""
     host, port = url.removeprefix("http://").split(":")

@@ -497,6 +497,32 @@ def test_extender_evicts_strictly_lower_priority_itself() -> None:
     assert client.post("/bind", json=binding_args(high, "a")).get_json() == {"Error": ""}
 
 
+def test_a_pod_whose_bound_exceeds_the_gpus_evicts_lower_priority_pods_for_a_whole_gpu_and_says_so() -> None:
+    """The whole-GPU fallback in the extender: the self-preemption and bind decide it as the filter
+    did, the reservation is the GPU's memory, and the placement annotation says why."""
+    point = NEED / 1.1  # FormulaPredictor: the bound is the point x 1.1
+    size = round((point + NEED) / 2)
+    client, cluster, clock = make()
+    send_report(client, "w", 1, [(size, 0.0)], clock)
+    low = pod("low-small", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/gpu-memory": "1Gi"})
+    client.post("/filter", json=extender_args(low, names=["w"]))
+    assert client.post("/bind", json=binding_args(low, "w")).get_json() == {"Error": ""}
+    high = pod("whole-high", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
+    out = client.post("/filter", json=extender_args(high, names=["w"])).get_json()
+    assert out["NodeNames"] == []
+    assert out["FailedNodes"] == {"w": f"gpu-0: needs a whole GPU ({(size - 128) / 1024:.1f} GiB free), "
+                                       f"{(size - 1024) / 1024:.1f} GiB free"}
+    assert extender_of(client.application).worker.drain() and cluster.evictions == ["default/low-small"]
+    again = client.post("/filter", json=extender_args(high, names=["w"])).get_json()
+    assert again["NodeNames"] == ["w"]
+    assert client.post("/bind", json=binding_args(high, "w")).get_json() == {"Error": ""}
+    notes = cluster.pods[("default", "whole-high")]["metadata"]["annotations"]
+    assert float(notes["deepres.io/admission-memory-mib"]) == size  # the whole GPU, not the bound
+    assert "whole GPU: the upper bound exceeds every GPU it could be given" in notes["deepres.io/placement"]
+    late = pod("late-small", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/gpu-memory": "1Gi"})
+    assert client.post("/filter", json=extender_args(late, names=["w"])).get_json()["NodeNames"] == []
+
+
 def test_self_preemption_waits_for_its_victims_and_can_be_disabled() -> None:
     for enabled in (True, False):
         client, cluster, clock = make(self_preemption=enabled)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,17 @@ from extender.policy import (
     score_nodes,
     shortlist,
 )
-from extender.policy.columnar import NodeMatrix, filter_matrix, fits_rows, fresh_rows, gpu_keys, score_matrix
+from extender.policy.columnar import (
+    NodeMatrix,
+    filter_matrix,
+    fits_rows,
+    fresh_rows,
+    gpu_keys,
+    largest_gpu_rows,
+    score_matrix,
+)
+from extender.policy.filtering import largest_gpu_mib, reserved_per_gpu, whole_gpu_request
+from extender.policy.types import EMPTY_SLACK_MIB
 
 P = PolicyParams()
 NOW = 1_000_000.0
@@ -50,8 +61,11 @@ def node(name: str, *gpus: tuple[float, float, float], received_s: float = NOW, 
                                 for i, (c, u, r) in enumerate(gpus)), received_s)
 
 
-def pod(need_gib: float, gpus: int = 1, priority: float = 10.0, gpu_job: bool = True) -> PodRequest:
-    return PodRequest("uid-p", "ns", "p", gpus, need_gib * GIB, need_gib * GIB * 0.9, priority, gpu_job)
+def pod(need_gib: float, gpus: int = 1, priority: float = 10.0, gpu_job: bool = True, fallback: bool = False,
+        point: float = 0.9) -> PodRequest:
+    """A pod needing `need_gib` per GPU, its point estimate `point` x that (`fallback`: the predictor's)."""
+    return PodRequest("uid-p", "ns", "p", gpus, need_gib * GIB, need_gib * GIB * point, priority, gpu_job,
+                      fallback)
 
 
 # ---- filter ----
@@ -127,7 +141,10 @@ def cluster_st(draw: st.DrawFn) -> dict[str, NodeView]:
     return out
 
 
-pod_st = st.builds(pod, st.floats(0, 90), st.integers(1, 4), st.floats(0, 45))
+# bounds up to 90 GiB against GPUs up to 80 GiB, point estimates 20-100 % of the bound: the whole-GPU
+# fallback applies in some draws (its request then answers)
+pod_st = st.builds(pod, st.floats(0, 90), st.integers(1, 4), st.floats(0, 45), st.just(True), st.booleans(),
+                   st.floats(0.2, 1.0))
 
 
 @settings(max_examples=200, deadline=None)
@@ -139,10 +156,14 @@ def test_filter_is_a_partition_of_a_subset_of_its_input(nodes: dict[str, NodeVie
     assert answered == set(names)
     assert len(result.passed) + len(result.failed) + len(result.unresolvable) == len(set(names))
     assert sum(result.kinds.values()) == len(set(names))
+    placed = result.request or request  # the whole-GPU request when the fallback applied
     for name in result.passed:  # what passes really fits: the GPUs bind would choose exist
-        chosen = choose_gpus(request, nodes[name], P)
+        chosen = choose_gpus(placed, nodes[name], P)
         assert chosen is not None and len(chosen) == request.gpus
-        assert all(g.free_mib >= request.admission_mib for g in chosen)
+        assert all(g.free_mib >= placed.admission_mib for g in chosen)
+        if placed.whole_gpu:  # ... and are empty GPUs, at least the point estimate, on a node below the bound
+            assert all(g.empty and request.predicted_mib <= g.capacity_mib for g in chosen)
+            assert nodes[name].capacity_desc[request.gpus - 1] < request.admission_mib
 
 
 @settings(max_examples=200, deadline=None)
@@ -155,6 +176,137 @@ def test_scores_lie_in_0_to_10_and_non_fitting_nodes_score_0(nodes: dict[str, No
         assert 0 <= score <= 10
         if name not in nodes or choose_gpus(request, nodes[name], P) is None:
             assert score == 0
+
+
+# ---- the whole-GPU fallback ----
+
+def fallback_pod(bound_gib: float, point_gib: float, gpus: int = 1) -> PodRequest:
+    return PodRequest("uid-w", "ns", "w", gpus, bound_gib * GIB, point_gib * GIB, 10.0, True, fallback=True)
+
+
+def test_whole_gpu_request_only_when_the_bound_exceeds_every_gpu_and_the_point_fits_one() -> None:
+    small, large = node("s", (16, 0, 0)), node("l", (32, 0, 0))
+    whole = whole_gpu_request(fallback_pod(40, 20), [small, large, None])
+    assert whole is not None and whole.whole_gpu
+    assert whole.admission_mib == 32 * GIB - EMPTY_SLACK_MIB  # an empty GPU of the largest size
+    assert (whole.predicted_mib, whole.gpus, whole.uid) == (20 * GIB, 1, "uid-w")
+    assert whole_gpu_request(fallback_pod(40, 33), [small, large]) is None  # the point fits no GPU: refused
+    assert whole_gpu_request(fallback_pod(30, 20), [small, large]) is None  # the bound fits the 32 GiB GPU
+    assert whole_gpu_request(fallback_pod(40, 20), [small, large, node("x", (80, 79, 0))]) is None  # fits 80 GiB
+    override = PodRequest("uid-o", "ns", "o", 1, 40 * GIB, 20 * GIB, 10.0, True)  # the user's gpu-memory
+    assert whole_gpu_request(override, [small, large]) is None
+    assert whole_gpu_request(whole, [small, large]) is None  # never applied twice
+    assert whole_gpu_request(fallback_pod(40, 20), []) is None
+    assert whole_gpu_request(fallback_pod(40, 20), [None]) is None
+
+
+def test_whole_gpu_request_of_a_multi_gpu_pod_reads_the_per_gpu_size_of_nodes_with_enough_gpus() -> None:
+    two_small = node("a", (32, 0, 0), (24, 0, 0))  # a 2-GPU pod gets 24 GiB GPUs here at most
+    one_big = node("b", (80, 0, 0))  # too few GPUs for a 2-GPU pod
+    assert largest_gpu_mib([two_small, one_big], 2) == 24 * GIB
+    assert largest_gpu_mib([two_small, one_big], 1) == 80 * GIB
+    assert largest_gpu_mib([one_big], 2) == 0.0
+    whole = whole_gpu_request(fallback_pod(30, 20, gpus=2), [two_small, one_big])
+    assert whole is not None and whole.admission_mib == 24 * GIB - EMPTY_SLACK_MIB
+    assert whole_gpu_request(fallback_pod(30, 25, gpus=2), [two_small, one_big]) is None
+    assert whole_gpu_request(fallback_pod(30, 20, gpus=1), [two_small, one_big]) is None  # 80 GiB holds it
+
+
+def test_filter_admits_a_pod_whose_bound_exceeds_every_gpu_to_an_empty_gpu_only() -> None:
+    nodes = {"small": node("small", (16, 0, 0)), "busy": node("busy", (32, 0, 4)), "idle": node("idle", (32, 0.05, 0))}
+    request = fallback_pod(40, 20)
+    for result in (filter_nodes(request, list(nodes), nodes, NOW, P), _columnar(request, list(nodes), nodes)):
+        assert result.passed == ("idle",)
+        assert result.request is not None and result.request.whole_gpu
+        assert result.unresolvable == {"small": "needs a whole GPU of 32.0 GiB (its upper bound exceeds every GPU it "
+                                                "could be given), larger than this node's GPUs (16.0 GiB)"}
+        assert result.failed == {"busy": "gpu-0: needs a whole GPU (31.9 GiB free), 28.0 GiB free"}
+        assert result.kinds == {"passed": 1, "too_large": 1, "memory": 1}
+    chosen = choose_gpus(result.request, nodes["idle"], P)
+    assert chosen is not None
+    assert reserved_per_gpu(result.request, (g.capacity_mib for g in chosen)) == 32 * GIB  # the whole GPU
+    assert reserved_per_gpu(request, [32 * GIB]) == 40 * GIB  # not whole: its admission
+
+
+def test_a_bound_that_fits_a_busy_larger_gpu_waits_for_it_and_a_point_above_every_gpu_is_refused() -> None:
+    nodes = {"small": node("small", (16, 0, 0)), "big": node("big", (80, 0, 60))}
+    result = filter_nodes(fallback_pod(40, 20), list(nodes), nodes, NOW, P)
+    assert result.passed == () and result.request is None  # no fallback: the 80 GiB GPU will free
+    assert result.failed == {"big": "gpu-0: needs 40.0 GiB, 20.0 GiB free"}
+    only_small = {"small": nodes["small"]}
+    result = filter_nodes(fallback_pod(40, 17), ["small"], only_small, NOW, P)
+    assert result.passed == () and result.request is None
+    assert result.unresolvable == {"small": "predicted 17.0 GiB per GPU (upper bound 40.0 GiB), larger than this "
+                                            "node's GPUs (16.0 GiB)"}
+    assert _columnar(fallback_pod(40, 17), ["small"], only_small) == result
+
+
+def test_a_whole_gpu_is_not_shared_and_a_smaller_pod_does_not_take_it() -> None:
+    """After bind (its whole capacity reserved) nothing else fits on that GPU, however small."""
+    taken = node("n", (32, 0.05, 32), (32, 0, 0))
+    nodes = {"n": taken}
+    second = filter_nodes(fallback_pod(40, 20), ["n"], nodes, NOW, P)
+    assert second.passed == ("n",) and second.request is not None
+    assert [g.index for g in choose_gpus(second.request, taken, P) or ()] == [1]
+    full = {"n": node("n", (32, 0.05, 32))}
+    assert filter_nodes(pod(0.2), ["n"], full, NOW, P).failed == {"n": "gpu-0: needs 0.2 GiB, 0.0 GiB free"}
+    assert filter_nodes(fallback_pod(40, 20), ["n"], full, NOW, P).failed == {
+        "n": "gpu-0: needs a whole GPU (31.9 GiB free), 0.0 GiB free"}
+
+
+@st.composite
+def fallback_case_st(draw: st.DrawFn) -> tuple[dict[str, NodeView], list[str], PodRequest]:
+    """GPUs of common sizes, often idle; a pod whose bound is above or near the largest GPU of the
+    candidates and whose point estimate is around it: the whole-GPU fallback applies in many draws."""
+    nodes = {}
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.lists(st.tuples(st.sampled_from([16.0, 24.0, 32.0, 40.0, 80.0]),
+                                       st.sampled_from([0.0, 0.0, 0.001, 0.3, 1.0]),
+                                       st.sampled_from([0.0, 0.0, 0.5, 1.0]),
+                                       st.booleans()), min_size=1, max_size=4))
+        nodes[f"n{i}"] = NodeView(f"n{i}", tuple(GpuView(f"n{i}-g{j}", j, c * GIB, c * u * GIB, c * r * GIB, 0.1,
+                                                         healthy or j == 0)
+                                                 for j, (c, u, r, healthy) in enumerate(gpus)),
+                                  NOW - draw(st.sampled_from([0.0, 5.0, 60.0])))
+    names = draw(st.lists(st.sampled_from([*nodes, "ghost"]), min_size=1, max_size=8))
+    gpus = draw(st.integers(1, 3))
+    largest = largest_gpu_mib(map(nodes.get, names), gpus) or 16 * GIB
+    request = PodRequest("uid-w", "ns", "w", gpus, largest * draw(st.floats(0.9, 1.6)),
+                         largest * draw(st.floats(0.3, 1.1)), draw(st.floats(0, 45)), True, draw(st.booleans()))
+    return nodes, names, request
+
+
+@settings(max_examples=300, deadline=None)
+@given(fallback_case_st())
+def test_columnar_filter_equals_the_reference_under_the_whole_gpu_fallback(
+        case: tuple[dict[str, NodeView], list[str], PodRequest]) -> None:
+    nodes, names, request = case
+    result = filter_nodes(request, names, nodes, NOW, P)
+    assert _columnar(request, names, nodes) == result
+    matrix = NodeMatrix(rows=2, cols=1)
+    for view in nodes.values():
+        matrix.put(view)
+    for gpus in (1, 2, 3, 5):
+        assert largest_gpu_rows(matrix, names, gpus) == largest_gpu_mib(map(nodes.get, names), gpus)
+    if result.request is not None:  # what the fallback placed: empty GPUs the point fits, the bound does not
+        assert result.request.whole_gpu and request.fallback
+        assert result.request.admission_mib == largest_gpu_mib(map(nodes.get, names), request.gpus) - EMPTY_SLACK_MIB
+        for name in result.passed:
+            chosen = choose_gpus(result.request, nodes[name], P)
+            assert chosen is not None and len(chosen) == request.gpus
+            assert all(g.empty and request.predicted_mib <= g.capacity_mib for g in chosen)
+            assert nodes[name].capacity_desc[request.gpus - 1] < request.admission_mib
+    else:
+        plain = filter_nodes(replace(request, fallback=False), names, nodes, NOW, P)  # only the words may differ
+        assert (result.passed, result.failed.keys(), result.unresolvable.keys(), result.kinds) == (
+            plain.passed, plain.failed.keys(), plain.unresolvable.keys(), plain.kinds)
+
+
+def _columnar(request: PodRequest, names: list[str], nodes: dict[str, NodeView]) -> FilterResult:
+    matrix = NodeMatrix()
+    for view in nodes.values():
+        matrix.put(view)
+    return filter_matrix(request, names, matrix, nodes, NOW, P)
 
 
 # ---- scoring rules ----

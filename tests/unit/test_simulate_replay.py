@@ -117,7 +117,8 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
         pod = self.request(job, now)
         if answer is not None and not spreads(pod, self.params):
             views = {self.c.names[int(i)]: self.view(int(i), now) for i in np.flatnonzero(self.c.base_mask(job.pod))}
-            passed = filter_nodes(pod, list(views), views, 0.0, self.params).passed
+            result = filter_nodes(pod, list(views), views, 0.0, self.params)
+            pod, passed = result.request or pod, result.passed  # the whole-GPU request when the fallback applied
             cpu = {n: float(self.c.cpu_left[self._index[n]]) for n in passed}
             full = dict(score_nodes_fragaware(pod, passed, views, self.params, self.demand.mix(), cpu,
                                               float(job.pod.cpu_milli)))
