@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from predictor.baselines import BASELINES, tune
-from predictor.metrics import over_reservation, regression_metrics, under_rate
+from predictor.metrics import bound_figures, over_reservation, regression_metrics, under_rate
 from predictor.splits import Split, family_splits, grouped_calibration_split, grouped_split, random_split
 from predictor.train import (
     CALIBRATION_FRACTION,
@@ -466,14 +466,7 @@ def exact_heldout(cache: Path, n: int, seed: int = 0) -> dict[str, Any]:
 
 
 def _exact_figures(memory: FloatArray, upper: FloatArray, measured: FloatArray) -> dict[str, Any]:
-    rel = np.abs(memory / measured - 1.0)
-    return {
-        "median_abs_rel_err": round(float(np.median(rel)), 6),
-        "p90_abs_rel_err": round(float(np.percentile(rel, 90)), 6),
-        "under_rate": round(under_rate(measured, upper), 6),
-        "over_reservation": round(over_reservation(measured, upper), 6),
-        "n": len(measured),
-    }
+    return dict(bound_figures(measured, memory, upper))
 
 
 def _tune_baselines(data: Dataset, split: Split, names: list[str], args: argparse.Namespace,

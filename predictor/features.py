@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from predictor.sizing import plan
-from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, SHAPE_KEYS, VISION_FAMILIES, JobSpec
+from predictor.spec import MODEL_FAMILIES, OPTIMIZERS, PRECISIONS, SHAPE_KEYS, VISION_FAMILIES, JobSpec, SpecError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -497,3 +497,36 @@ def build_features(cols: Mapping[str, npt.NDArray[Any]], feature_set: str) -> Fe
     if feature_set == "physics":
         return physics_features(cols)
     raise ValueError(f"unknown feature set {feature_set!r}: expected one of {', '.join(FEATURE_SETS)}")
+
+
+#: The dataset columns a data scientist's annotations come from (docs/CONTRACTS.md, jobs.csv).
+SPEC_COLUMNS = ("model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
+                "precision", "optimizer", "learning_rate", "regularization", "data_augmentation")
+
+
+def row_spec(row: Mapping[str, str], activations_millions: float = 0.0) -> JobSpec | None:
+    """A dataset row as the annotations a user writes (None: the row does not parse)."""
+    raw = {c.replace("_", "-"): row[c] for c in SPEC_COLUMNS if row.get(c) not in (None, "")}
+    for key in ("regularization", "data-augmentation"):
+        if key in raw:
+            raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
+    if activations_millions > 0:
+        raw["activations-millions"] = f"{activations_millions:.6g}"
+    try:
+        return JobSpec.parse(raw)
+    except SpecError:
+        return None
+
+
+def annotated_specs(rows: Sequence[Mapping[str, str]], data_dir: Path) -> list[JobSpec | None]:
+    """Real-architecture rows as a data scientist describing a custom model would annotate them: the
+    family fields, plus the activation count (SHAPES_FILE in `data_dir`, scaled to the row's input)
+    for the architectures the predictor's own fits give it to (`shapes_dropped`), so a consumer
+    meets the bound with and without it as the evaluation does. The replay and the real-GPU
+    campaign's report both ask the predictor this way."""
+    names = np.asarray([row.get("name", "") for row in rows], dtype=str)
+    cols = {"model_type": np.asarray([row["model_type"] for row in rows], dtype=str),
+            "input_dim": np.asarray([float(row["input_dim"] or 0) for row in rows], dtype=np.float64)}
+    counts = shape_columns(cols, names, data_dir / SHAPES_FILE)["activations_millions"]
+    given = np.where(shapes_dropped(names)[:, 0], 0.0, counts)
+    return [row_spec(row, float(count)) for row, count in zip(rows, given, strict=True)]

@@ -72,3 +72,14 @@ def conformal_quantile(scores: npt.ArrayLike, level: float) -> float:
     ordered = np.sort(np.asarray(scores, dtype=np.float64))
     rank = min(len(ordered), max(1, int(np.ceil((len(ordered) + 1) * level))))
     return float(ordered[rank - 1])
+
+
+def bound_figures(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, upper: npt.ArrayLike) -> dict[str, float | int]:
+    """How a predictor's point and bound met measured peaks (rounded for reports): the point's median,
+    90th percentile and signed median relative error, and the bound's under-rate and over-reservation."""
+    t, p = _pair(y_true, y_pred)
+    rel = p / np.maximum(t, 1e-12) - 1.0
+    return {"n": int(t.size), "median_abs_rel_err": round(float(np.median(np.abs(rel))), 6),
+            "p90_abs_rel_err": round(float(np.percentile(np.abs(rel), 90)), 6),
+            "median_signed_rel_err": round(float(np.median(rel)), 6),
+            "under_rate": round(under_rate(t, upper), 6), "over_reservation": round(over_reservation(t, upper), 6)}

@@ -39,10 +39,6 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 GPUMEM = REPO.parent / "shared" / "data" / "gpumem"
 
-_SPEC_COLUMNS = ("model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations",
-                 "precision", "optimizer", "learning_rate", "regularization", "data_augmentation")
-
-
 @dataclass(frozen=True)
 class PoolJob:
     spec: JobSpec
@@ -63,35 +59,24 @@ def _ok_rows(path: Path) -> list[dict[str, str]]:
                 if row.get("status", "ok") == "ok" and row.get("memory_mib")]
 
 
-def _pool_job(row: dict[str, str], activations_millions: float = 0.0) -> PoolJob | None:
-    """A row as the annotations a user would write (None: the row does not parse or has no usable peak)."""
-    raw = {c.replace("_", "-"): row[c] for c in _SPEC_COLUMNS if row.get(c) not in (None, "")}
-    for key in ("regularization", "data-augmentation"):
-        if key in raw:
-            raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
-    if activations_millions > 0:
-        raw["activations-millions"] = f"{activations_millions:.6g}"
+def _pool_job(row: dict[str, str], spec: JobSpec | None) -> PoolJob | None:
+    """The row's job with its true peak (None: the row does not parse or has no usable peak)."""
     try:
-        spec = JobSpec.parse(raw)
         true = float(row["memory_mib"])
-    except (SpecError, ValueError):
+    except ValueError:
         return None
-    return PoolJob(spec, true) if true > 0 and math.isfinite(true) else None
+    return PoolJob(spec, true) if spec is not None and true > 0 and math.isfinite(true) else None
 
 
 def _from_dataset(path: Path) -> list[PoolJob]:
-    return [job for row in _ok_rows(path) if (job := _pool_job(row)) is not None]
+    return [job for row in _ok_rows(path) if (job := _pool_job(row, features.row_spec(row))) is not None]
 
 
 def _from_real(path: Path) -> list[PoolJob]:
-    """real_jobs.csv.gz with each architecture's activation count where the module docstring says."""
+    """real_jobs.csv.gz annotated as the module docstring says (`features.annotated_specs`)."""
     rows = _ok_rows(path)
-    names = np.asarray([row.get("name", "") for row in rows], dtype=str)
-    cols = {"model_type": np.asarray([row["model_type"] for row in rows], dtype=str),
-            "input_dim": np.asarray([float(row["input_dim"] or 0) for row in rows], dtype=np.float64)}
-    counts = features.shape_columns(cols, names, path.parent / features.SHAPES_FILE)["activations_millions"]
-    given = np.where(features.shapes_dropped(names)[:, 0], 0.0, counts)
-    return [job for row, count in zip(rows, given, strict=True) if (job := _pool_job(row, float(count))) is not None]
+    specs = features.annotated_specs(rows, path.parent)
+    return [job for row, spec in zip(rows, specs, strict=True) if (job := _pool_job(row, spec)) is not None]
 
 
 def _from_gpumem(path: Path) -> list[PoolJob]:

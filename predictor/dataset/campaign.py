@@ -426,19 +426,6 @@ def read_table(path: Path) -> list[dict[str, Any]]:
                 for row in csv.DictReader(handle) if row["status"] == "ok"]
 
 
-def _errors(predicted: Any, upper: Any, measured: Any) -> dict[str, Any]:
-    import numpy as np
-
-    from predictor.metrics import over_reservation, under_rate
-
-    rel = np.abs(predicted / measured - 1.0)
-    return {"n": len(measured), "median_abs_rel_err": round(float(np.median(rel)), 4),
-            "p90_abs_rel_err": round(float(np.percentile(rel, 90)), 4),
-            "median_signed_rel_err": round(float(np.median(predicted / measured - 1.0)), 4),
-            "under_rate": round(under_rate(measured, upper), 4),
-            "over_reservation": round(over_reservation(measured, upper), 4)}
-
-
 def exact_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any]:
     """The exact-architecture path (`deepres.io/model`) on measured rows: (memory, upper, measured) of
     the rows whose architecture, input and precision the shipped table answers."""
@@ -459,12 +446,15 @@ def exact_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any]:
     return memory, upper, measured
 
 
-def family_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any]:
+def family_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any, Any]:
     """The shipped predictor on the family annotations a data scientist writes for each measured job
-    (the dataset's own row for it, activation count where the dataset gives one): (memory, upper, measured)."""
+    (its dataset row, annotated by `features.annotated_specs` as the replay does):
+    (memory, upper, measured, index of the row in `rows`)."""
+    import csv
+    import gzip
+
     import numpy as np
 
-    from extender.simulate.jobs import _ok_rows, _pool_job
     from predictor import features
     from predictor.dataset import real
     from predictor.runtime import Predictor
@@ -472,35 +462,15 @@ def family_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any]:
     def key(r: dict[str, Any]) -> tuple[str, int, int, str, str]:
         return (r["name"], int(float(r["batch_size"])), int(float(r["input_dim"])), r["precision"], r["optimizer"])
 
-    wanted = {key(r) for r in rows}
-    dataset = {key(r): r for r in _ok_rows(real.JOBS_OUT) if key(r) in wanted}
-    found = [r for r in rows if key(r) in dataset]
-    source = [dataset[key(r)] for r in found]
-    names = np.asarray([r["name"] for r in source], dtype=str)
-    cols = {"model_type": np.asarray([r["model_type"] for r in source], dtype=str),
-            "input_dim": np.asarray([float(r["input_dim"]) for r in source], dtype=np.float64)}
-    counts = features.shape_columns(cols, names, real.DATA_DIR / features.SHAPES_FILE)["activations_millions"]
-    given = np.where(features.shapes_dropped(names)[:, 0], 0.0, counts)
+    wanted = {key(r): i for i, r in enumerate(rows)}
+    with gzip.open(real.JOBS_OUT, "rt", newline="") as handle:
+        source = [r for r in csv.DictReader(handle) if r.get("status") == "ok" and key(r) in wanted]
     predictor = Predictor.load()
-    out = []
-    for row, raw, count in zip(found, source, given, strict=True):
-        job = _pool_job(raw, float(count))
-        if job is None:
-            continue
-        demand = predictor.predict(job.spec)
-        out.append((demand.memory_mib, demand.memory_mib_upper, row["nvml_process_peak_mib"]))
-    memory, upper, measured = (np.asarray(v, dtype=np.float64) for v in zip(*out, strict=True))
-    return memory, upper, measured
-
-
-def _line(traced: Any, measured: Any) -> tuple[float, float]:
-    """(context MiB, factor) minimising the squared relative error, as the dataset's calibration."""
-    import numpy as np
-
-    w = 1.0 / measured
-    a = np.vstack([np.ones_like(traced), traced]).T * w[:, None]
-    context, factor = np.linalg.lstsq(a, measured * w, rcond=None)[0]
-    return float(context), float(factor)
+    out = [(d.memory_mib, d.memory_mib_upper, rows[wanted[key(r)]]["nvml_process_peak_mib"], wanted[key(r)])
+           for r, spec in zip(source, features.annotated_specs(source, real.DATA_DIR), strict=True)
+           if spec is not None and (d := predictor.predict(spec))]
+    memory, upper, measured, index = (np.asarray(v) for v in zip(*out, strict=True))
+    return memory, upper, measured, index
 
 
 #: Share of a GPU's fitted jobs a measured line's bound may leave above it.
@@ -526,6 +496,7 @@ def measured_lines(table: Path) -> list[dict[str, Any]]:
     covers the GPUs measured, each with its own CUDA context and allocator."""
     import numpy as np
 
+    from predictor.dataset.calibration import fit_line
 
     rows = read_table(table)
     traced = np.asarray([r["traced_peak_mib"] for r in rows])
@@ -538,7 +509,8 @@ def measured_lines(table: Path) -> list[dict[str, Any]]:
         # a precision's line serves named architectures (the exact table holds no torch.nn stack);
         # `any` serves `deepres profile`'s traced peaks of custom code, the hand-written stacks included
         rows_p = fit if name == "any" else fit[(precision[fit] == name) & named[fit]]
-        context, factor = _line(traced[rows_p], measured[rows_p])
+        line = fit_line(traced[rows_p].tolist(), measured[rows_p].tolist())
+        context, factor = line.context_mib, line.factor
         above = measured[rows_p] / (context + factor * traced[rows_p]) - 1.0
         margin = float(np.quantile(above, 1.0 - LINE_UNDER, method="higher"))
         out.append({"gpu": rows[0]["gpu"], "precision": name, "context_mib": round(context, 1),
@@ -552,7 +524,8 @@ def report(runs: list[Path], gpu: str, date: str, measured_dir: Path = MEASURED_
     """Write the measured table and reports/campaign.json (+ the `campaign` key of calibration.json)."""
     import numpy as np
 
-    from predictor.dataset.calibration import calibration_constants
+    from predictor.dataset.calibration import calibration_constants, fit_line
+    from predictor.metrics import bound_figures
 
     jobs, probes = read_runs(runs)
     table = measured_dir / f"{gpu}-{date}.csv"
@@ -563,19 +536,20 @@ def report(runs: list[Path], gpu: str, date: str, measured_dir: Path = MEASURED_
     reserved = np.asarray([r["torch_max_reserved_mib"] for r in rows])
     precision = np.asarray([r["precision"] for r in rows])
     fit, test = calibration_split(rows)
-    lines = {p: _line(traced[fit][precision[fit] == p], measured[fit][precision[fit] == p])
+    lines = {p: fit_line(traced[fit][precision[fit] == p].tolist(), measured[fit][precision[fit] == p].tolist())
              for p in sorted(set(precision.tolist()))}
-    pooled = _line(traced[fit], measured[fit])
+    pooled = fit_line(traced[fit].tolist(), measured[fit].tolist())
     mlp = calibration_constants()
-    per_precision = np.asarray([lines[p][0] + lines[p][1] * t for p, t in zip(precision, traced, strict=True)])
+    per_precision = np.asarray([lines[p].predict(t) for p, t in zip(precision, traced, strict=True)])
     rel = np.abs(per_precision[test] / measured[test] - 1.0)
     mlp_rel = np.abs((mlp.context_mib + mlp.factor * traced[test]) / measured[test] - 1.0)
-    pooled_rel = np.abs((pooled[0] + pooled[1] * traced[test]) / measured[test] - 1.0)
+    pooled_rel = np.abs((pooled.context_mib + pooled.factor * traced[test]) / measured[test] - 1.0)
     held = np.asarray([r["held_out_group"] == "True" for r in rows])
     families = np.asarray([r["family"] for r in rows])
     ex_mem, ex_up, ex_meas = exact_on_measured(rows)
-    fam_mem, fam_up, fam_meas = family_on_measured(rows)
-    fam_held = family_on_measured([r for r in rows if r["held_out_group"] == "True"])
+    hx_mem, hx_up, hx_meas = exact_on_measured([rows[i] for i in test])
+    fam_mem, fam_up, fam_meas, fam_index = family_on_measured(rows)
+    unseen = held[fam_index]
     status: dict[str, int] = {}
     for j in jobs:
         status[j["status"]] = status.get(j["status"], 0) + 1
@@ -595,8 +569,9 @@ def report(runs: list[Path], gpu: str, date: str, measured_dir: Path = MEASURED_
             "mlp_calibration_p90_abs_rel_err": round(float(np.percentile(mlp_rel, 90)), 4),
             "one_line_median_abs_rel_err": round(float(np.median(pooled_rel)), 4),
             "n_fit": len(fit), "n_holdout": len(test),
-            "lines": {p: {"context_mib": round(c, 1), "factor": round(f, 4)} for p, (c, f) in lines.items()},
-            "one_line": {"context_mib": round(pooled[0], 1), "factor": round(pooled[1], 4)},
+            "lines": {p: {"context_mib": round(line.context_mib, 1), "factor": round(line.factor, 4)}
+                      for p, line in lines.items()},
+            "one_line": {"context_mib": round(pooled.context_mib, 1), "factor": round(pooled.factor, 4)},
             "mlp_line": {"context_mib": mlp.context_mib, "factor": mlp.factor},
             "per_family_signed_median": {
                 f: round(float(np.median(per_precision[families == f] / measured[families == f] - 1.0)), 4)
@@ -605,9 +580,10 @@ def report(runs: list[Path], gpu: str, date: str, measured_dir: Path = MEASURED_
                       "error, fitted on 70% of the measured jobs by architecture group (grouped_split seed 0) and "
                       "scored on the other 30%; mlp_calibration_*: the shipped line fitted on the public A100 MLP "
                       "runs (predictor/dataset/calibration.json) on the same held-out rows."},
-        "exact_path": {"all": _errors(ex_mem, ex_up, ex_meas),
-                       "held_out_30": _errors(*exact_on_measured([rows[i] for i in test]))},
-        "family_path": {"all": _errors(fam_mem, fam_up, fam_meas), "held_out_groups": _errors(*fam_held)},
+        "exact_path": {"all": bound_figures(ex_meas, ex_mem, ex_up),
+                       "held_out_30": bound_figures(hx_meas, hx_mem, hx_up)},
+        "family_path": {"all": bound_figures(fam_meas, fam_mem, fam_up),
+                        "held_out_groups": bound_figures(fam_meas[unseen], fam_mem[unseen], fam_up[unseen])},
         "held_out_group_jobs": int(held.sum()),
     }
     reports_dir.mkdir(parents=True, exist_ok=True)

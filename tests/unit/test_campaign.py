@@ -50,13 +50,17 @@ def test_read_runs_keeps_a_jobs_last_record_and_sets_probes_apart(tmp_path: Path
 
 
 def test_the_line_is_fitted_on_relative_error() -> None:
+    """The campaign's lines are the dataset calibration's own fit (`calibration.fit_line`)."""
+    from predictor.dataset.calibration import fit_line
+
     traced = np.asarray([10.0, 100.0, 1000.0, 10000.0])
-    context, factor = campaign._line(traced, 900.0 + 1.13 * traced)
+    line = fit_line(traced.tolist(), (900.0 + 1.13 * traced).tolist())
+    context, factor = line.context_mib, line.factor
     assert context == pytest.approx(900.0) and factor == pytest.approx(1.13)
     # one small job 50% off weighs as much as one large job 50% off, not 1000x less
     measured = 900.0 + 1.13 * traced
     measured[0] *= 1.5
-    _, tilted = campaign._line(traced, measured)
+    tilted = fit_line(traced.tolist(), measured.tolist()).factor
     assert tilted < 1.13
 
 
