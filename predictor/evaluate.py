@@ -62,8 +62,9 @@ FAMILY_MODELS = ("transformer_bigru_tuned", "decision_tree", "xgboost", "lightgb
 CACHE_DIR = ".evaluate-cache"
 #: Bumped whenever what a cached fit holds changes meaning (e.g. how the bound is computed).
 CACHE_VERSION = 7
-#: Bumped when what the tuned model is changed (its bound's base; 2: the network blended with LightGBM).
-BOUND_CHOICE_VERSION = 2
+#: Bumped when what the tuned model is changed (its bound's base; 2: the network blended with LightGBM;
+#: 3: the median of the network, LightGBM and AdaBoost).
+BOUND_CHOICE_VERSION = 3
 
 
 #: Coverages the bound is also recalibrated to (same fits, same held-out jobs) for the trade-off

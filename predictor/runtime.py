@@ -34,7 +34,7 @@ from predictor import exact
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
-from predictor.trees import StackedTrees, TreeEnsemble
+from predictor.trees import BoostedMedian, StackedTrees, TreeEnsemble
 
 FloatArray = npt.NDArray[np.float64]
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
@@ -56,39 +56,44 @@ UNSEEN_FAMILY_FACTOR = 2.0
 
 #: The smallest positive float: learned densities can be far below 1 (they are per input element).
 TINY_DENSITY = float(np.finfo(np.float64).tiny)
-#: Artifact arrays of the blend's tree member, one ensemble per target: TREE_PREFIX + "<target>." + name.
+#: Artifact arrays of the blend's tree members, one ensemble per target: TREE_PREFIX + "<target>." + name
+#: (the LightGBM booster) and ADABOOST_PREFIX + "<target>." + name, plus "weights" (the AdaBoost trees).
 TREE_PREFIX = "tree"
+ADABOOST_PREFIX = "ada"
 
 
-def blend_points(network: FloatArray, trees: FloatArray, network_weight: float) -> FloatArray:
-    """The blend's point in target units: the weighted mean in log space (a geometric mean) of the
-    network's and the tree booster's predictions. One rule for `predictor.train` and the runtime.
-    Why a blend: on jobs of architectures neither saw, the two err differently (the network extrapolates
-    along the log sizes, the trees stay inside what they saw), so the blend errs less and the margin the
-    bound needs shrinks (nested grouped folds: see README "How the bound is calibrated")."""
-    out: FloatArray = np.exp(network_weight * np.log(np.maximum(network, TINY_DENSITY))
-                             + (1.0 - network_weight) * np.log(np.maximum(trees, TINY_DENSITY)))
+def blend_points(*members: FloatArray) -> FloatArray:
+    """The blend's point in target units: the median, in log space, of its members' predictions (with
+    two members, their geometric mean). One rule for `predictor.train` and the runtime.
+    Why a blend: on jobs of architectures none of them saw, the members err differently (the network
+    extrapolates along the log sizes, the boosted trees stay inside what they saw, AdaBoost's weighted
+    median of trees least of all), so the median errs less and the margin the bound needs shrinks
+    (nested grouped folds: see README "How the bound is calibrated")."""
+    logs = np.log(np.maximum(np.stack([np.asarray(m, dtype=np.float64) for m in members]), TINY_DENSITY))
+    out: FloatArray = np.exp(np.median(logs, axis=0))
     return out
 
 
 class BlendedEstimator:
-    """The shipped predictor's learner at serving time: the numpy network and the flattened tree
-    booster of each target (`predictor.trees`), blended by `blend_points`; no quantile head (the bound's
-    base is the blended point)."""
+    """The shipped predictor's learner at serving time: the numpy network, the flattened LightGBM
+    booster of each target and, where the artifact has it, the flattened AdaBoost regressor of each
+    target (`predictor.trees`), blended by `blend_points`; no quantile head (the bound's base is the
+    blended point)."""
 
-    def __init__(self, network: NumpyEstimator, trees: Sequence[TreeEnsemble], network_weight: float) -> None:
-        if not 0.0 <= network_weight <= 1.0:
-            raise ValueError(f"blend weight must be in [0, 1], got {network_weight}")
+    def __init__(self, network: NumpyEstimator, trees: Sequence[TreeEnsemble],
+                 adaboost: BoostedMedian | None = None) -> None:
         self.network = network
         self.trees = StackedTrees(trees)
-        self.network_weight = network_weight
+        self.adaboost = adaboost
 
     def predict_with_upper(self, X: FloatArray) -> tuple[FloatArray, FloatArray | None]:
         points, _ = self.network.predict_with_upper(X)
-        trees = np.exp(self.trees.predict(X))  # the trees learn log(target)
-        if points.shape != trees.shape:
-            raise ValueError(f"{points.shape[1]} network targets but {trees.shape[1]} tree ensembles")
-        return blend_points(points, trees, self.network_weight), None
+        members = [points, np.exp(self.trees.predict(X))]  # the trees learn log(target)
+        if self.adaboost is not None:
+            members.append(np.exp(self.adaboost.predict(X)))
+        if any(m.shape != points.shape for m in members):
+            raise ValueError(f"{points.shape[1]} network targets but {[m.shape[1] for m in members[1:]]} tree outputs")
+        return blend_points(*members), None
 
 
 class ArtifactError(RuntimeError):
@@ -146,11 +151,18 @@ class Predictor:
             network = NumpyEstimator(metadata["estimator"], weights)
             estimator: NumpyEstimator | BlendedEstimator = network
             blend = metadata.get("blend")
-            if blend is not None:  # the network blended with a tree booster (predictor.train.BLEND_TREE)
-                trees = [TreeEnsemble.from_arrays(weights, f"{TREE_PREFIX}{k}.") for k in range(int(blend["targets"]))]
+            if blend is not None:  # the network blended with tree ensembles (predictor.train.BLEND_MEMBERS)
+                targets = range(int(blend["targets"]))
+                trees = [TreeEnsemble.from_arrays(weights, f"{TREE_PREFIX}{k}.") for k in targets]
+                adaboost = None
+                if "adaboost" in blend.get("members", ()):
+                    ada = [TreeEnsemble.from_arrays(weights, f"{ADABOOST_PREFIX}{k}.") for k in targets]
+                    trees_weights = [weights[f"{ADABOOST_PREFIX}{k}.weights"] for k in targets]
+                    trees += ada
+                    adaboost = BoostedMedian(ada, trees_weights)
                 for tree in trees:
                     tree.check(len(metadata["feature_names"]))
-                estimator = BlendedEstimator(network, trees, float(blend["network_weight"]))
+                estimator = BlendedEstimator(network, trees[: len(targets)], adaboost)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
             raise ArtifactError(f"the predictor artifact in {directory} is unreadable ({err}): "
                                 f"rebuild it with `deepres train`") from None

@@ -1,11 +1,13 @@
-"""Gradient-boosted regression trees as flat numpy arrays: the LightGBM member of the shipped
-predictor, evaluated at serving time with no lightgbm (or torch) import.
+"""Regression tree ensembles as flat numpy arrays: the LightGBM and AdaBoost members of the shipped
+predictor, evaluated at serving time with no lightgbm, scikit-learn (or torch) import.
 
-`from_lightgbm_dump` flattens a LightGBM booster's `dump_model()` (training side); `StackedTrees`
-walks every tree of every target for every row at once, one level per step (a few microseconds per
-level for a few hundred trees), and sums the leaves, as LightGBM's own prediction does for a
-regression booster.
-Only what our boosters use is supported: numerical `<=` splits on finite features; anything else
+`from_lightgbm_dump` flattens a LightGBM booster's `dump_model()` and `from_sklearn_adaboost` a
+scikit-learn AdaBoostRegressor of decision trees (training side); `StackedTrees` walks every tree of
+every target for every row at once, one level per step (a few microseconds per level for a few
+hundred trees). A booster's prediction is the sum of its leaves (LightGBM's rule for a regression
+booster); AdaBoost's is the weighted median of its trees (`BoostedMedian`, scikit-learn's AdaBoost.R2
+rule, on features rounded to float32 as scikit-learn's trees read them).
+Only what our ensembles use is supported: numerical `<=` splits on finite features; anything else
 (categorical splits, a multi-class or averaged model) is refused when flattening, not mispredicted.
 """
 
@@ -43,8 +45,10 @@ class TreeEnsemble:
         return out
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
-        """The arrays under `prefix` + name, for the artifact's .npz."""
-        return {prefix + name: getattr(self, name) for name in ARRAY_NAMES}
+        """The arrays under `prefix` + name, for the artifact's .npz (node indices as int32: a few hundred
+        thousand nodes; thresholds and values stay float64, exact)."""
+        return {prefix + name: getattr(self, name).astype(np.int32) if getattr(self, name).dtype == np.int64
+                else getattr(self, name) for name in ARRAY_NAMES}
 
     @classmethod
     def from_arrays(cls, weights: Mapping[str, npt.ArrayLike], prefix: str) -> TreeEnsemble:
@@ -98,6 +102,12 @@ class StackedTrees:
             frontier = frontier[~leaf[frontier]]
 
     def predict(self, X: npt.ArrayLike) -> FloatArray:
+        """Per row and ensemble, the sum of its trees' leaves, (n, ensembles)."""
+        out: FloatArray = self.leaves(X) @ self.outputs
+        return out
+
+    def leaves(self, X: npt.ArrayLike) -> FloatArray:
+        """Per row, the leaf value each tree reaches, (n, trees), the trees in the ensembles' order."""
         x = np.asarray(X, dtype=np.float64)
         if x.ndim != 2:
             raise ValueError(f"X must be (n, features), got shape {x.shape}")
@@ -105,8 +115,73 @@ class StackedTrees:
         rows = np.arange(len(x))[:, None]
         for _ in range(self.depth):
             node = np.where(x[rows, self.feature[node]] <= self.threshold[node], self.left[node], self.right[node])
-        out: FloatArray = self.value[node] @ self.outputs
+        out: FloatArray = self.value[node]
         return out
+
+
+class BoostedMedian:
+    """AdaBoost.R2 regressors, one per output, served from flat arrays: each output is the weighted
+    median of its trees' predictions (scikit-learn's `AdaBoostRegressor.predict`: the smallest
+    prediction whose cumulative weight, in ascending order, reaches half the total). Features are
+    rounded to float32 first: scikit-learn's trees compare float32 features with their thresholds."""
+
+    def __init__(self, ensembles: Sequence[TreeEnsemble], weights: Sequence[npt.ArrayLike]) -> None:
+        if len(ensembles) != len(weights):
+            raise ValueError(f"{len(ensembles)} AdaBoost ensembles but {len(weights)} weight vectors")
+        self.weights = [np.asarray(w, dtype=np.float64) for w in weights]
+        for e, w in zip(ensembles, self.weights, strict=True):
+            if w.shape != (len(e.roots),) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+                raise ValueError("AdaBoost weights must be one finite, non-negative weight per tree, not all 0")
+        self.trees = StackedTrees(ensembles)
+        self.bounds = np.cumsum([0, *(len(e.roots) for e in ensembles)])
+
+    def predict(self, X: npt.ArrayLike) -> FloatArray:
+        """(n, outputs)."""
+        leaves = self.trees.leaves(np.asarray(X, dtype=np.float64).astype(np.float32).astype(np.float64))
+        return np.column_stack([weighted_median(leaves[:, lo:hi], w) for lo, hi, w in
+                                zip(self.bounds[:-1], self.bounds[1:], self.weights, strict=True)])
+
+
+def weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
+    """Per row of `values` (n, k), the smallest value whose cumulative weight (`weights`, k), taken in
+    ascending order of the values, reaches half the total weight."""
+    order = np.argsort(values, axis=1, kind="stable")
+    cdf = np.cumsum(weights[order], axis=1)
+    pick = np.argmax(cdf >= 0.5 * cdf[:, -1:], axis=1)
+    out: FloatArray = np.take_along_axis(values, order[np.arange(len(values)), pick][:, None], axis=1)[:, 0]
+    return out
+
+
+def from_sklearn_adaboost(model: Any) -> tuple[TreeEnsemble, FloatArray]:
+    """(the trees, their weights) of a fitted scikit-learn `AdaBoostRegressor` of decision trees, one
+    output: every fitted tree, whose prediction is its leaf value."""
+    trees = list(model.estimators_)
+    if not trees:
+        raise ValueError("the AdaBoost model has no fitted trees")
+    feature: list[int] = []
+    threshold: list[float] = []
+    left: list[int] = []
+    right: list[int] = []
+    value: list[float] = []
+    roots: list[int] = []
+    for estimator in trees:
+        tree = estimator.tree_
+        if tree.n_outputs != 1 or tree.value.shape[1:] != (1, 1):
+            raise ValueError("only single-output regression trees can be flattened")
+        base = len(feature)
+        roots.append(base)
+        for i in range(tree.node_count):
+            leaf = tree.children_left[i] < 0
+            feature.append(-1 if leaf else int(tree.feature[i]))
+            threshold.append(0.0 if leaf else float(tree.threshold[i]))
+            left.append(base + i if leaf else base + int(tree.children_left[i]))
+            right.append(base + i if leaf else base + int(tree.children_right[i]))
+            value.append(float(tree.value[i, 0, 0]))
+    ensemble = TreeEnsemble(np.asarray(feature, dtype=np.int64), np.asarray(threshold, dtype=np.float64),
+                            np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64),
+                            np.asarray(value, dtype=np.float64), np.asarray(roots, dtype=np.int64))
+    ensemble.check()
+    return ensemble, np.asarray(model.estimator_weights_[: len(trees)], dtype=np.float64)
 
 
 def from_lightgbm_dump(dump: Mapping[str, Any]) -> TreeEnsemble:

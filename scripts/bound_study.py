@@ -12,7 +12,8 @@ memory reserved on those folds. Test figures are printed after them, for the rec
 
 (`tbgru:SEED` is the tuned network alone with that seed, `blend:SEED` the shipped recipe, the network
 blended with LightGBM; any baseline name is that baseline with the setting `deepres evaluate` would
-pick; files go to --dir, default /tmp/bound-study.)
+pick; files go to --dir, default /tmp/bound-study. `score a~b~c` combines members by their median
+instead of their geometric mean.)
 
 Three studies of what else could narrow the bound, on the same collected predictions:
 
@@ -85,13 +86,16 @@ def collect(data: T.Dataset, member: str, out: Path) -> None:
 
 
 def _members(blend: str, out: Path) -> tuple[Any, Any, Any, Any]:
-    """(train rows, test rows, in_range of the train rows, geo(key): the blend's geometric mean of `key`)."""
-    members = [dict(np.load(out / f"{m}.npz")) for m in blend.split("+")]
+    """(train rows, test rows, in_range of the train rows, combine(key)): `a+b` combines the members'
+    `key` arrays by their geometric mean (the shipped blend's rule), `a~b~c` by their median."""
+    sep = "~" if "~" in blend else "+"
+    members = [dict(np.load(out / f"{m}.npz")) for m in blend.split(sep)]
 
-    def geo(key: str) -> Any:
-        return np.exp(np.mean([np.log(np.maximum(m[key], T.TINY)) for m in members], axis=0))
+    def combine(key: str) -> Any:
+        logs = np.log(np.maximum(np.stack([m[key] for m in members]), T.TINY))
+        return np.exp(np.median(logs, axis=0) if sep == "~" else np.mean(logs, axis=0))
 
-    return members[0]["train"], members[0]["test"], members[0]["in_range"], geo
+    return members[0]["train"], members[0]["test"], members[0]["in_range"], combine
 
 
 def score(data: T.Dataset, blend: str, out: Path) -> str:

@@ -113,43 +113,60 @@ def test_artifact_holds_npz_weights_and_no_pickle(artifact: Path) -> None:
     assert (artifact / WEIGHTS_FILE).suffix == ".npz"
     assert not list(artifact.glob("*.pt"))
     with np.load(artifact / WEIGHTS_FILE, allow_pickle=False) as archive:
-        network = [k for k in archive.files if not k.startswith("tree")]
+        network = [k for k in archive.files if not k.startswith(("tree", "ada"))]
         assert "position.weight" in network and all(archive[k].dtype == np.float32 for k in network)
-        # the blend's LightGBM member, one flattened booster per target (predictor.trees)
+        # the blend's LightGBM and AdaBoost members, one flattened ensemble per target (predictor.trees)
         assert {"tree0.threshold", "tree1.threshold", "tree0.roots"} <= set(archive.files)
+        assert {"ada0.threshold", "ada1.roots", "ada0.weights", "ada1.weights"} <= set(archive.files)
 
 
-def _walk_trees(arrays: dict[str, Any], prefix: str, row: np.ndarray) -> float:
-    """Sum of the leaves one row reaches, node by node (a plain reading of the flattened trees)."""
-    total = 0.0
+def _leaves(arrays: dict[str, Any], prefix: str, row: np.ndarray) -> list[float]:
+    """The leaf each tree reaches for one row, node by node (a plain reading of the flattened trees)."""
+    out = []
     for root in arrays[prefix + "roots"]:
         node = int(root)
         while arrays[prefix + "feature"][node] >= 0:
             go_left = row[arrays[prefix + "feature"][node]] <= arrays[prefix + "threshold"][node]
             node = int(arrays[prefix + "left"][node] if go_left else arrays[prefix + "right"][node])
-        total += float(arrays[prefix + "value"][node])
-    return total
+        out.append(float(arrays[prefix + "value"][node]))
+    return out
+
+
+def _adaboost(arrays: dict[str, Any], prefix: str, row: np.ndarray) -> float:
+    """AdaBoost.R2's weighted median, written out: the trees' predictions in ascending order, the first
+    whose running weight reaches half the total (features read as float32, as scikit-learn's trees do)."""
+    values = _leaves(arrays, prefix, row.astype(np.float32).astype(np.float64))
+    weights = arrays[prefix + "weights"]
+    total, running = float(np.sum(weights)), 0.0
+    for i in sorted(range(len(values)), key=lambda j: values[j]):
+        running += float(weights[i])
+        if running >= 0.5 * total:
+            return values[i]
+    raise AssertionError("weights do not add up")
 
 
 def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
-    """The served numbers are the trained blend's: the torch network's forward and the LightGBM booster
-    (rebuilt from the artifact's trees by hand here) blended in log space, vs the npz-in-numpy runtime."""
+    """The served numbers are the trained blend's: the torch network's forward, the LightGBM booster and
+    the AdaBoost regressor (both rebuilt from the artifact's trees by hand here), the median of the three
+    in log space, vs the npz-in-numpy runtime."""
     from predictor import features as feats
     from predictor.model import TransformerBiGRURegressor
 
     meta = json.loads((artifact / "metadata.json").read_text())
     with np.load(artifact / WEIGHTS_FILE) as archive:
         arrays = {k: archive[k] for k in archive.files}
-    est = TransformerBiGRURegressor.from_state({k: v for k, v in arrays.items() if not k.startswith("tree")},
+    est = TransformerBiGRURegressor.from_state({k: v for k, v in arrays.items() if not k.startswith(("tree", "ada"))},
                                                meta["estimator"])
     cols = feats.columns_from_specs(SPECS)
     x = feats.physics_features(cols).values
     network, upper = est.predict_with_upper(x)  # torch: the learned densities
     assert upper is not None
-    w = meta["blend"]["network_weight"]
-    assert meta["blend"]["trees"] == "lightgbm" and 0 < w < 1 and meta["memory_upper_base"] == "point"
-    trees = np.column_stack([[_walk_trees(arrays, f"tree{k}.", row) for row in x] for k in range(2)])
-    density = network ** w * np.exp(trees) ** (1 - w)  # a geometric mean; the trees learn log densities
+    assert meta["blend"]["rule"] == "median" and meta["blend"]["members"] == ["network", "lightgbm", "adaboost"]
+    assert meta["memory_upper_base"] == "point"
+    boosted = np.exp(np.column_stack([[sum(_leaves(arrays, f"tree{k}.", row)) for row in x] for k in range(2)]))
+    ada = np.exp(np.column_stack([[_adaboost(arrays, f"ada{k}.", row) for row in x] for k in range(2)]))
+    # the middle one of three, per row and target (the trees learn log densities)
+    density = np.maximum(np.minimum(network, boosted), np.minimum(np.maximum(network, boosted), ada))
     low, high = clip_bounds(meta["target_ranges"], [s.model_type for s in SPECS], 2)  # each family's range
     density, upper = np.clip(density, low, high), np.clip(upper, low[:, 0], high[:, 0])
     calibration = meta["memory_calibration"]
@@ -176,8 +193,11 @@ def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
     "from extender.cli import main; main(['predict', '-f', 'deploy/examples/cnn-small.yaml', '--artifact', ART])",
 ])
 def test_serving_imports_no_torch(artifact: Path, code: str) -> None:
-    """serve and predict run without torch: checked in a fresh interpreter (this one has torch loaded)."""
-    program = f"import sys\nART = {str(artifact)!r}\n{code}\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    """serve and predict run without torch, nor the tree learners whose trees the blend serves: checked in
+    a fresh interpreter (this one has them loaded)."""
+    program = (f"import sys\nART = {str(artifact)!r}\n{code}\n"
+               "for name in ('torch', 'sklearn', 'lightgbm'):\n"
+               "    assert name not in sys.modules, name + ' imported'\n")
     done = subprocess.run([sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

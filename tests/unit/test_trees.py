@@ -1,4 +1,5 @@
-"""The flattened tree booster (predictor.trees): the LightGBM member of the blend served without lightgbm."""
+"""The flattened tree ensembles (predictor.trees): the LightGBM and AdaBoost members of the blend served without
+lightgbm or scikit-learn."""
 
 from __future__ import annotations
 
@@ -73,3 +74,64 @@ def test_stacked_ensembles_give_each_its_own_column() -> None:
     assert out.shape == (len(x), 2)
     np.testing.assert_allclose(out[:, 0], first.predict(x), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out[:, 1], second.predict(x), rtol=1e-12, atol=1e-12)
+
+
+def _adaboost(seed: int = 0, **settings: Any) -> tuple[Any, np.ndarray]:
+    from sklearn.ensemble import AdaBoostRegressor
+    from sklearn.tree import DecisionTreeRegressor
+
+    rng = np.random.default_rng(seed)
+    scale = np.array([1.0, 10.0, 1e3, 1e-3, 1.0, 1.0])  # features of very different sizes, as log2 sizes are not
+    x = rng.normal(size=(600, 6)) * scale
+    y = 2.0 * x[:, 0] + np.sin(0.3 * x[:, 1]) + x[:, 2] * x[:, 3] + 0.1 * rng.normal(size=600)
+    model = AdaBoostRegressor(DecisionTreeRegressor(max_depth=settings.pop("max_depth", 8), random_state=seed),
+                              **({"n_estimators": 150, "learning_rate": 0.5, "random_state": seed} | settings))
+    test = np.vstack([rng.normal(size=(400, 6)) * 1.5 * scale, x[:50]])  # new rows, and rows on the thresholds
+    return model.fit(x, y), test
+
+
+def test_flattened_adaboost_predicts_what_scikit_learn_predicts() -> None:
+    from predictor.trees import BoostedMedian, from_sklearn_adaboost
+
+    first, x = _adaboost(seed=0)
+    second, _ = _adaboost(seed=1, max_depth=3, n_estimators=40, loss="square")
+    flat = [from_sklearn_adaboost(m) for m in (first, second)]
+    assert len(flat[0][0].roots) == len(first.estimators_)
+    served = BoostedMedian([e for e, _ in flat], [w for _, w in flat])
+    out = served.predict(x)
+    assert out.shape == (len(x), 2)
+    np.testing.assert_array_equal(out[:, 0], first.predict(x))
+    np.testing.assert_array_equal(out[:, 1], second.predict(x))
+    # rows exactly on a threshold that float32 rounds up: scikit-learn's trees send them right
+    e = flat[0][0]
+    ties = [i for i in np.flatnonzero(e.feature >= 0) if float(np.float32(e.threshold[i])) > e.threshold[i]]
+    assert ties
+    on = np.repeat(x[:1], len(ties), axis=0)
+    on[np.arange(len(ties)), e.feature[ties]] = e.threshold[ties]
+    np.testing.assert_array_equal(served.predict(on)[:, 0], first.predict(on))
+    # a weighted median, not a mean: each answer is one tree's own prediction
+    leaves = served.trees.leaves(x.astype(np.float32).astype(np.float64))[:, : len(first.estimators_)]
+    assert all(v in row for v, row in zip(out[:, 0], leaves, strict=True))
+
+
+def test_weighted_median_takes_the_first_value_reaching_half_the_weight() -> None:
+    from predictor.trees import weighted_median
+
+    values = np.array([[3.0, 1.0, 2.0], [5.0, 4.0, 6.0]])
+    # ascending 1 (w 1), 2 (w 1), 3 (w 2): half of 4 is reached at 2
+    assert weighted_median(values, np.array([2.0, 1.0, 1.0])).tolist() == [2.0, 5.0]
+    # one tree with most of the weight decides
+    assert weighted_median(values, np.array([10.0, 1.0, 1.0])).tolist() == [3.0, 5.0]
+
+
+def test_adaboost_weights_that_do_not_fit_are_refused() -> None:
+    from predictor.trees import BoostedMedian, from_sklearn_adaboost
+
+    model, _ = _adaboost(seed=2, n_estimators=10)
+    ensemble, weights = from_sklearn_adaboost(model)
+    with pytest.raises(ValueError, match="weight"):
+        BoostedMedian([ensemble], [weights[:-1]])
+    with pytest.raises(ValueError, match="weight"):
+        BoostedMedian([ensemble], [np.where(np.arange(len(weights)) == 0, np.nan, weights)])
+    with pytest.raises(ValueError, match="weight vectors"):
+        BoostedMedian([ensemble, ensemble], [weights])
