@@ -155,31 +155,26 @@ def weighted_median(values: FloatArray, weights: FloatArray) -> FloatArray:
 def from_sklearn_adaboost(model: Any) -> tuple[TreeEnsemble, FloatArray]:
     """(the trees, their weights) of a fitted scikit-learn `AdaBoostRegressor` of decision trees, one
     output: every fitted tree, whose prediction is its leaf value."""
-    trees = list(model.estimators_)
+    trees = [estimator.tree_ for estimator in model.estimators_]
     if not trees:
         raise ValueError("the AdaBoost model has no fitted trees")
-    feature: list[int] = []
-    threshold: list[float] = []
-    left: list[int] = []
-    right: list[int] = []
-    value: list[float] = []
-    roots: list[int] = []
-    for estimator in trees:
-        tree = estimator.tree_
-        if tree.n_outputs != 1 or tree.value.shape[1:] != (1, 1):
-            raise ValueError("only single-output regression trees can be flattened")
-        base = len(feature)
-        roots.append(base)
-        for i in range(tree.node_count):
-            leaf = tree.children_left[i] < 0
-            feature.append(-1 if leaf else int(tree.feature[i]))
-            threshold.append(0.0 if leaf else float(tree.threshold[i]))
-            left.append(base + i if leaf else base + int(tree.children_left[i]))
-            right.append(base + i if leaf else base + int(tree.children_right[i]))
-            value.append(float(tree.value[i, 0, 0]))
-    ensemble = TreeEnsemble(np.asarray(feature, dtype=np.int64), np.asarray(threshold, dtype=np.float64),
-                            np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64),
-                            np.asarray(value, dtype=np.float64), np.asarray(roots, dtype=np.int64))
+    if any(tree.n_outputs != 1 or tree.value.shape[1:] != (1, 1) for tree in trees):
+        raise ValueError("only single-output regression trees can be flattened")
+    roots = np.cumsum([0, *(tree.node_count for tree in trees[:-1])]).astype(np.int64)
+    parts: dict[str, list[npt.NDArray[Any]]] = {name: [] for name in ("feature", "threshold", "left", "right")}
+    for tree, base in zip(trees, roots, strict=True):  # scikit-learn's arrays are flat already; a leaf has child -1
+        leaf = tree.children_left < 0
+        nodes = np.arange(tree.node_count)
+        parts["feature"].append(np.where(leaf, -1, tree.feature))
+        parts["threshold"].append(np.where(leaf, 0.0, tree.threshold))
+        parts["left"].append(base + np.where(leaf, nodes, tree.children_left))
+        parts["right"].append(base + np.where(leaf, nodes, tree.children_right))
+    ensemble = TreeEnsemble(feature=np.concatenate(parts["feature"]).astype(np.int64),
+                            threshold=np.concatenate(parts["threshold"]).astype(np.float64),
+                            left=np.concatenate(parts["left"]).astype(np.int64),
+                            right=np.concatenate(parts["right"]).astype(np.int64),
+                            value=np.concatenate([tree.value[:, 0, 0] for tree in trees]).astype(np.float64),
+                            roots=roots)
     ensemble.check()
     return ensemble, np.asarray(model.estimator_weights_[: len(trees)], dtype=np.float64)
 
