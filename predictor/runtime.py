@@ -96,6 +96,13 @@ class BlendedEstimator:
         return blend_points(*members), None
 
 
+def _ensemble(weights: Mapping[str, Any], prefix: str, n_features: int) -> TreeEnsemble:
+    """One flattened tree ensemble of the artifact, checked against the number of features."""
+    ensemble = TreeEnsemble.from_arrays(weights, prefix)
+    ensemble.check(n_features)
+    return ensemble
+
+
 class ArtifactError(RuntimeError):
     """The shipped artifact is missing or unreadable; the message names the command that builds it."""
 
@@ -153,16 +160,13 @@ class Predictor:
             blend = metadata.get("blend")
             if blend is not None:  # the network blended with tree ensembles (predictor.train.BLEND_MEMBERS)
                 targets = range(int(blend["targets"]))
-                trees = [TreeEnsemble.from_arrays(weights, f"{TREE_PREFIX}{k}.") for k in targets]
+                n_features = len(metadata["feature_names"])
+                trees = [_ensemble(weights, f"{TREE_PREFIX}{k}.", n_features) for k in targets]
                 adaboost = None
                 if "adaboost" in blend.get("members", ()):
-                    ada = [TreeEnsemble.from_arrays(weights, f"{ADABOOST_PREFIX}{k}.") for k in targets]
-                    trees_weights = [weights[f"{ADABOOST_PREFIX}{k}.weights"] for k in targets]
-                    trees += ada
-                    adaboost = BoostedMedian(ada, trees_weights)
-                for tree in trees:
-                    tree.check(len(metadata["feature_names"]))
-                estimator = BlendedEstimator(network, trees[: len(targets)], adaboost)
+                    ada = [_ensemble(weights, f"{ADABOOST_PREFIX}{k}.", n_features) for k in targets]
+                    adaboost = BoostedMedian(ada, [weights[f"{ADABOOST_PREFIX}{k}.weights"] for k in targets])
+                estimator = BlendedEstimator(network, trees, adaboost)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
             raise ArtifactError(f"the predictor artifact in {directory} is unreadable ({err}): "
                                 f"rebuild it with `deepres train`") from None

@@ -358,3 +358,19 @@ def test_a_job_stating_its_activation_count_takes_the_margins_calibrated_with_it
     fixed = _fixed_part(meta, plain)
     assert changed.predict(plain).memory_mib_upper - fixed == pytest.approx(
         2.0 * (base.predict(plain).memory_mib_upper - fixed), rel=1e-3)
+
+
+def test_a_damaged_adaboost_member_is_refused_at_load(artifact: Path, tmp_path: Path) -> None:
+    """The AdaBoost trees are checked like the booster's: missing weights or a tree splitting on a feature
+    the artifact does not have fails the load, never a prediction."""
+    with np.load(artifact / WEIGHTS_FILE) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    for name, broken in (("no weights", {k: v for k, v in arrays.items() if k != "ada1.weights"}),
+                         ("short weights", {**arrays, "ada0.weights": arrays["ada0.weights"][:-1]}),
+                         ("bad feature", {**arrays, "ada0.feature": np.where(arrays["ada0.feature"] >= 0, 99,
+                                                                            arrays["ada0.feature"])})):
+        target = tmp_path / name
+        shutil.copytree(artifact, target)
+        np.savez(target / WEIGHTS_FILE, **broken)
+        with pytest.raises(ArtifactError, match="unreadable"):
+            Predictor.load(target)
