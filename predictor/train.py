@@ -88,10 +88,10 @@ TRAIN_THREADS = 1
 #: the network with LightGBM (geometric mean, the previous release) 0.37-0.41, the median of the three
 #: 0.32-0.34. They err on unseen architectures, but not together; the median drops the one that errs
 #: most, and keeps the network, which errs least on the largest jobs (README).
-BLEND_MEMBERS: tuple[str, ...] = ("network", "lightgbm", "adaboost")
-#: The blend's tree members and their settings (the grid values `deepres evaluate` picks on the
-#: grouped split's calibration fold; AdaBoost picks the same on all rows' calibration fold).
+#: The blend's tree members, in order, and their settings (the grid values `deepres evaluate` picks on
+#: the grouped split's calibration fold; AdaBoost picks the same on all rows' calibration fold).
 BLEND_TREES: dict[str, dict[str, Any]] = {"lightgbm": {"num_leaves": 15}, "adaboost": {"max_depth": 8}}
+BLEND_MEMBERS: tuple[str, ...] = ("network", *BLEND_TREES)
 TINY = TINY_DENSITY  # the runtime's floor for densities, so train and serving clip alike
 
 
@@ -548,8 +548,8 @@ def _fit_learner(name: str, data: Dataset, rows: npt.NDArray[np.int64], seed: in
         config = tuned_config()
         epochs = max(1, round(config.epochs * epochs_scale))
         est = TransformerBiGRURegressor(config, data.physics_x.categorical, seed, epochs=epochs, progress=progress)
-        trees = [BaselineRegressor(member, BLEND_TREES[member], seed).fit(data.fit_x(rows), data.fit_t(rows))
-                 for member in BLEND_MEMBERS[1:]]
+        trees = [BaselineRegressor(member, settings, seed).fit(data.fit_x(rows), data.fit_t(rows))
+                 for member, settings in BLEND_TREES.items()]
         return FittedModel(name, [est.fit(data.fit_x(rows), data.fit_t(rows)), *trees], "physics", blend=True)
     if name in BASELINES:
         est_b = BaselineRegressor(name, settings, seed).fit(data.fit_x(rows), data.fit_t(rows))
