@@ -24,7 +24,7 @@ $(TOOLS_STAMP): scripts/install-tools.sh
 	@touch $(TOOLS_STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check extender predictor tests scripts
+	$(BIN)/ruff check extender predictor devtools tests scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -60,13 +60,13 @@ e2e: $(STAMP) $(TOOLS_STAMP)
 CLUSTER_DIR := .cluster
 
 cluster-bins: $(STAMP)
-	$(BIN)/python -m extender.localcluster build
+	$(BIN)/python -m devtools.localcluster build
 
 cluster: $(STAMP) cluster-bins
-	$(BIN)/python -m extender.localcluster up --dir $(CLUSTER_DIR)
+	$(BIN)/python -m devtools.localcluster up --dir $(CLUSTER_DIR)
 
 cluster-down: $(STAMP)
-	$(BIN)/python -m extender.localcluster down --dir $(CLUSTER_DIR)
+	$(BIN)/python -m devtools.localcluster down --dir $(CLUSTER_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-# subcommand -> (module, one-line help). Bench targets dispatch inside `extender.bench`.
+# subcommand -> (module, one-line help). Bench targets dispatch inside `devtools.bench`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("extender.server", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
+    "serve": ("extender.server.serve", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
     "agent": ("extender.agent.main", "run the node agent: sample GPUs, report to the extender, /metrics"),
     "predict": ("predictor.predict_cli", "predict the GPU demand of an annotated pod or JobSpec"),
     "dataset": ("predictor.dataset.generate", "generate the traced, calibrated training-job dataset"),
@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("predictor.train", "train the Transformer-BiGRU predictor and write the shipped artifact"),
     "evaluate": ("predictor.evaluate", "compare the predictor with the baselines; write reports/predictor.*"),
     "simulate": ("extender.simulate.main", "replay public GPU cluster traces through the policies"),
-    "bench": ("extender.bench", "run a benchmark (predictor, extender, agent) and write reports/bench-*.json"),
+    "bench": ("devtools.bench", "run a benchmark (predictor, extender, agent) and write reports/bench-*.json"),
 }
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2

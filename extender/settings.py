@@ -22,11 +22,11 @@ import yaml
 
 from extender.policy.types import CRITICALITIES, PolicyParams
 
-#: Who may call the verbs (server.verbs_access); extender/auth.py enforces each.
+#: Who may call the verbs (server.verbs_access); extender/server/auth.py enforces each.
 VERBS_ACCESS = ("loopback", "mtls", "any")
 
 ENV_PREFIX = "DEEPRES_"
-#: The production WSGI servers `deepres serve` can run under (extender/server.py says why granian leads).
+#: The production WSGI servers `deepres serve` can run under (extender/server/serve.py says why granian leads).
 ENGINES = ("granian", "gunicorn")
 
 
@@ -67,7 +67,7 @@ class ServerSettings:
     tls_client_ca: str = ""
     """PEM CA bundle that signs the scheduler's client certificate (verbs_access mtls)."""
     verbs_access: str = "loopback"
-    """Who may call /filter, /prioritize, /preempt and /bind (extender/auth.py): `loopback` (sidecar
+    """Who may call /filter, /prioritize, /preempt and /bind (extender/server/auth.py): `loopback` (sidecar
     mode: callers on 127.0.0.1/::1 only), `mtls` (a client certificate signed by tls_client_ca; needs
     tls_cert and engine gunicorn) or `any` (no check: only behind a guard of your own)."""
     log_level: str = "info"
@@ -141,7 +141,7 @@ class KubeSettings:
     token_cache_s: float = 120.0
     """How long a successful TokenReview is trusted before asking the API server again (a refused
     token: at most 5 s), less up to a quarter drawn per token so that reviews come evenly. Reviews
-    are cached in a bounded LRU (extender/auth.py). Every node's agent token is reviewed about once
+    are cached in a bounded LRU (extender/server/auth.py). Every node's agent token is reviewed about once
     per this time: 5,000 nodes at 60 s were ~80 reviews a second, each an API call for both the
     extender and the API server. 120 s is kube-apiserver's and the kubelet's own cache time for
     webhook token reviews (--authentication-token-webhook-cache-ttl)."""

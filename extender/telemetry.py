@@ -10,7 +10,7 @@ reports through the same parser before sending them (`checked`), so both sides a
 
 The records below are the one definition of each field: its type and its range are the annotations
 (`msgspec.Meta`), from which msgspec validates (`parse_report` here, the extender's fast path in
-extender/report_fastpath.py) and the OpenAPI document's schemas are generated (extender/openapi.py).
+extender/server/report_fastpath.py) and the OpenAPI document's schemas are generated (extender/server/openapi.py).
 Only the rules across fields (`cross_field_problem`) are written by hand, and stated in the schema's
 descriptions.
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from extender import bench_extender as bench
+from devtools import bench_extender as bench
 
 MODES = ("names", "nodes", "under_telemetry")
 

@@ -3,7 +3,7 @@ nudge the scheduler. Pure: no files, no network, and the clock is an argument.
 
 A pod's memory is the sum over all its processes on all its GPUs (`gpu_uuids`): `current_memory_mib`
 now, `peak_memory_mib` the largest such sum since the agent first saw the pod. The extender divides by
-the number of GPUs to compare with its per-GPU reservation (extender/state.py).
+the number of GPUs to compare with its per-GPU reservation (extender/ledger.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Data come from ../shared/data/openb (or --data). Long runs print progress on std
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -77,9 +78,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
     try:
         if args.via_http:
-            from extender.simulate.http_driver import run_via_http
-
-            return run_via_http(args)
+            # the HTTP driver starts a local server: a development tool, loaded by name so that the
+            # extender never imports the tools package (docs/ARCHITECTURE.md)
+            try:
+                driver = importlib.import_module("devtools.simulate_http")
+            except ModuleNotFoundError as err:
+                if err.name not in ("devtools", "devtools.simulate_http"):
+                    raise
+                raise UsageError(f"--via-http needs the development tools, which are not installed ({err})") from None
+            code: int = driver.run_via_http(args)
+            return code
         return _run(args)
     except TraceError as err:
         raise UsageError(str(err)) from None

@@ -12,8 +12,8 @@ from typing import Any
 
 from werkzeug.serving import make_server
 
-from extender.app import create_app, extender_of
-from extender.kube import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.server.app import create_app, extender_of
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 
@@ -49,7 +49,7 @@ def cluster_mode(cluster: InMemoryCluster, *, settings: Settings | None = None,
     loopback port; yields (base URL, the Extender)."""
     settings = settings or Settings()
     settings.kube.no_kube = False
-    if not settings.kube.agent_service_accounts:  # the agents the 'API server' knows may report (extender/auth.py)
+    if not settings.kube.agent_service_accounts:  # the agents the API server knows may report (server/auth.py)
         settings.kube.agent_service_accounts = sorted({i.username for i in cluster.tokens.values()})
     app = create_app(settings, predictor=FormulaPredictor(), clock=clock, cluster=cluster)
     server = make_server("127.0.0.1", 0, app, threaded=True)

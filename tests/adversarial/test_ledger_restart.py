@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extender.kube import ClusterHandlers, InMemoryCluster
+from extender.kube.cluster import ClusterHandlers, InMemoryCluster
 from extender.settings import Settings
 from tests.adversarial.ledger_support import GIB, NODE_TOKENS, cluster_mode, gpu, overcommitted, report
 from tests.fixtures.kube.payloads import binding_args, extender_args, pod
@@ -137,7 +137,7 @@ def test_no_kube_restart_keeps_what_it_bound(tmp_path: Path) -> None:
 
 
 def test_no_kube_lets_go_of_silent_nodes_and_unseen_reservations() -> None:
-    from extender.app import create_app, extender_of
+    from extender.server.app import create_app, extender_of
     from tests.fixtures.kube.doubles import FormulaPredictor
 
     now = [1000.0]

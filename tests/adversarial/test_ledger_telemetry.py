@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extender.kube import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import InMemoryCluster, TokenIdentity
 from tests.adversarial.ledger_support import GIB, cluster_mode, gpu, overcommitted, report
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod
 from tests.fixtures.kube.server import TOKEN, get, post, running_server
@@ -151,7 +151,7 @@ def test_staleness_follows_the_monotonic_clock_not_the_wall_clock() -> None:
         return wall[0]
 
     cluster = InMemoryCluster()
-    from extender.app import create_app, extender_of
+    from extender.server.app import create_app, extender_of
     from extender.settings import Settings
     from tests.fixtures.kube.doubles import FormulaPredictor
 

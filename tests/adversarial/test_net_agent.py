@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devtools.localserver import LocalServer
 from extender.agent.fakenvml import FakeGpu, FakeNvml
 from extender.agent.main import Agent, AgentSettings
 from extender.agent.nvml import NvmlSource
 from extender.agent.reporter import HttpPoster, Reporter, TokenFile
-from extender.localserver import LocalServer
 from tests.fixtures.kube.payloads import extender_args, pod
 from tests.fixtures.kube.server import TOKEN, post
 

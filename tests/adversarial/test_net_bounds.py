@@ -7,7 +7,7 @@ import http.client
 import json
 from pathlib import Path
 
-from extender.localserver import LocalServer
+from devtools.localserver import LocalServer
 from tests.fixtures.kube.payloads import extender_args, pod
 from tests.fixtures.kube.server import TOKEN
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.localserver import LocalServer
+from devtools.localserver import LocalServer
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, extender_args, pod, report
 from tests.fixtures.kube.server import TOKEN, get, post
 

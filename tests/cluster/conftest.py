@@ -1,12 +1,12 @@
 """The local control plane the cluster suite runs against, with the chart installed for real.
 
 Why: the real kube-scheduler must call deepres and the extender must speak to a real API server.
-Once per test run: extender.localcluster starts etcd, kube-apiserver, kube-controller-manager, the
+Once per test run: devtools.localcluster starts etcd, kube-apiserver, kube-controller-manager, the
 default kube-scheduler and kwok on loopback; kwok nodes named like the kind suite's workers get the
 simulated GPUs of tests/e2e/values-kind.yaml; `helm install` puts the chart in (every object admitted
 by the API server); then the chart's own pods (the deepres-scheduler pod: kube-scheduler + the
 extender sidecar; one agent pod per GPU node) are run as local processes from their pod objects
-(extender.localpods: their args, env, ConfigMaps and tokens bound to them), so the chart's
+(devtools.localpods: their args, env, ConfigMaps and tokens bound to them), so the chart's
 KubeSchedulerConfiguration, settings and RBAC are what is tested.
 
 DEEPRES_CLUSTER_KEEP=DIR keeps the control plane's folder (logs, certificates) in DIR afterwards;
@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.localcluster import ControlPlane, free_port, start_process, stop_pid
-from extender.localpods import prepare
+from devtools.localcluster import ControlPlane, free_port, start_process, stop_pid
+from devtools.localpods import prepare
 from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
     JOBS_NAMESPACE,
     NAMESPACE,

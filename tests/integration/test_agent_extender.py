@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.localserver import LocalServer, free_port
+from devtools.localserver import LocalServer, free_port
 
 ENTRY = "import sys; from extender.cli import main; sys.exit(main())"
 NODE = "sim-node-1"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from extender.bench_cluster import _AgentConnection, _Agents, _ReportTemplate
-from extender.localserver import LocalServer
+from devtools.bench_cluster import _AgentConnection, _Agents, _ReportTemplate
+from devtools.localserver import LocalServer
 from tests.fixtures.kube.payloads import extender_args, pod
 from tests.fixtures.kube.server import TOKEN, post
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from extender import bench_extender
+from devtools import bench_extender
 from tests.fixtures.bench_cli import run_bench
 from tests.fixtures.kube.server import real_predictor_available
 

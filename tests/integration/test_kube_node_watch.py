@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from extender.kube import ClusterHandlers, KubeCluster
+from extender.kube.cluster import ClusterHandlers, KubeCluster
 from tests.fixtures.kube.loopback import Loopback, send_json
 
 META = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"

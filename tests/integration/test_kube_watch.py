@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from extender.kube import ClusterError, ClusterHandlers, KubeCluster
+from extender.kube.cluster import ClusterError, ClusterHandlers, KubeCluster
 from tests.fixtures.kube.loopback import Loopback, send_json
 
 

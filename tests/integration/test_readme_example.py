@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from extender.app import create_app
-from extender.kube import InMemoryCluster
+from extender.kube.cluster import InMemoryCluster
+from extender.server.app import create_app
 from extender.settings import Settings
 from predictor.runtime import Predictor
 

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from flask import Flask
 from werkzeug.serving import make_server
 
-from extender.app import create_app
-from extender.kube import InMemoryCluster
+from extender.kube.cluster import InMemoryCluster
+from extender.server.app import create_app
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import binding_args, extender_args, pod, report

@@ -3,7 +3,7 @@ operation gets generated bodies, a schema-valid body must be accepted (positive_
 /filter and /bind, which answer 200 either way, not refused as malformed in `Error`), the answers must
 conform to the document, and none may be a server error.
 
-The request schemas are generated from the records the decoders validate against (extender/openapi.py),
+The request schemas are generated from the records the decoders validate against (extender/server/openapi.py),
 so a rule tightened in a decoder alone makes this test fail (seen: `deepres.io/gpus` capped at 8 in the
 annotation parser, `interval_s` capped at 600 in the report parser, a Pod name capped at 5 characters).
 negative_data_rejection stays off, by the protocols' design, not for convenience: the verbs answer a

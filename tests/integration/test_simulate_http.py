@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from extender.simulate.http_driver import compare, local_server, small_cluster
+from devtools.simulate_http import compare, local_server, small_cluster
 from extender.simulate.traces import DEFAULT_DATA, build_workload, node_list_path, pod_list_path, read_nodes, read_pods
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("extender.server") is None, reason="extender.server not built yet"),
+    pytest.mark.skipif(importlib.util.find_spec("extender.server.serve") is None,
+                       reason="extender.server.serve not built yet"),
     pytest.mark.skipif(not (DEFAULT_DATA / "openb_pod_list_default.csv").is_file(),
                        reason="../shared/data/openb not available"),
 ]

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from extender import app as app_module
-from extender.app import create_app, extender_of
-from extender.kube import InMemoryCluster, TokenIdentity
-from extender.protocol import parse_pod
+from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.server import app as app_module
+from extender.server.app import create_app, extender_of
+from extender.server.protocol import parse_pod
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import (

@@ -17,7 +17,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster, TokenIdentity
+from extender.kube.cluster import NODE_NAME_EXTRA, ClusterError, ClusterHandlers, KubeCluster, TokenIdentity
 from tests.fixtures.kube.loopback import Loopback, send_json
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-1"}}
@@ -213,7 +213,7 @@ def test_token_review_reports_the_node_and_the_audiences_the_api_server_gave() -
         assert sent[0]["spec"] == {"token": "tok", "audiences": ["deepres-extender"]}
         for refused in ("other", "odd", "broken", "forbidden"):
             assert kube.review_token(refused, "deepres-extender") is None, refused
-        # the audiences are passed on as given (empty included): extender/auth.py judges them
+        # the audiences are passed on as given (empty included): extender/server/auth.py judges them
         assert kube.review_token("no-audience", "deepres-extender") == TokenIdentity("x", "", ())
     finally:
         loopback.close()
@@ -304,7 +304,7 @@ def test_watched_pod_is_the_watch_copy_and_read_pod_parses_the_raw_answer() -> N
 
 
 def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
-    from extender.kube import backoff_s
+    from extender.kube.cluster import backoff_s
 
     assert [backoff_s(n, rng=lambda: 0.5) for n in (1, 2, 3, 7, 8, 50)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
     assert backoff_s(1, rng=lambda: 0.0) == pytest.approx(0.8) and backoff_s(1, rng=lambda: 1.0) == pytest.approx(1.2)
@@ -313,7 +313,7 @@ def test_watch_restarts_back_off_exponentially_to_a_minute() -> None:
 def test_the_connection_pool_holds_a_connection_per_request_thread_besides_the_watches() -> None:
     """The client's default pool (5 per CPU) is smaller than the binds in flight at 100 pods/s: each
     call beyond it opened a TLS connection that the pool then dropped."""
-    from extender.kube import POOL_SPARE
+    from extender.kube.cluster import POOL_SPARE
 
     default = Configuration().connection_pool_maxsize
     assert KubeCluster.pool_configuration(Configuration(), 0).connection_pool_maxsize == default

@@ -1,4 +1,4 @@
-"""extender/auth.py: who may call the verbs, and agent tokens under a flood of invented ones (issue 13: 2, 7)."""
+"""extender/server/auth.py: who may call the verbs, and agent tokens under a flood of invented ones (issue 13: 2, 7)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from extender.app import create_app
-from extender.auth import MAX_CONCURRENT_REVIEWS, TelemetryAuth, TokenCache, verb_caller_refused
-from extender.kube import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.server.app import create_app
+from extender.server.auth import MAX_CONCURRENT_REVIEWS, TelemetryAuth, TokenCache, verb_caller_refused
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import extender_args, pod, report
@@ -142,7 +142,7 @@ def test_mtls_admits_a_verified_client_certificate_only() -> None:
 
 
 def test_only_a_token_not_yet_reviewed_sends_the_request_to_a_thread() -> None:
-    """extender/rsgi.py answers on the event loop unless the request may wait on the API server."""
+    """extender/server/rsgi.py answers on the event loop unless the request may wait on the API server."""
     reviewer = SlowReviewer({"good": TokenIdentity(AGENT, "gpu-1", (AUDIENCE,))})
     auth = cluster_auth(reviewer)
     assert auth.needs_review("Bearer good") and auth.needs_review("Bearer bogus")

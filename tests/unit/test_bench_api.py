@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from extender.bench_api import audit_counts, client_of, counters, request_of
+from devtools.bench_api import audit_counts, client_of, counters, request_of
 
 SCHEDULER_EVENT = {
     "auditID": "8e1da492", "stage": "ResponseComplete", "verb": "create",

@@ -267,7 +267,7 @@ def served_extender_paths() -> tuple[set[str], str]:
     line = next(ln for ln in contract.splitlines() if "HTTP paths" in ln)
     promised = set(re.findall(r"(/[a-z0-9/]+)", line.split("POST", 1)[1].split("GET", 1)[0]))
     try:
-        from extender.app import create_app
+        from extender.server.app import create_app
         from extender.settings import KubeSettings, Settings
     except ImportError:
         return promised, "docs/CONTRACTS.md"  # the extender has not landed: the contract says what it will serve
@@ -275,7 +275,7 @@ def served_extender_paths() -> tuple[set[str], str]:
     client = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object()).test_client()  # type: ignore[arg-type]
     answered = {path for path in promised | {f"/{verb}" for verb in VERBS}
                 if client.post(path, data=b"{}", content_type="application/json").status_code not in (404, 405)}
-    return answered, "extender/app.py"
+    return answered, "extender/server/app.py"
 
 
 def default_extender_port() -> int:
@@ -359,7 +359,7 @@ def test_scheduler_sends_every_feasible_node_to_the_extender_by_default(tmp_path
 
 def test_probe_paths_are_served(tmp_path: Path) -> None:
     """Every httpGet probe of the extender container hits a GET route of the extender's Flask app."""
-    from extender.app import create_app
+    from extender.server.app import create_app
     from extender.settings import KubeSettings, Settings
 
     flask_app = create_app(Settings(kube=KubeSettings(no_kube=True)), predictor=object())  # type: ignore[arg-type]

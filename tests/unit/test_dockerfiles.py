@@ -80,7 +80,7 @@ def test_ports_match_the_chart() -> None:
 
 
 #: What the extender image runs: `deepres serve` and `deepres predict` (the predictor's runtime).
-SERVING_ROOTS = ("extender.server", "extender.app", "predictor.runtime", "predictor.predict_cli")
+SERVING_ROOTS = ("extender.server.serve", "extender.server.app", "predictor.runtime", "predictor.predict_cli")
 
 
 def test_extender_image_installs_no_torch() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extender.localpods import prepare
+from devtools.localpods import prepare
 
 
 class Core:
@@ -103,7 +103,7 @@ def test_the_local_program_is_never_rewritten_even_under_a_mounted_path(
 ) -> None:
     """A checkout (and its interpreter) under /tmp, a pod mounting an emptyDir at /tmp: only the
     container's own args are mapped (a CI clone under /tmp once broke this)."""
-    monkeypatch.setattr("extender.localpods.sys.executable", "/tmp/trial/.venv/bin/python")
+    monkeypatch.setattr("devtools.localpods.sys.executable", "/tmp/trial/.venv/bin/python")
     spec = pod()
     extender = spec["spec"]["containers"][1]
     extender["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.policy import FilterResult
-from extender.protocol import (
+from extender.server.protocol import (
     ExtenderArgs,
     ProtocolError,
     decode_extender_args,

@@ -189,7 +189,7 @@ def test_numpy_runtime_matches_the_torch_estimator(artifact: Path) -> None:
 
 
 @pytest.mark.parametrize("code", [
-    "import extender.app, extender.server, predictor.runtime, predictor.predict_cli",
+    "import extender.server.app, extender.server.serve, predictor.runtime, predictor.predict_cli",
     "from extender.cli import main; main(['predict', '-f', 'deploy/examples/cnn-small.yaml', '--artifact', ART])",
 ])
 def test_serving_imports_no_torch(artifact: Path, code: str) -> None:

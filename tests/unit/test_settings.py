@@ -73,7 +73,7 @@ def test_serve_flags_override_everything_and_gunicorn_runs_one_threaded_worker(t
     import argparse
 
     from extender.cli import UsageError
-    from extender.server import add_arguments, gunicorn_options, settings_from_args
+    from extender.server.serve import add_arguments, gunicorn_options, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -96,7 +96,7 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
 
     from granian.constants import Interfaces
 
-    from extender.server import GranianServer, add_arguments, granian_options, make_server, settings_from_args
+    from extender.server.serve import GranianServer, add_arguments, granian_options, make_server, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -108,7 +108,7 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
     assert settings.server.engine == "granian" and isinstance(make_server(settings), GranianServer)
     options = granian_options(settings)
     assert (options["address"], options["port"]) == ("127.0.0.1", 9001)
-    # the request threads are the RSGI bridge's pool (extender/rsgi.py); granian's own thread runs the event loop
+    # the request threads are the RSGI bridge's pool (extender/server/rsgi.py); granian's own thread runs the event loop
     assert options["workers"] == 1 and options["blocking_threads"] == 1 and options["interface"] == Interfaces.RSGI
     assert options["ssl_cert"] == cert and options["ssl_key"] == key
     gunicorn = settings_from_args(parser.parse_args(["--engine", "gunicorn"]))
@@ -127,7 +127,7 @@ def test_mtls_verbs_need_a_client_ca_tls_and_gunicorn(tmp_path: Path) -> None:
     ok = load_settings(None, env={"DEEPRES_VERBS_ACCESS": "mtls", "DEEPRES_ENGINE": "gunicorn",
                                   "DEEPRES_TLS_CERT": str(pem), "DEEPRES_TLS_KEY": str(pem),
                                   "DEEPRES_TLS_CLIENT_CA": str(pem)})
-    from extender.server import gunicorn_options
+    from extender.server.serve import gunicorn_options
 
     assert gunicorn_options(ok)["ca_certs"] == str(pem) and gunicorn_options(ok)["cert_reqs"] == ssl.CERT_OPTIONAL
     assert Settings().server.verbs_access == "loopback"
@@ -141,7 +141,7 @@ def test_an_unknown_engine_is_refused_with_the_choices() -> None:
 def test_the_worker_keeps_freed_memory_on_glibc() -> None:
     import platform
 
-    from extender.server import keep_freed_memory
+    from extender.server.serve import keep_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's; elsewhere the worker keeps the C library's defaults")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.report_fastpath import decode_report
+from extender.server.report_fastpath import decode_report
 from extender.telemetry import (
     GpuReport,
     NodeReport,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from extender.worker import Worker
+from extender.server.worker import Worker
 
 
 def test_tasks_run_once_per_key_in_a_bounded_queue_and_survive_failures() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.app import create_app, extender_of
-from extender.kube import InMemoryCluster
+from extender.kube.cluster import InMemoryCluster
+from extender.server.app import create_app, extender_of
+from extender.server.wsgi_verbs import BadRequest, BodyTooLarge, read_body
 from extender.settings import Settings
-from extender.wsgi_verbs import BadRequest, BodyTooLarge, read_body
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, extender_args, node, pod, report
 
@@ -163,7 +163,7 @@ def _verb_environ(remote: str, body: bytes, extra: dict[str, Any] | None = None)
 
 def test_the_verb_caller_is_checked_once_and_cannot_be_marked_by_a_header(
         app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import extender.wsgi_verbs as wsgi_verbs
+    import extender.server.wsgi_verbs as wsgi_verbs
 
     checks: list[str] = []
     real = wsgi_verbs.verb_caller_refused

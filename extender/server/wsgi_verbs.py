@@ -11,7 +11,7 @@ The rules are the app's: a verb answers HTTP 200 with its `Error` shape on bad i
 (never a 5xx, never a traceback), a body over the limit is refused with 413 before it is read, a
 body not sent within `server.body_timeout_s` gets 408, a verb caller that `server.verbs_access`
 does not admit gets 403, telemetry needs a bearer token (401 with `WWW-Authenticate` otherwise;
-503 while too many token reviews are in flight). extender/auth.py decides who may call what.
+503 while too many token reviews are in flight). extender/server/auth.py decides who may call what.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from extender.auth import verb_caller_refused
-from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
-from extender.report_fastpath import decode_report
+from extender.server.auth import verb_caller_refused
+from extender.server.protocol import binding_result, decode_extender_args, filter_error, preemption_result
+from extender.server.report_fastpath import decode_report
 
 if TYPE_CHECKING:
-    from extender.app import Extender
+    from extender.server.app import Extender
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def read_body(environ: dict[str, Any], limit: int) -> bytes:
     a chunked body is read while it lasts, if the server marks its end (`wsgi.input_terminated`, as
     granian and gunicorn do), else it is empty (as werkzeug has it). Under gunicorn the body is read
     from the client's socket in pieces against a deadline (BodyTimeout); under granian the RSGI
-    bridge (extender/rsgi.py) has read it, with its own deadline, before the app runs."""
+    bridge (extender/server/rsgi.py) has read it, with its own deadline, before the app runs."""
     declared = environ.get("CONTENT_LENGTH") or ""
     stream = environ["wsgi.input"]
     sock = environ.get("gunicorn.socket")
@@ -170,7 +170,7 @@ STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "
           405: "405 METHOD NOT ALLOWED", 408: "408 REQUEST TIMEOUT", 413: "413 REQUEST ENTITY TOO LARGE",
           500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
 VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
-#: Routes whose handler waits on the API server or computes at length (extender/rsgi.py says why it
+#: Routes whose handler waits on the API server or computes at length (extender/server/rsgi.py says why it
 #: matters): /bind (pod, annotations, Binding), /preempt, /v1/predict. The filter's rare API calls (an
 #: Event for a bad annotation, its own evictions) are short and bounded by the client's timeouts.
 BLOCKING_PATHS = frozenset({"/bind", "/preempt", "/v1/predict"})

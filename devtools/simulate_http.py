@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from extender.localserver import LocalServer
+from devtools.localserver import LocalServer
 from extender.simulate.adapters import capacity_mib
 from extender.simulate.packing import DeepResPolicy, NodeView
 from extender.simulate.traces import Node, Pod, build_workload, node_list_path, pod_list_path, read_nodes, read_pods
@@ -76,7 +76,7 @@ def _call(url: str, body: Any, token: str | None = None, timeout: float = 30.0) 
 
 @contextlib.contextmanager
 def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
-    """`deepres serve --no-kube` on a free loopback port (extender/localserver.py); yields (url, log
+    """`deepres serve --no-kube` on a free loopback port (devtools/localserver.py); yields (url, log
     path); stops it after."""
     env = {"DEEPRES_TELEMETRY_TTL_S": "86400",
            # the server learns its demand mix from its own binds, the simulator takes the trace's typical

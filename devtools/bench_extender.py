@@ -42,8 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from devtools.localserver import LocalServer
 from extender.cli import UsageError
-from extender.localserver import LocalServer
 
 GPU_MODELS = (("NVIDIA A100-SXM4-40GB", 40960.0), ("NVIDIA A100-SXM4-80GB", 81920.0), ("Tesla V100-SXM2-32GB", 32768.0),
               ("Tesla T4", 15360.0))
@@ -165,7 +165,7 @@ def _progress(message: str) -> None:
 
 
 class _Server:
-    """`deepres serve --no-kube` in a subprocess on a free loopback port (extender/localserver.py),
+    """`deepres serve --no-kube` in a subprocess on a free loopback port (devtools/localserver.py),
     with the bench's environment, CPU pinning and resource readings."""
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:

@@ -13,10 +13,10 @@ from extender.cli import UsageError
 # target -> module exposing add_arguments(parser) and run(args) -> int
 TARGETS: dict[str, str] = {
     "predictor": "predictor.bench",
-    "extender": "extender.bench_extender",
-    "agent": "extender.agent.bench",
-    "slowbody": "extender.bench_slowbody",
-    "cluster": "extender.bench_cluster",
+    "extender": "devtools.bench_extender",
+    "agent": "devtools.bench_agent",
+    "slowbody": "devtools.bench_slowbody",
+    "cluster": "devtools.bench_cluster",
 }
 
 

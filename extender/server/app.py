@@ -2,8 +2,8 @@
 
 `Extender` is the glue between a decoded request, the policy calls (annotations -> PodRequest ->
 filter/score/choose/preempt), the one ledger of learned state (`extender.ledger`), the API server
-(`extender.kube`, the only truth about pods: bind and eviction read them there) and the background
-worker that evicts and nudges off the request path (`extender.worker`); the HTTP layers only move bytes and
+(`extender.kube.cluster`, the only truth about pods: bind and eviction read them there) and the background
+worker that evicts and nudges off the request path (`extender.server.worker`); the HTTP layers only move bytes and
 JSON in and out: `wsgi_verbs.VerbRoutes` for the verbs and telemetry (all of the traffic), the
 Flask routes in `create_app` for the rest. Bad input never yields a 5xx or a traceback: the verbs
 answer HTTP 200 with `Error` set (what kube-scheduler expects), the other endpoints a 4xx with a
@@ -31,8 +31,7 @@ from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError, JobRequest
-from extender.auth import TelemetryAuth
-from extender.kube import (
+from extender.kube.cluster import (
     TERMINAL_PHASES,
     Cluster,
     ClusterError,
@@ -42,8 +41,6 @@ from extender.kube import (
     pod_meta,
 )
 from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
-from extender.metrics import ExtenderMetrics
-from extender.openapi import openapi_document
 from extender.policy import (
     FilterResult,
     PodRequest,
@@ -67,7 +64,10 @@ from extender.policy.columnar import (
 from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
-from extender.protocol import (
+from extender.server.auth import TelemetryAuth
+from extender.server.metrics import ExtenderMetrics
+from extender.server.openapi import openapi_document
+from extender.server.protocol import (
     ExtenderArgs,
     PodInfo,
     ProtocolError,
@@ -84,10 +84,10 @@ from extender.protocol import (
     preemption_result,
     soft_preferences,
 )
+from extender.server.worker import Worker
+from extender.server.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
 from extender.settings import Settings, describe, load_settings
 from extender.telemetry import NodeReport, ReportError, parse_report
-from extender.worker import Worker
-from extender.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
 from predictor.spec import Demand, DemandPredictor
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ Why granian by default: the single worker's Python thread is the extender's bott
 granian parses HTTP and moves bytes in Rust outside the GIL. Measured here, an empty request costs
 the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread worker, which is
 most of the difference between the two in `deepres bench extender` (README, "Benchmark"). granian
-runs the app through its RSGI interface and `extender/rsgi.py`, which reads bodies on the event
+runs the app through its RSGI interface and `extender/server/rsgi.py`, which reads bodies on the event
 loop with a deadline (granian's WSGI interface reads them in request threads without one).
 gunicorn stays available (`--engine gunicorn`) for sites that standardise on it, and is the engine
 for `verbs_access: mtls` (the verbs see the client certificate through its socket).
@@ -103,7 +103,7 @@ def granian_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "address": host.strip("[]") or "0.0.0.0",
         "port": int(port),
-        "interface": Interfaces.RSGI,  # bodies read on the event loop (extender/rsgi.py says why)
+        "interface": Interfaces.RSGI,  # bodies read on the event loop (extender/server/rsgi.py says why)
         "workers": 1,
         "blocking_threads": 1,  # the event loop's; the request threads are the bridge's pool
         "runtime_threads": 1,
@@ -124,7 +124,7 @@ def granian_options(settings: Settings) -> dict[str, Any]:
 def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
     """Build the app in the worker process (granian's loader passes its nominal target): the WSGI
     app, behind the RSGI bridge under granian. The worker dies with the server's main process."""
-    from extender.app import create_app
+    from extender.server.app import create_app
 
     logging.getLogger().setLevel(settings.server.log_level.upper())
     if main_pid:
@@ -133,8 +133,8 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
     app = create_app(settings)
     if settings.server.engine != "granian":
         return app
-    from extender.rsgi import RsgiBridge
-    from extender.wsgi_verbs import VerbRoutes
+    from extender.server.rsgi import RsgiBridge
+    from extender.server.wsgi_verbs import VerbRoutes
 
     routes = app.wsgi_app
     s = settings.server
@@ -205,7 +205,7 @@ class GranianServer:
     def run(self) -> None:
         from granian.server import Server
 
-        server = Server("extender.app:create_app", **granian_options(self.settings))
+        server = Server("extender.server.app:create_app", **granian_options(self.settings))
         server.serve(target_loader=functools.partial(load_app, self.settings, os.getpid()))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extender.localcluster import env_for, write_kubeconfig
+from devtools.localcluster import env_for, write_kubeconfig
 
 #: a pod's API token lifetime here (the kubelet asks for about an hour and renews; a test run is shorter)
 API_TOKEN_SECONDS = 24 * 3600

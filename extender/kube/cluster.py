@@ -106,7 +106,7 @@ class Cluster(Protocol):
     def watched_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod of this scheduler as the pod watch last saw it (the API server's own copy, never
         a request's; read-only), or None when the watch has not seen it. Bind trusts it only to
-        confirm what the Binding then enforces again (extender.app `confirmed_pod`)."""
+        confirm what the Binding then enforces again (extender.server.app `confirmed_pod`)."""
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as the API server has it now (no cache): what bind and eviction check against.
@@ -622,7 +622,7 @@ class KubeCluster:
             raise ClusterError(f"evict pod {namespace}/{name}: {_api_reason(err)}") from None
 
     def review_token(self, token: str, audience: str) -> TokenIdentity | None:
-        """One TokenReview (extender/auth.py caches them and bounds how many run at once). The
+        """One TokenReview (extender/server/auth.py caches them and bounds how many run at once). The
         answer is read as JSON, not into the client's models: at 5,000 nodes about 45 reviews a
         second, and the models were a quarter of a review's CPU in the extender (py-spy)."""
         c: Any = self._client

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.kube import TokenIdentity
+from extender.kube.cluster import TokenIdentity
 from extender.settings import VERBS_ACCESS
 
 log = logging.getLogger(__name__)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         spec = json.dumps({"url": f"http://127.0.0.1:{sink.server_address[1]}", "rounds": args.rounds,
                            "gpus": args.gpus, "processes": args.processes})
         done = subprocess.run(
-            [sys.executable, "-c", "import sys; from extender.agent.bench import worker; worker(sys.argv[1])", spec],
+            [sys.executable, "-c", "import sys; from devtools.bench_agent import worker; worker(sys.argv[1])", spec],
             capture_output=True, text=True, check=False, timeout=600,
         )
     finally:

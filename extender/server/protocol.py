@@ -9,7 +9,7 @@ Parsers raise only ProtocolError (naming the field path); encoders never emit nu
 The request bodies' fields that the extender reads are declared once, as the msgspec records below
 (`Pod`, `ExtenderArgsBody`, `ExtenderBindingArgs`, `ExtenderPreemptionArgs`): msgspec decodes and
 validates against them, and the OpenAPI document's request schemas are generated from them
-(extender/openapi.py). Fields they do not name (the rest of a Pod or a Node) are ignored.
+(extender/server/openapi.py). Fields they do not name (the rest of a Pod or a Node) are ignored.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ chart's agent and scheduler pods exist as real API objects, so their bound token
 the extender checks), root-ca-cert-publisher (the kube-root-ca.crt every pod's API volume holds),
 namespace and garbagecollector (namespaces and `helm uninstall` finish).
 
-`python -m extender.localcluster up|down|build [--dir DIR]`; the processes are stopped by pid.
+`python -m devtools.localcluster up|down|build [--dir DIR]`; the processes are stopped by pid.
 """
 
 from __future__ import annotations
@@ -525,7 +525,7 @@ def running(root: Path, log: Any = None) -> Iterator[ControlPlane]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m extender.localcluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.localcluster", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("build", "up", "down"))
     parser.add_argument("--dir", default=str(REPO / ".cluster"), help="state, certificates, logs (default .cluster)")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """`deepres bench cluster`: pods through the real kube-scheduler + deepres on a local control plane.
 
-The end-to-end figure: kube-apiserver, etcd and kube-scheduler (extender.localcluster) with N kwok
+The end-to-end figure: kube-apiserver, etcd and kube-scheduler (devtools.localcluster) with N kwok
 nodes of 8 simulated 80 GB GPUs each; the extender (`deepres serve`, cluster mode, default settings)
 and the simulated agents of every node from this process: each node reports every `--heartbeat-s`
 (the chart's agent.heartbeatSeconds, 15 s), spread evenly, under a token bound to that node (as the
@@ -18,7 +18,7 @@ histogram). This process parses no API objects into models (raw JSON), so that t
 as little of the machine as it can. The machine is shared by everything above: the figures are for
 this machine, not a cluster. Writes reports/bench-cluster.json (`nodes_<N>` sections; a run of some
 sizes or limits replaces only those in the file). `--api-accounting FILE` also counts what each
-client asks of kube-apiserver per pod (extender.bench_api).
+client asks of kube-apiserver per pod (devtools.bench_api).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from typing import Any
 import orjson
 import yaml
 
-from extender import bench_api
+from devtools import bench_api
+from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
-from extender.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 
 GPU_MODEL, GPU_MEMORY_MIB, GPUS_PER_NODE = "NVIDIA A100-SXM4-80GB", 81920.0, 8
 BENCH_NS = "deepres-bench"

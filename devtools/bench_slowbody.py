@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extender.localserver import LocalServer
+from devtools.localserver import LocalServer
 
 ENGINES = ("granian", "gunicorn")
 TARGET_P99_MS = 50.0
