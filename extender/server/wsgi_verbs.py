@@ -21,16 +21,15 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
-from extender.server.auth import verb_caller_refused
+from extender.server.auth import TelemetryAuth, verb_caller_refused
+from extender.server.metrics import ExtenderMetrics
 from extender.server.protocol import binding_result, decode_extender_args, filter_error, preemption_result
 from extender.server.report_fastpath import decode_report
-
-if TYPE_CHECKING:
-    from extender.server.app import Extender
+from extender.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +37,20 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 JSON = "application/json"
 READ_CHUNK = 64 * 1024
+
+
+class Verbs(Protocol):
+    """What the routes call: the verbs and telemetry, each one call (`extender.server.app.Extender`)."""
+
+    settings: Settings
+    metrics: ExtenderMetrics
+    auth: TelemetryAuth
+
+    def filter(self, body: Any) -> Any: ...
+    def prioritize(self, body: Any) -> Any: ...
+    def bind(self, body: Any) -> Any: ...
+    def preempt(self, body: Any) -> Any: ...
+    def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]: ...
 
 
 class BadRequest(ValueError):
@@ -184,7 +197,7 @@ class VerbRoutes:
     """WSGI middleware: POST /filter, /prioritize, /bind, /preempt and /v1/telemetry answered from
     `ext`; anything else goes to `fallback` (the Flask app)."""
 
-    def __init__(self, ext: Extender, fallback: WsgiApp) -> None:
+    def __init__(self, ext: Verbs, fallback: WsgiApp) -> None:
         self.ext = ext
         self.fallback = fallback
         self.max_body = ext.settings.server.max_body_bytes

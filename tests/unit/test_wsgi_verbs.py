@@ -126,7 +126,7 @@ def test_a_bug_in_a_verb_is_contained_logged_and_counted(app: Any, monkeypatch: 
     def broken(*_: Any) -> Any:
         raise KeyError("oops")
 
-    monkeypatch.setattr(ext, "plan", broken)
+    monkeypatch.setattr(ext.planner, "plan", broken)  # every verb plans through the planner
     body = orjson.dumps(extender_args(pod("p", CNN_ANNOTATIONS), ["n1"]))
     with caplog.at_level(logging.ERROR):
         status, _, data = call(app, "POST", "/filter", body)

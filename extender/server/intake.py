@@ -1,0 +1,171 @@
+"""What comes in besides the verbs: agents' telemetry reports, and the cluster's pod and node events
+(reservations released when pods end, rebuilt from annotations after a restart)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from extender import annotations as ann
+from extender.annotations import AnnotationError
+from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError, InMemoryCluster
+from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
+from extender.policy import PriorityInputs, Reservation
+from extender.server.metrics import ExtenderMetrics
+from extender.server.planner import Planner, PredictorUnavailable
+from extender.server.protocol import PodInfo, ProtocolError, parse_pod
+from extender.server.readiness import Readiness
+from extender.server.worker import Worker
+from extender.settings import Settings
+from extender.telemetry import NodeReport, ReportError, parse_report
+
+log = logging.getLogger(__name__)
+
+#: A relist does not release reservations made this recently: the list may predate their bind (a
+#: pod deleted meanwhile is still released by its watch event).
+RELIST_GRACE_S = 60.0
+#: Telemetry arriving this soon after a filter failed nodes for the lack of it nudges the node.
+NUDGE_WINDOW_S = 600.0
+#: The Node annotation the extender sets to nudge kube-scheduler (a Node update is a cluster event).
+TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
+#: Local mode checks for silent nodes and unseen reservations at most this often.
+EXPIRY_EVERY_S = 10.0
+
+
+class Intake:
+    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
+                 metrics: ExtenderMetrics, readiness: Readiness, worker: Worker,
+                 clock: Callable[[], float], mono: Callable[[], float]) -> None:
+        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
+        self.metrics, self.readiness, self.worker, self.clock, self.mono = metrics, readiness, worker, clock, mono
+        self.params = planner.params
+        self.local = settings.kube.no_kube
+        self.telemetry_wanted_s = -math.inf  # mono time a filter last failed nodes for missing telemetry
+        self._last_expiry_s = -math.inf
+
+    # ---- telemetry ----
+    def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
+        """`body`: the decoded JSON, or a NodeReport already read from the bytes (`decode_report`)."""
+        try:
+            report = body if isinstance(body, NodeReport) else parse_report(body)
+        except ReportError as err:
+            self.metrics.telemetry_reports.labels("invalid").inc()
+            return 400, {"error": str(err)}
+        if bound_node and report.node != bound_node:
+            self.metrics.telemetry_reports.labels("unauthorized").inc()
+            return 401, {"error": f"token is bound to node {bound_node}, report is for {report.node}"}
+        mono = self.mono()
+        if self.local:
+            self._expire_local(mono)
+        before = self.ledger.telemetry(report.node)
+        outcome = self.ledger.apply_report(report, mono)
+        if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
+            self.metrics.telemetry_reports.labels("unknown_node").inc()
+            why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
+                f"would be one more than the {NODES_MAX} nodes with telemetry"
+            return 400, {"error": f"node {report.node} {why}"}
+        label = "accepted" if outcome == ACCEPTED else "old_sequence"
+        self.metrics.telemetry_reports.labels(label).inc()
+        if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
+            self._nudge(report.node, mono)
+        return 200, {"accepted": outcome == ACCEPTED, "outcome": outcome}
+
+    def _nudge(self, node: str, mono: float) -> None:
+        """Telemetry of a node arrived (again) after filters failed nodes for the lack of it: touch
+        the Node (a cluster event) so kube-scheduler retries the pods it set aside, as the agent
+        does when GPU memory frees; fresh telemetry alone is no event kube-scheduler sees."""
+        if mono - self.telemetry_wanted_s > NUDGE_WINDOW_S:
+            return
+
+        def patch() -> None:
+            try:
+                self.cluster.patch_node_annotations(node, {TELEMETRY_ANNOTATION: f"{self.clock():.0f}"})
+            except ClusterError as err:
+                log.info("node=%s not nudged: %s", node, err)
+
+        self.worker.submit(f"nudge/{node}", patch)
+
+    def _expire_local(self, mono: float) -> None:
+        """Local mode has no node list and no pod deletions: nodes silent for `kube.local_expiry_s`
+        are forgotten, and reservations whose pod no report mentioned that long are released."""
+        if mono - self._last_expiry_s < EXPIRY_EVERY_S:
+            return
+        self._last_expiry_s = mono
+        ttl = self.settings.kube.local_expiry_s
+        for node in self.ledger.expire_nodes(mono, ttl):
+            log.info("forgot node=%s (no report for %.0f s)", node, ttl)
+        for res in self.ledger.expire_unseen(mono, ttl):
+            log.info("released pod=%s (no report mentioned it for %.0f s)", res.key, ttl)
+            if isinstance(self.cluster, InMemoryCluster):
+                self.cluster.forget_pod(res.namespace, res.name)
+
+    # ---- cluster events ----
+    def on_pod_changed(self, raw: dict[str, Any], deleted: bool) -> None:
+        try:
+            pod = parse_pod(raw)
+        except ProtocolError as err:
+            log.debug("ignoring unparsable pod from the watch: %s", err)
+            return
+        if deleted or pod.phase in TERMINAL_PHASES:
+            if self.planner.has_holds():
+                self.planner.release_holds(pod.uid)
+            if self.ledger.release(pod.uid) is not None:
+                log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
+            return
+        self._restore(pod)
+
+    def on_pods_listed(self, pods: list[dict[str, Any]]) -> None:
+        alive: set[str] = set()
+        for raw in pods:
+            try:
+                pod = parse_pod(raw)
+            except ProtocolError:
+                continue
+            if pod.phase in TERMINAL_PHASES:
+                continue
+            alive.add(pod.uid)
+            self._restore(pod)
+        recent = self.mono() - RELIST_GRACE_S
+        for res in self.ledger.reservations():
+            if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
+                self.ledger.release(res.pod_uid)
+                log.info("released pod=%s (gone at relist)", res.key)
+        if self.readiness.synced_s is None:
+            self.readiness.first_sync(self.ledger.nodes_with_reservations())
+
+    def on_nodes_listed(self, names: list[str]) -> None:
+        for node in self.ledger.set_known_nodes(names):
+            log.info("forgot node=%s (not in the cluster's node list)", node)
+
+    def _restore(self, pod: PodInfo) -> None:
+        """Rebuild a bound pod's reservation from the annotations written at bind."""
+        gpus = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
+        if not gpus or not pod.node_name or self.ledger.reservation(pod.uid) is not None:
+            return
+        try:
+            admission = float(pod.annotations[ann.PREFIX + ann.ADMISSION_MEMORY])
+            predicted = float(pod.annotations.get(ann.PREFIX + ann.PREDICTED_MEMORY, admission))
+        except (KeyError, ValueError):
+            log.warning("pod=%s has %s but no usable %s: not restored", pod.key, ann.ASSIGNED_GPUS,
+                        ann.ADMISSION_MEMORY)
+            return
+        if not (math.isfinite(admission) and admission >= 0 and math.isfinite(predicted)):
+            log.warning("pod=%s: %s=%r is not a memory figure: not restored", pod.key, ann.ADMISSION_MEMORY,
+                        admission)
+            return
+        now, mono = self.clock(), self.mono()
+        inputs = PriorityInputs()
+        signature = ""
+        try:
+            plan = self.planner.plan(pod, now)
+            inputs, signature = plan.inputs, plan.job.signature
+        except (AnnotationError, PredictorUnavailable) as err:
+            log.info("pod=%s restored with default priority: %s", pod.key, err)
+        res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, tuple(gpus.split(",")), admission,
+                          admission, predicted, inputs, mono, signature,
+                          pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
+        if self.ledger.restore(res):
+            log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
+                     gpus, admission)

@@ -1,0 +1,114 @@
+"""The filter and prioritize verbs: decode, one policy call over the ledger's matrix, encode."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from extender.annotations import AnnotationError
+from extender.kube.cluster import Cluster
+from extender.ledger import Ledger
+from extender.policy.columnar import filter_matrix
+from extender.policy.filtering import NO_REPORT, STALE
+from extender.server.events import PodEvents
+from extender.server.intake import Intake
+from extender.server.metrics import ExtenderMetrics
+from extender.server.planner import Planner, PredictorUnavailable
+from extender.server.preemption import Preemptor
+from extender.server.protocol import (
+    ExtenderArgs,
+    ProtocolError,
+    filter_all_unresolvable,
+    filter_error,
+    filter_result,
+    host_priority_json,
+    host_priority_list,
+    parse_extender_args,
+    soft_preferences,
+)
+from extender.server.readiness import Readiness
+from extender.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Placer:
+    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
+                 metrics: ExtenderMetrics, readiness: Readiness, events: PodEvents, preemptor: Preemptor,
+                 intake: Intake, clock: Callable[[], float], mono: Callable[[], float]) -> None:
+        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
+        self.metrics, self.readiness, self.events = metrics, readiness, events
+        self.preemptor, self.intake, self.clock, self.mono = preemptor, intake, clock, mono
+        self.params = planner.params
+
+    def filter(self, body: Any) -> dict[str, Any]:
+        """`body`: the decoded JSON, or ExtenderArgs already read from the bytes (`decode_extender_args`)."""
+        try:
+            args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
+        except ProtocolError as err:
+            return filter_error(f"bad ExtenderArgs: {err}")
+        not_ready = self.readiness.not_ready()
+        if not_ready:
+            self.intake.telemetry_wanted_s = self.mono()  # telemetry arriving next nudges its node (a retry)
+            return filter_error(not_ready, args)
+        now, mono = self.clock(), self.mono()
+        self.cluster.learn_pod(args.raw_pod)  # local mode only: the first request naming a pod defines it
+        planner = self.planner
+        try:
+            plan = planner.plan(args.pod, now)
+        except AnnotationError as err:
+            self.metrics.filter_nodes.labels("bad_annotation").inc(len(args.node_names))
+            self.events.warn_once(args.raw_pod, args.pod.uid, "InvalidAnnotation", str(err))
+            return filter_all_unresolvable(args, str(err))
+        except PredictorUnavailable as err:
+            return filter_error(f"predictor unavailable: {err}", args)
+        result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
+                               self.params)
+        if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
+            plan = replace(plan, request=result.request)
+        planner.keep_filter_plan(args.pod, plan, now)
+        if planner.has_holds() and plan.request.gpu_job:
+            result = planner.respect_holds(plan.request, result, mono)
+        if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
+            self.preemptor.request_preemption(args.pod, list(result.failed), mono)
+        if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0
+                and not soft_preferences(args.raw_pod)):
+            result = planner.shortlisted(plan, result)
+        for kind, count in result.kinds.items():
+            self.metrics.filter_nodes.labels(kind).inc(count)
+        if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
+            self.intake.telemetry_wanted_s = mono
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("filter pod=%s admission_mib=%.0f gpus=%d passed=%d failed=%d unresolvable=%d",
+                      args.pod.key, plan.request.admission_mib, plan.request.gpus, len(result.passed),
+                      len(result.failed), len(result.unresolvable))
+        return filter_result(result, args)
+
+    def prioritize(self, body: Any) -> list[dict[str, Any]] | orjson.Fragment:
+        """Scores (the HostPriorityList's JSON, already encoded); on any problem an empty list
+        (kube-scheduler ignores prioritize errors anyway)."""
+        try:
+            args = body if isinstance(body, ExtenderArgs) else parse_extender_args(body)
+        except ProtocolError as err:
+            log.info("prioritize: bad ExtenderArgs: %s", err)
+            return []
+        now = self.clock()
+        planner = self.planner
+        kept_plan = planner.filter_plan(args.pod, now)
+        if kept_plan is not None and kept_plan.request.whole_gpu:  # the filter's fallback held for its names:
+            kept_plan = None  # decided again over these (rare pods: the plan is cheap to redo)
+        kept = planner.kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
+        if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
+            return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
+        try:
+            plan = kept_plan or planner.plan(args.pod, now)
+        except (AnnotationError, PredictorUnavailable):
+            return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
+        req = plan.request if kept_plan is not None else planner.whole_gpu_on(plan.request, args.node_names)
+        scores = planner.scores(req, args.node_names)
+        return orjson.Fragment(host_priority_json(scores.names, scores.values,
+                                                  scores.lookup.derived if scores.lookup else None))

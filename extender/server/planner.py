@@ -1,0 +1,282 @@
+"""What the extender decides about one pod: annotations + prediction + observed peaks -> PodRequest (`Plan`),
+and the small per-pod memories the verbs share between one another (a filter's plan and shortlist for the
+prioritize that follows it, the room the extender's own evictions hold for a pod). The rules are
+`extender.policy`'s; the learned state is the ledger's; this is the glue between them."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from extender import annotations as ann
+from extender.annotations import JobRequest
+from extender.ledger import Ledger
+from extender.policy import (
+    FilterResult,
+    PodRequest,
+    PriorityInputs,
+    corrected_admission,
+    packs_by_mix,
+    priority_of,
+    shortlist,
+)
+from extender.policy.columnar import Lookup, Scores, largest_gpu_rows, score_matrix, score_matrix_fragaware
+from extender.policy.filtering import whole_gpu_for, whole_gpu_request
+from extender.policy.fragmentation import DemandMix
+from extender.policy.usage import is_corrected
+from extender.server.metrics import ExtenderMetrics
+from extender.server.protocol import PodInfo
+from extender.settings import Settings
+from predictor.spec import Demand, DemandPredictor
+
+#: A pod's prioritize reuses the plan its filter made this recently (kube-scheduler sends the two
+#: back to back); the priority's deadline term moves by a negligible amount meanwhile.
+PLAN_REUSE_S = 1.0
+FILTER_PLANS_MAX = 1_024
+#: filter_nodes_total's reason for nodes that fit but the shortlist left out.
+NOT_SHORTLISTED = "not_shortlisted"
+
+
+class PredictorUnavailable(RuntimeError):
+    """The predictor is still loading or failed to load."""
+
+
+@dataclass(frozen=True, eq=False)
+class Shortlist:
+    """A filter's shortlist of a pod and the scores it ranked those nodes by, with what the scores
+    read: the matrix's arrays, the version of each row, the demand mix (see `kept_shortlist`)."""
+
+    plan: Plan
+    names: tuple[str, ...]
+    values: npt.NDArray[np.int64]
+    lookup: Lookup  # of `names`: their rows, and the answer's JSON template
+    arrays: Any
+    versions: npt.NDArray[np.int64]
+    mix: DemandMix | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided about one pod at one time: its request and how it was derived."""
+
+    request: PodRequest
+    job: JobRequest
+    demand: Demand | None
+    inputs: PriorityInputs
+    source: str  # model, corrected, override, none
+
+
+class Planner:
+    """Plans pods and keeps the verbs' per-pod memories (bounded, under one small lock; the learned
+    state is the ledger's, under its own)."""
+
+    def __init__(self, settings: Settings, ledger: Ledger, metrics: ExtenderMetrics) -> None:
+        self.settings = settings
+        self.params = settings.policy.params()
+        self.ledger = ledger
+        self.metrics = metrics
+        self.fragmentation_aware = settings.policy.fragmentation_aware_packing
+        self.predictor: DemandPredictor | None = None
+        self.predictor_error = ""
+        self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
+        self._shortlists: OrderedDict[str, Shortlist] = OrderedDict()  # uid -> its filter's shortlist
+        # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
+        self._holds: dict[str, tuple[str, float, float]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def predictor_version(self) -> str:
+        return str(getattr(self.predictor, "version", "") or "")
+
+    def plan(self, pod: PodInfo, now_s: float) -> Plan:
+        """Annotations + prediction + observed peaks -> PodRequest. Raises AnnotationError,
+        PredictorUnavailable."""
+        job = ann.parse_job(
+            pod.annotations, created_s=pod.created_s, now_s=now_s, priority_value=pod.priority,
+            priority_class=pod.priority_class, criticality_ceiling=self.settings.policy.ceiling(pod.namespace),
+        )
+        if not job.gpu_job:
+            inputs = PriorityInputs(criticality=job.criticality)
+            return Plan(PodRequest(pod.uid, pod.namespace, pod.name, gpu_job=False), job, None, inputs, "none")
+        demand: Demand | None = None
+        if job.spec is not None:
+            predictor = self.predictor
+            if predictor is None:
+                raise PredictorUnavailable(self.predictor_error or "the predictor is still loading")
+            try:
+                demand = predictor.predict(job.spec)
+            except Exception as err:
+                raise PredictorUnavailable(f"prediction failed: {type(err).__name__}: {err}") from None
+        if job.memory_override_mib is not None:
+            admission, source = job.memory_override_mib, "override"
+            predicted = demand.memory_mib if demand is not None else job.memory_override_mib
+        else:
+            assert demand is not None
+            correction = self.ledger.correction(job.signature)
+            admission = corrected_admission(demand.memory_mib_upper, correction, self.params)
+            source = "corrected" if is_corrected(demand.memory_mib_upper, correction, self.params) else "model"
+            predicted = demand.memory_mib
+        inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
+        req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
+                         priority_of(inputs, now_s, self.params), True, fallback=source != "override")
+        self.metrics.predictions.labels(source).inc()
+        self.metrics.predicted_memory.observe(admission)
+        return Plan(req, job, demand, inputs, source)
+
+    # ---- the whole-GPU fallback and the score ----
+    def whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:
+        """`req`, or its whole-GPU form when the fallback applies over `names`
+        (`filtering.whole_gpu_request`): what the filter decided for these nodes, decided again by a
+        verb that has no kept filter plan (prioritize, bind, preemption). `few` names (bind's one
+        node, preemption's) are read from the NodeViews, a prioritize's list from the matrix."""
+        if not req.fallback:
+            return req
+        if few:
+            return whole_gpu_request(req, map(self.ledger.views.get, names)) or req
+        return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus)) or req
+
+    def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
+        """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""
+        return self._scores(req, names, self.packing_mix(req))
+
+    def _scores(self, req: PodRequest, names: tuple[str, ...], mix: DemandMix | None) -> Scores:
+        """`scores` with the demand mix already read (`packing_mix`)."""
+        if mix is not None:
+            # packing pods: the fragmentation-aware score (FGD's idea in memory terms) against the mix of
+            # recent admissions; reports/simulation.md measures it at FGD's allocation level
+            return score_matrix_fragaware(req, names, self.ledger.matrix, self.params, mix, memo=self.ledger.merits)
+        return score_matrix(req, names, self.ledger.matrix, self.ledger.views, self.params)
+
+    def packs(self, req: PodRequest) -> bool:
+        """Whether `req` is placed by the fragmentation-aware rule (score and bind alike)."""
+        return self.fragmentation_aware and packs_by_mix(req, self.params)
+
+    def packing_mix(self, req: PodRequest) -> DemandMix | None:
+        """The demand mix when `req` is placed by the fragmentation-aware rule, else None."""
+        if not self.packs(req):
+            return None
+        mix = self.ledger.demand_mix()
+        return mix if len(mix) else None
+
+    # ---- the filter's shortlist, kept for the prioritize that follows ----
+    def shortlisted(self, plan: Plan, result: FilterResult) -> FilterResult:
+        """The filter's answer when some nodes fit: the `policy.filter_shortlist` best of them by the
+        prioritize score (`policy.shortlist`), and no failed nodes. kube-scheduler drops every node not
+        named in NodeNames and needs the failures' reasons only when no node is left (its "0/N nodes
+        are available" message, its preemption), so it then scores and sends to /prioritize a few
+        dozen nodes instead of thousands (README: "Filter shortlist").
+
+        The shortlist's scores are kept for the pod's prioritize, which kube-scheduler sends next with
+        these names (`kept_shortlist`): over the shortlist the score gives each node the value it had
+        among all (`policy.shortlist` says why), so recomputing it there repeated the same numpy work
+        on the worker's one Python thread (~0.2 ms per pod in `deepres bench cluster`)."""
+        req = plan.request
+        keep = self.settings.policy.filter_shortlist
+        if len(result.passed) <= keep:
+            return FilterResult(result.passed, {}, {}, result.kinds)
+        matrix = self.ledger.matrix
+        arrays, mix = matrix.arrays, self.packing_mix(req)
+        looked = matrix.lookup(result.passed)  # the filter's own list: remembered, no lookup work
+        versions = arrays.version[np.where(looked.rows >= 0, looked.rows, 0)]  # before the rows are read
+        scores = self._scores(req, result.passed, mix)
+        chosen = shortlist(scores.values, keep)
+        picked = tuple(scores.names[i] for i in chosen.tolist())
+        if scores.lookup is not None:  # the rows of the list kube-scheduler sends to prioritize next
+            rows = scores.lookup.rows[chosen]
+            rows.flags.writeable = False
+            picked_lookup = Lookup(list(picked), rows, scores.lookup.layout)
+            matrix.remember(picked, picked_lookup)
+            # kept when the score read the matrix rows alone (the packing score, or one GPU; the score of
+            # several GPUs reads the NodeViews) and these very rows
+            if scores.lookup is looked and (mix is not None or req.gpus <= 1):
+                values = scores.values[chosen]
+                values.flags.writeable = False
+                self._keep_shortlist(Shortlist(plan, picked, values, picked_lookup, arrays, versions[chosen], mix))
+        return FilterResult(picked, {}, {}, {**result.kinds, NOT_SHORTLISTED: len(result.passed) - len(picked)})
+
+    def _keep_shortlist(self, kept: Shortlist) -> None:
+        uid = kept.plan.request.uid
+        if not uid:
+            return
+        with self._lock:
+            self._shortlists[uid] = kept
+            self._shortlists.move_to_end(uid)
+            while len(self._shortlists) > FILTER_PLANS_MAX:
+                self._shortlists.popitem(last=False)
+
+    def kept_shortlist(self, plan: Plan, names: tuple[str, ...]) -> Shortlist | None:
+        """The scores the pod's filter kept for `names` (`shortlisted`), when they are still what the
+        score gives: the same plan (the filter's, reused by this prioritize), the same names in the
+        same order, the same demand mix, and every row as it was (a row's version changes with every
+        write of it; the arrays object with every growth). Else None: the score is computed anew."""
+        with self._lock:  # taken: one prioritize follows a filter (a retried one computes the score)
+            kept = self._shortlists.pop(plan.request.uid, None)
+        if kept is None or kept.plan is not plan or kept.names != names:
+            return None
+        if self.ledger.matrix.arrays is not kept.arrays or self.packing_mix(plan.request) is not kept.mix:
+            return None
+        if not np.array_equal(kept.arrays.version[kept.lookup.rows], kept.versions):
+            return None
+        return kept
+
+    # ---- the filter's plan, kept for the prioritize that follows ----
+    def keep_filter_plan(self, pod: PodInfo, plan: Plan, now: float) -> None:
+        if not pod.uid:
+            return
+        with self._lock:
+            self._filter_plans[pod.uid] = (now, pod, plan)
+            self._filter_plans.move_to_end(pod.uid)
+            while len(self._filter_plans) > FILTER_PLANS_MAX:
+                self._filter_plans.popitem(last=False)
+
+    def filter_plan(self, pod: PodInfo, now: float) -> Plan | None:
+        """The plan the pod's filter made less than PLAN_REUSE_S ago, if the pod is unchanged: its
+        prioritize then skips the annotations and the predictor (~7% of a pod's work)."""
+        with self._lock:
+            kept = self._filter_plans.get(pod.uid)
+        if kept is None or not 0.0 <= now - kept[0] < PLAN_REUSE_S or kept[1] != pod:
+            return None
+        return kept[2]
+
+    # ---- room held for the pod the extender's own evictions were for ----
+    def has_holds(self) -> bool:
+        return bool(self._holds)
+
+    def hold(self, node: str, uid: str, priority: float, until_mono: float) -> None:
+        """The room just freed on `node` is the pod's until it binds, or `until_mono`."""
+        with self._lock:
+            self._holds[node] = (uid, priority, until_mono)
+
+    def held_for_another(self, req: PodRequest, node: str, mono: float) -> str:
+        """Why `node` is not for `req`: its room was freed by evicting pods for a pod of at least
+        `req`'s priority that has not bound yet (kube-scheduler's nominated node, for the
+        extender's own evictions); "" when it is free to take. Without this, a lower-priority pod
+        waiting in kube-scheduler's queue took the freed GPU before the pod it was freed for."""
+        with self._lock:
+            held = self._holds.get(node)
+            if held is not None and held[2] <= mono:
+                del self._holds[node]
+                held = None
+        if held is None or held[0] == req.uid or req.priority > held[1]:
+            return ""
+        return f"room held for a pod of priority {held[1]:.1f} that preemption made room for"
+
+    def respect_holds(self, req: PodRequest, result: FilterResult, mono: float) -> FilterResult:
+        held = {n: why for n in result.passed if (why := self.held_for_another(req, n, mono))}
+        if not held:
+            return result
+        kinds = dict(result.kinds)
+        kinds["held"] = kinds.get("held", 0) + len(held)
+        return FilterResult(tuple(n for n in result.passed if n not in held), result.failed,
+                            {**result.unresolvable, **held}, kinds)
+
+    def release_holds(self, uid: str) -> None:
+        with self._lock:
+            for node in [n for n, held in self._holds.items() if held[0] == uid]:
+                del self._holds[node]
