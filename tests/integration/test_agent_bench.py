@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from extender.agent import bench
+from devtools import bench_agent as bench
 from tests.fixtures.bench_cli import run_bench
 
 
