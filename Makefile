@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv tools test lint typecheck unit run predict e2e cluster cluster-bins cluster-down clean
+.PHONY: venv tools test lint imports typecheck unit run predict e2e cluster cluster-bins cluster-down clean
 
 venv: $(STAMP)
 
@@ -26,13 +26,17 @@ $(TOOLS_STAMP): scripts/install-tools.sh
 lint: $(STAMP)
 	$(BIN)/ruff check extender predictor devtools tests scripts
 
+# the import contracts of docs/ARCHITECTURE.md (import-linter; pyproject.toml [tool.importlinter])
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP) $(TOOLS_STAMP) cluster-bins
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q
 
-test: lint typecheck unit
+test: lint imports typecheck unit
 
 # The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Agents
 # authenticate with the token in .venv/run-token (made once); `make predict` shows a prediction.

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from extender.policy.filtering import gpus_fit
+from extender.policy.memory import effective_free_mib, occupied_mib
 from extender.policy.priority import priority_of
 from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation
-from extender.policy.usage import effective_free_mib, occupied_mib
 
 
 def plan_victims(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from extender.policy.usage import effective_free_mib, occupied_mib
+from extender.policy.memory import effective_free_mib, occupied_mib
 
 #: A GPU whose occupied memory is at most this is "whole" (nothing placed on it): an idle GPU shows
 #: a few MiB used, a CUDA context alone is ~300 MiB.
