@@ -42,7 +42,7 @@ from extender.kube import (
     pod_meta,
 )
 from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
-from extender.metrics import ExtenderMetrics
+from extender.metrics import ExtenderMetrics, StateFileCollector
 from extender.openapi import openapi_document
 from extender.policy import (
     FilterResult,
@@ -181,6 +181,7 @@ class Extender:
         self.mono = monotonic or (time.monotonic if clock is time.time else clock)
         self.merits = self.ledger.merits
         self.metrics = ExtenderMetrics(self.ledger, self.mono, self.merits)
+        self.metrics.registry.register(StateFileCollector(cluster))
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
         k = settings.kube
@@ -247,10 +248,12 @@ class Extender:
         """What the verbs still wait for after a (re)start: the predictor, the first pod list (the
         reservations rebuilt from annotations) and a telemetry quorum: `kube.telemetry_quorum` of
         the nodes holding reservations at that list reported since, or `kube.telemetry_grace_s`
-        passed. Latched once met: later per-node silence is the filter's staleness rule."""
+        passed. Latched once met: later per-node silence is the filter's staleness rule. A damaged
+        local state file (extender/statefile.py) is never latched away: it keeps the verbs waiting."""
+        damaged = getattr(self.cluster, "state_problem", "")
         if self._ready:
-            return []
-        waiting = []
+            return [damaged] if damaged else []
+        waiting = [damaged] if damaged else []
         if self._predictor is None:
             waiting.append(f"predictor ({self._predictor_error})" if self._predictor_error else "predictor")
         if not self.cluster.synced() or self._synced_s is None:
@@ -1003,7 +1006,8 @@ def create_app(
 
         raise SettingsError(problems)
     if cluster is None and settings.kube.no_kube:
-        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods)
+        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods,
+                                  state_file_reset=settings.kube.state_file_reset)
     elif cluster is None:
         cluster = KubeCluster(settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
                               api_timeout_s=settings.kube.api_timeout_s, callers=settings.server.threads)
@@ -1041,6 +1045,9 @@ def create_app(
     @app.get("/readyz")
     def readyz() -> Response:
         waiting = ext.readiness()
+        write_error = getattr(ext.cluster, "state_write_error", "")  # binds fail until a write succeeds again
+        if write_error:
+            waiting = [*waiting, write_error]
         return respond({"ready": not waiting, "waiting_for": waiting}, 200 if not waiting else 503)
 
     @app.get("/metrics")

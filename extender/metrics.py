@@ -112,3 +112,20 @@ class _MeritsCollector(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())
+
+
+class StateFileCollector(Collector):
+    """Failed writes of the local-mode state file (`deepres_extender_state_write_failures_total`; 0
+    in a cluster, where the API server keeps the Bindings). Each failed the bind that caused it."""
+
+    def __init__(self, cluster: object) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("deepres_extender_state_write_failures",
+                                  "Writes of the local-mode state file that failed (full disk, I/O error); "
+                                  "the bind that wrote it failed too.",
+                                  value=int(getattr(self.cluster, "state_write_failures", 0)))
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     parser.add_argument("--threads", type=int, help="request threads of the worker (default 32)")
     parser.add_argument("--engine", choices=ENGINES, help="WSGI server (default granian)")
+    parser.add_argument("--state-file", metavar="FILE", help="local mode: file keeping the bound pods across restarts")
+    parser.add_argument("--state-file-reset", action="store_true", default=None,
+                        help="local mode: a damaged state file is moved aside and the extender starts empty "
+                             "(without it a damaged file keeps the extender not ready)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -58,6 +62,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "log_level": args.log_level,
         "threads": getattr(args, "threads", None), "engine": getattr(args, "engine", None),
         "tls_client_ca": getattr(args, "tls_client_ca", None), "verbs_access": getattr(args, "verbs_access", None),
+        "state_file": getattr(args, "state_file", None), "state_file_reset": getattr(args, "state_file_reset", None),
     }
     try:
         return load_settings(args.config, overrides=overrides)

@@ -166,7 +166,12 @@ class KubeSettings:
     telemetry_grace_s: float = 30.0
     """...or this long after the first pod list, whichever comes first."""
     state_file: str = ""
-    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them)."""
+    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them).
+    Written atomically with a checksum; a bind whose write fails fails (extender/statefile.py)."""
+    state_file_reset: bool = False
+    """Local mode: when the state file is damaged (truncated, malformed, unreadable, a directory), move
+    it aside and start with no bound pods. Off (the default): the extender stays not ready and binds
+    nothing until the admin restores the file or restarts once with this set."""
     local_expiry_s: float = 3600.0
     """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
     mentioned this long is released (there are no pod deletions to say so)."""
