@@ -171,6 +171,8 @@ def openapi_document() -> dict[str, Any]:
                     "400": {"description": "A malformed job description.", "content": _json("Error")},
                     "409": {"description": "The predictor is not loaded yet.", "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
+                    "429": {"description": "More than server.predict_rate_per_s requests a second from this "
+                                           "address: retry after Retry-After.", "content": _json("Error")},
                 }}},
             "/healthz": {"get": {"summary": "Liveness.", "responses": {"200": {"description": "Alive."}}}},
             "/readyz": {"get": {"summary": "Readiness: predictor loaded and, in a cluster, first sync done.",

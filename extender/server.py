@@ -99,7 +99,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
 
 def granian_options(settings: Settings) -> dict[str, Any]:
     """granian.server.Server keyword arguments: one worker process, `threads` WSGI threads."""
-    from granian.constants import Interfaces, SSLProtocols
+    from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
@@ -112,7 +112,11 @@ def granian_options(settings: Settings) -> dict[str, Any]:
         "workers": 1,
         "blocking_threads": 1,  # the event loop's; the request threads are the bridge's pool
         "runtime_threads": 1,
-        "http1_settings": HTTP1Settings(header_read_timeout=int(max(s.timeout_s, 1) * 1000), keep_alive=True),
+        # HTTP/1.1 only: automatic HTTP/2 detection waits for a first byte with no deadline, and no
+        # caller needs HTTP/2. The header deadline then runs from the accept (extender/connections.py)
+        "http": HTTPModes.http1,
+        "http1_settings": HTTP1Settings(header_read_timeout=int(s.header_timeout_s * 1000), keep_alive=True),
+        "backpressure": s.max_connections,
         "log_level": LogLevels(s.log_level),
         "log_access": False,
         "websockets": False,
@@ -210,6 +214,10 @@ class GranianServer:
     def run(self) -> None:
         from granian.server import Server
 
+        from extender.connections import connection_cap
+
+        # the open-files limit is raised here, in the main process, so the worker inherits it
+        self.settings.server.max_connections = connection_cap(self.settings.server.max_connections)
         server = Server("extender.app:create_app", **granian_options(self.settings))
         server.serve(target_loader=functools.partial(load_app, self.settings, os.getpid()))
 
