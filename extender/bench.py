@@ -16,6 +16,7 @@ TARGETS: dict[str, str] = {
     "extender": "extender.bench_extender",
     "agent": "extender.agent.bench",
     "slowbody": "extender.bench_slowbody",
+    "idle": "extender.bench_idle",
     "cluster": "extender.bench_cluster",
 }
 
