@@ -111,6 +111,9 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
     # the request threads are the RSGI bridge's pool (extender/rsgi.py); granian's own thread runs the event loop
     assert options["workers"] == 1 and options["blocking_threads"] == 1 and options["interface"] == Interfaces.RSGI
     assert options["ssl_cert"] == cert and options["ssl_key"] == key
+    # HTTP/1.1 only: granian's HTTP/2 detection waits for a first byte with no deadline (issue 26)
+    assert options["http"] == "1" and options["backpressure"] == settings.server.max_connections
+    assert options["http1_settings"].header_read_timeout == settings.server.header_timeout_s * 1000
     gunicorn = settings_from_args(parser.parse_args(["--engine", "gunicorn"]))
     assert not isinstance(make_server(gunicorn), GranianServer)
 
