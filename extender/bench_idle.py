@@ -240,15 +240,32 @@ class Prober(threading.Thread):
                 conn.close()
 
 
-def phase(port: int, requests: int, rate: float) -> dict[str, Any]:
-    prober = Prober(port)
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes used so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def phase(server: LocalServer, requests: int, rate: float) -> dict[str, Any]:
+    prober = Prober(server.port)
+    pids = [server.proc.pid, *server.worker_pids()] if server.proc is not None else []
+    started, cpu_before = time.monotonic(), cpu_s(pids)
     prober.start()
     try:
-        latencies, failures, reconnects = filters(port, requests, rate)
+        latencies, failures, reconnects = filters(server.port, requests, rate)
     finally:
         prober.stop.set()
         prober.join()
+    took_s = time.monotonic() - started
     return {
+        "seconds": round(took_s, 1),
+        "server_cpu_share": round((cpu_s(pids) - cpu_before) / took_s, 3),  # of one core
         "filters": len(latencies), "filter_failures": failures, "filter_reconnects": reconnects,
         "filter_p50_ms": round(statistics.median(latencies), 2),
         "filter_p99_ms": round(_percentile(latencies, 0.99), 2),
@@ -274,7 +291,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             raise RuntimeError("the bench's telemetry report was refused")
         conn.close()
         filters(server.port, 50, 1000.0)  # warm-up
-        baseline = phase(server.port, args.requests, args.rate)
+        baseline = phase(server, args.requests, args.rate)
         ours, theirs = multiprocessing.Pipe()
         attacker = multiprocessing.get_context("fork").Process(
             target=attack, daemon=True,
@@ -284,7 +301,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             if not ours.poll(120) or ours.recv() != "ready":
                 raise RuntimeError("the attacker did not open its connections within 120 s")
             time.sleep(0.5)
-            attacked = phase(server.port, args.requests, args.rate)
+            attacked = phase(server, args.requests, args.rate)
             ours.send("stop")
             attacked.update(ours.recv() if ours.poll(30) else {})
         finally:
