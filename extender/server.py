@@ -218,6 +218,11 @@ class GranianServer:
 
         # the open-files limit is raised here, in the main process, so the worker inherits it
         self.settings.server.max_connections = connection_cap(self.settings.server.max_connections)
+        if self.settings.server.tls_cert:
+            log.warning("granian sets no deadline on the TLS handshake: a connection that never sends its "
+                        "ClientHello holds one of server.max_connections=%d slots until it closes (README, "
+                        "\"Threat model\"); keep the port behind the chart's NetworkPolicy",
+                        self.settings.server.max_connections)
         server = Server("extender.app:create_app", **granian_options(self.settings))
         server.serve(target_loader=functools.partial(load_app, self.settings, os.getpid()))
 
