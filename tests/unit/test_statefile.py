@@ -67,3 +67,21 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
     assert statefile.read(path) == [POD]
     with pytest.raises(OSError):
         statefile.write(tmp_path / "missing-dir" / "bound.json", [POD])
+
+
+def test_unreadable_paths_are_damaged_not_missing(tmp_path: Path) -> None:
+    import socket
+
+    dangling = tmp_path / "bound.json"
+    dangling.symlink_to(tmp_path / "gone.json")
+    with pytest.raises(statefile.StateFileDamaged, match="symbolic link to nothing"):
+        statefile.read(dangling)
+    unix = tmp_path / "sock.json"  # not a regular file: reading it fails even as root (ENXIO)
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(unix))
+        with pytest.raises(statefile.StateFileDamaged, match="cannot be read"):
+            statefile.read(unix)
+    directory = tmp_path / "dir.json"
+    directory.mkdir()
+    with pytest.raises(statefile.StateFileDamaged, match="is a directory"):
+        statefile.read(directory)
