@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="filters a second (default 100)")
     parser.add_argument("--reopen-delay-s", type=float, default=1.0,
                         help="the attacker reopens a connection the server closed after this long (default 1)")
+    parser.add_argument("--engine", choices=("granian", "gunicorn"), default="granian",
+                        help="the server's engine (default granian)")
     parser.add_argument("--attacker-nice", type=int, default=10,
                         help="CPU niceness of the attacker process, which shares this machine (default 10)")
     parser.add_argument("--predictor-factory", default="",
@@ -277,7 +279,7 @@ def phase(server: LocalServer, requests: int, rate: float) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     open_files = raise_open_files(args.idle + args.prefaces + FD_SPARE)
-    env = {"DEEPRES_ENGINE": "granian", "DEEPRES_TELEMETRY_TTL_S": "3600"}
+    env = {"DEEPRES_ENGINE": args.engine, "DEEPRES_TELEMETRY_TTL_S": "3600"}
     if args.predictor_factory:
         env["DEEPRES_PREDICTOR_FACTORY"] = args.predictor_factory
     with LocalServer(workdir, token=TOKEN, env=env) as server:
@@ -310,7 +312,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 attacker.kill()
     target_met = (attacked["filter_p99_ms"] <= TARGET_P99_MS and attacked["filter_failures"] == 0
                   and attacked["healthz_answered"] == attacked["healthz_sent"])
-    return {"target_filter_p99_ms": TARGET_P99_MS, "engine": "granian", "idle_tcp": args.idle,
+    return {"target_filter_p99_ms": TARGET_P99_MS, "engine": args.engine, "idle_tcp": args.idle,
             "idle_http2_prefaces": args.prefaces, "filter_rate_per_s": args.rate,
             "reopen_delay_s": args.reopen_delay_s, "attacker_nice": args.attacker_nice,
             "open_files_limit": open_files,

@@ -75,11 +75,13 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "bind": s.bind,
         "workers": 1,
-        "worker_class": "gthread",
+        # gthread, but a new connection waits for its first byte without a thread (issue 26)
+        "worker_class": "extender.gunicorn_worker.ThreadWorker",
+        "worker_connections": s.max_connections,
         "threads": s.threads,
         "timeout": int(max(s.timeout_s, 1)),
         "graceful_timeout": 10,
-        "keepalive": 30,
+        "keepalive": max(int(s.header_timeout_s), 1),  # first byte and idle keep-alive
         "loglevel": s.log_level,
         "accesslog": None,
         "errorlog": "-",
@@ -240,6 +242,9 @@ def make_gunicorn_server(settings: Settings) -> Any:
 
     class ExtenderServer(BaseApplication):  # type: ignore[misc]
         def __init__(self) -> None:
+            from extender.connections import connection_cap
+
+            settings.server.max_connections = connection_cap(settings.server.max_connections)
             self._options = gunicorn_options(settings)
             self._main_pid = os.getpid()
             super().__init__()

@@ -54,12 +54,14 @@ class ServerSettings:
     kube-scheduler's own httpTimeout is 5 s by default."""
     header_timeout_s: float = 10.0
     """granian: time from the accept, or from the end of the last answer on a kept-alive connection,
-    to the end of the next request's headers; the connection is closed after it. So a connection that
-    sends nothing, or idles between requests, holds a slot this long at most (extender/connections.py).
+    to the end of the next request's headers; gunicorn: to the first byte of the next request (it
+    waits on the poller, holding no thread: extender/gunicorn_worker.py). The connection is closed
+    after it, so one that sends nothing, or idles between requests, holds a slot this long at most
+    (extender/connections.py).
     kube-scheduler and the agents send their request as soon as they connect; Go's client opens a
     new connection when the server closed an idle one."""
     max_connections: int = 8192
-    """granian: connections the worker holds at once (more wait in the kernel's listen backlog). Far
+    """Connections the worker holds at once (more wait in the kernel's listen backlog). Far
     above what legitimate callers hold, so that idle clients fill it only by opening
     max_connections / header_timeout_s new connections a second; lowered to the open-files limit."""
     predict_rate_per_s: float = 5.0

@@ -1,9 +1,12 @@
-"""Idle connections and a greedy /v1/predict client against a real `deepres serve` (issue 26, granian).
+"""Idle connections and a greedy /v1/predict client against a real `deepres serve` (issue 26), under
+both engines.
 
 Before: granian admitted 1,024 connections at once and closed none that sent no byte (nor any that
-sent an HTTP/2 preface and stopped), so 1,025 idle clients stopped the verbs and the probes. Now it
-serves HTTP/1.1 only, closes a silent connection after `server.header_timeout_s`, and holds up to
-`server.max_connections`; /v1/predict is limited per client address."""
+sent an HTTP/2 preface and stopped), so 1,025 idle clients stopped the verbs and the probes; gunicorn
+gave each new connection a request thread for up to 5 s before its first byte, so 32 idle clients
+held every thread. Now granian serves HTTP/1.1 only and closes a silent connection after
+`server.header_timeout_s`, gunicorn waits for a first byte on its poller (extender/gunicorn_worker.py)
+for as long, and both hold up to `server.max_connections`; /v1/predict is limited per client address."""
 
 from __future__ import annotations
 
@@ -36,9 +39,9 @@ def open_files_at_least(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalServer]:
-    env = {**DOUBLE, "DEEPRES_ENGINE": "granian", "DEEPRES_HEADER_TIMEOUT_S": "3",
+@pytest.fixture(params=["granian", "gunicorn"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalServer]:
+    env = {**DOUBLE, "DEEPRES_ENGINE": request.param, "DEEPRES_HEADER_TIMEOUT_S": "3",
            "DEEPRES_PREDICT_RATE_PER_S": "1", "DEEPRES_PREDICT_BURST": "5"}
     with LocalServer(tmp_path, token=TOKEN, env=env) as running:
         yield running

@@ -85,7 +85,13 @@ def test_serve_flags_override_everything_and_gunicorn_runs_one_threaded_worker(t
     settings = settings_from_args(args)
     assert settings.kube.no_kube and settings.server.bind == "127.0.0.1:9000"
     options = gunicorn_options(settings)
-    assert options["workers"] == 1 and options["worker_class"] == "gthread" and options["threads"] == 3
+    assert options["workers"] == 1 and options["threads"] == 3
+    # gthread, with new connections waiting for a first byte on the poller (issue 26)
+    from gunicorn.workers.gthread import ThreadWorker
+
+    from extender.gunicorn_worker import ThreadWorker as IdleSafe
+
+    assert options["worker_class"] == "extender.gunicorn_worker.ThreadWorker" and issubclass(IdleSafe, ThreadWorker)
     assert options["certfile"] == str(cert) and options["keyfile"] == str(key) and not options["preload_app"]
     with pytest.raises(UsageError, match=r"server\.bind must be HOST:PORT"):
         settings_from_args(parser.parse_args(["--bind", "nowhere"]))
