@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from extender.protocol import ProtocolError, parse_pod
+
 FORMAT = "deepres-bound-pods"
 VERSION = 2
 #: The file name a damaged state file is copied or moved to: `<name>.damaged-<what>`.
@@ -86,6 +88,10 @@ def decode(path: Path, data: bytes) -> list[dict[str, Any]]:
         problem = pod_problem(pod)
         if problem:
             raise StateFileDamaged(path, f"pods[{i}]: {problem}")
+        try:  # the parser the restart reads it with: a pod it refused would be skipped, its GPUs freed
+            parse_pod(pod, f"pods[{i}]")
+        except ProtocolError as err:
+            raise StateFileDamaged(path, str(err)) from None
         meta = pod["metadata"]
         key = (str(meta.get("namespace") or "default"), meta["name"])
         if key in seen:

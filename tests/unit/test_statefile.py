@@ -85,3 +85,10 @@ def test_unreadable_paths_are_damaged_not_missing(tmp_path: Path) -> None:
     directory.mkdir()
     with pytest.raises(statefile.StateFileDamaged, match="is a directory"):
         statefile.read(directory)
+
+
+def test_a_pod_the_restart_would_skip_is_damage(tmp_path: Path) -> None:
+    path = tmp_path / "bound.json"
+    path.write_text(json.dumps({"pods": [{**POD, "spec": {"nodeName": "n1", "priority": "high"}}]}))
+    with pytest.raises(statefile.StateFileDamaged, match=r"pods\[0\]"):
+        statefile.read(path)
