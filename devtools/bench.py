@@ -16,6 +16,7 @@ TARGETS: dict[str, str] = {
     "extender": "devtools.bench_extender",
     "agent": "devtools.bench_agent",
     "slowbody": "devtools.bench_slowbody",
+    "idle": "devtools.bench_idle",
     "cluster": "devtools.bench_cluster",
 }
 

@@ -42,6 +42,8 @@ BOOTS_PER_NODE = 8
 #: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
 BOUND_MAX = 100_000
 #: Nodes with telemetry at most (local mode has no node list: invented nodes must not grow memory).
+#: Local mode makes room for a new node by forgetting the one silent longest that holds no
+#: reservation (`_make_room`); in a cluster the node list bounds them and the cap refuses.
 NODES_MAX = 20_000
 
 
@@ -67,7 +69,7 @@ class Ledger:
     def __init__(self, params: PolicyParams, peak_store_size: int = 10_000) -> None:
         self.params = params
         self._lock = threading.Lock()
-        self._telemetry: dict[str, NodeTelemetry] = {}
+        self._telemetry: OrderedDict[str, NodeTelemetry] = OrderedDict()  # in order of receipt
         self._boots: dict[str, OrderedDict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
         self._by_node: dict[str, set[str]] = {}
@@ -85,6 +87,7 @@ class Ledger:
         self.reports_ignored = 0
         self.reports_unknown_node = 0
         self.gpus_refused = 0  # GPUs of a report that another node owns
+        self.nodes_dropped = 0  # local mode: nodes forgotten at the node cap to make room for a new one
 
     # ---- reads (no lock) ----
     @property
@@ -161,7 +164,7 @@ class Ledger:
                 self.reports_unknown_node += 1
                 return UNKNOWN_NODE
             last = self._telemetry.get(report.node)
-            if last is None and len(self._telemetry) >= NODES_MAX:
+            if last is None and len(self._telemetry) >= NODES_MAX and not self._make_room():
                 self.reports_unknown_node += 1
                 return TOO_MANY_NODES
             boots = self._boots.setdefault(report.node, OrderedDict())
@@ -175,11 +178,28 @@ class Ledger:
                     boots.popitem(last=False)
             if last is not None and self._unchanged(report, last):
                 self._heartbeat(report, now_s)
+                self._telemetry.move_to_end(report.node)  # in order of receipt: first, the node silent longest
                 return ACCEPTED
             self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
+            self._telemetry.move_to_end(report.node)
             self._follow_usage(report, now_s)
             self._rebuild(report.node)
             return ACCEPTED
+
+    def _make_room(self) -> bool:
+        """Local mode at the node cap (lock held): forget the node silent longest that holds no
+        reservation, so that a flood of invented nodes pushes out invented nodes, not new real ones
+        for up to `kube.local_expiry_s`. False in a cluster (the node list bounds the nodes) or when
+        every node holds a reservation."""
+        if self._known_nodes is not None:
+            return False
+        for name in self._telemetry:  # oldest receipt first
+            if not self._by_node.get(name):
+                self._forget(name)
+                self.nodes_dropped += 1
+                log.info("node cap %d reached: forgot node=%s (silent longest, no reservation)", NODES_MAX, name)
+                return True
+        return False
 
     def _unchanged(self, report: NodeReport, last: NodeTelemetry) -> bool:
         """Whether `report` says what the node's last accepted one said (an idle node's heartbeat):

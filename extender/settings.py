@@ -50,8 +50,27 @@ class ServerSettings:
     on the event loop: a bind waits 70-200 ms for the API server's answer in `deepres bench
     cluster` (the Binding itself, measured at the API server), so 8 threads capped binds near 50/s."""
     timeout_s: float = 30.0
-    """gunicorn: worker timeout; granian: time to read a request's headers. kube-scheduler's own
-    httpTimeout is 5 s by default."""
+    """gunicorn: worker timeout (and the time a request thread waits for a request's headers).
+    kube-scheduler's own httpTimeout is 5 s by default."""
+    header_timeout_s: float = 10.0
+    """granian: time from the accept, or from the end of the last answer on a kept-alive connection,
+    to the end of the next request's headers; gunicorn: to the first byte of the next request (it
+    waits on the poller, holding no thread: extender/server/gunicorn_worker.py). The connection is closed
+    after it, so one that sends nothing, or idles between requests, holds a slot this long at most
+    (extender/server/connections.py).
+    kube-scheduler and the agents send their request as soon as they connect; Go's client opens a
+    new connection when the server closed an idle one."""
+    max_connections: int = 8192
+    """Connections the worker holds at once (more wait in the kernel's listen backlog). Far
+    above what legitimate callers hold, so that idle clients fill it only by opening
+    max_connections / header_timeout_s new connections a second; lowered to the open-files limit."""
+    predict_rate_per_s: float = 5.0
+    """/v1/predict requests a second per client address (token bucket; 429 with Retry-After above it):
+    one unauthenticated client must not take the worker's one Python thread. 0: no limit."""
+    predict_burst: int = 20
+    """/v1/predict requests a client may make at once before the rate applies."""
+    predict_clients: int = 4096
+    """Client addresses whose /v1/predict buckets are remembered (least recent forgotten first)."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
     body_buffer_bytes: int = 256 * 1024 * 1024
@@ -166,7 +185,12 @@ class KubeSettings:
     telemetry_grace_s: float = 30.0
     """...or this long after the first pod list, whichever comes first."""
     state_file: str = ""
-    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them)."""
+    """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them).
+    Written atomically with a checksum; a bind whose write fails fails (extender/kube/statefile.py)."""
+    state_file_reset: bool = False
+    """Local mode: when the state file is damaged (truncated, malformed, unreadable, a directory), move
+    it aside and start with no bound pods. Off (the default): the extender stays not ready and binds
+    nothing until the admin restores the file or restarts once with this set."""
     local_expiry_s: float = 3600.0
     """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
     mentioned this long is released (there are no pod deletions to say so)."""
@@ -209,6 +233,11 @@ class Settings:
             p.append(f"server.engine must be one of {', '.join(ENGINES)}, got {s.engine!r}")
         _positive(p, "server.timeout_s", s.timeout_s)
         _positive(p, "server.body_timeout_s", s.body_timeout_s)
+        _positive(p, "server.header_timeout_s", s.header_timeout_s)
+        _within(p, "server.max_connections", s.max_connections, 64, 1_000_000)
+        _within(p, "server.predict_rate_per_s", s.predict_rate_per_s, 0.0, math.inf)
+        _within(p, "server.predict_burst", s.predict_burst, 1, math.inf)
+        _within(p, "server.predict_clients", s.predict_clients, 1, 10_000_000)
         if s.body_buffer_bytes < s.max_body_bytes:
             p.append(f"server.body_buffer_bytes must be >= server.max_body_bytes ({s.max_body_bytes}), "
                      f"got {s.body_buffer_bytes}")

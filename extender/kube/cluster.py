@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 import logging
-import os
 import random
 import threading
 import urllib.parse
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+
+from extender.kube import statefile
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class InMemoryCluster:
     """
 
     def __init__(self, tokens: Mapping[str, TokenIdentity] | None = None, *, learn_pods: bool = True,
-                 state_file: str = "", learned_max: int = LEARNED_MAX) -> None:
+                 state_file: str = "", learned_max: int = LEARNED_MAX, state_file_reset: bool = False) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.learn_pods = learn_pods
         self.learned_max = learned_max
@@ -166,32 +166,68 @@ class InMemoryCluster:
         self._handlers: ClusterHandlers | None = None
         self._synced = False
         self._lock = threading.Lock()
-        if state_file and Path(state_file).is_file():
-            self._load(Path(state_file))
+        self.state_problem = ""  # the state file is damaged: nothing may be bound (extender/kube/statefile.py)
+        self.state_write_error = ""  # the last write of the state file failed (cleared by the next good one)
+        self.state_write_failures = 0
+        if state_file:
+            self._load(Path(state_file), state_file_reset)
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path, reset: bool) -> None:
+        """The bound pods from the state file. A damaged one is never replaced silently: it is kept
+        (copied aside) and `state_problem` keeps the extender not ready, unless `reset` (the admin's
+        `--state-file-reset`) moves it aside and starts empty. No file: written empty at once, so an
+        unwritable place shows at start (`state_write_error`), not at the first bind."""
         try:
-            saved = json.loads(path.read_text())
-            pods = [p for p in saved["pods"] if isinstance(p, dict)]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            log.warning("state file %s not usable, starting empty: %s", path, err)
+            pods = statefile.read(path)
+        except statefile.StateFileDamaged as err:
+            if reset:
+                try:
+                    moved = statefile.move_aside(path)
+                except OSError as move_err:
+                    self.state_problem = (f"state file {path} is damaged ({err.reason}) and could not be moved "
+                                          f"aside for --state-file-reset: {move_err}")
+                    log.error("%s", self.state_problem)
+                    return
+                log.warning("state file %s damaged (%s): moved to %s, starting empty (--state-file-reset)",
+                            path, err.reason, moved)
+                pods = None
+            else:
+                try:
+                    kept = statefile.keep_aside(path)
+                    where = f"a copy is kept as {kept}" if kept else "left as it is"
+                except OSError as copy_err:
+                    where = f"not copied aside ({copy_err}); left in place"
+                self.state_problem = (
+                    f"state file {path} is damaged: {err.reason}; {where}. Nothing is bound until you restore "
+                    f"a good copy at {path} or restart with --state-file-reset (DEEPRES_STATE_FILE_RESET=true) "
+                    "to move it aside and start with no bound pods")
+                log.error("%s", self.state_problem)
+                return
+        if pods is None:
+            with self._lock:
+                self._save()
             return
         for pod in pods:
             self.pods[pod_meta(pod)[:2]] = pod
         log.info("state file %s: %d bound pods", path, len(pods))
 
-    def _save(self) -> None:
-        """Write the bound pods (lock held): to a temporary file, then renamed over the old one."""
-        if not self.state_file:
-            return
+    def _save(self) -> str:
+        """Write the bound pods (lock held), atomically and durably (extender/kube/statefile.py); the
+        error, or "" once written. A damaged state file is never written over."""
+        if not self.state_file or self.state_problem:
+            return ""
         bound = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName")]
-        tmp = f"{self.state_file}.tmp"
         try:
-            with open(tmp, "w") as out:
-                json.dump({"pods": bound}, out)
-            os.replace(tmp, self.state_file)
+            statefile.write(Path(self.state_file), bound)
         except OSError as err:
-            log.warning("state file %s not written: %s", self.state_file, err)
+            self.state_write_failures += 1
+            self.state_write_error = f"state file {self.state_file} not written: {err}"
+            log.error("%s", self.state_write_error)
+            return self.state_write_error
+        if self.state_write_error:
+            log.warning("state file %s written again", self.state_file)
+            self.state_write_error = ""
+        return ""
 
     def start(self, handlers: ClusterHandlers) -> None:
         self._handlers = handlers
@@ -257,6 +293,11 @@ class InMemoryCluster:
             raise ClusterError("create binding: injected failure")
         ns, name, uid = pod_meta(pod)
         with self._lock:
+            if self.state_problem:
+                raise ClusterError(f"create binding: {self.state_problem}")
+            key = (ns, name)
+            learned = self._learned.get(key)
+            before = copy.deepcopy(self.pods[key]) if key in self.pods else None
             stored = self._stored(pod)
             meta = stored.setdefault("metadata", {})
             stored_uid = str(meta.get("uid") or "")
@@ -271,7 +312,15 @@ class InMemoryCluster:
             if annotations:
                 meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             stored.setdefault("status", {})["phase"] = "Running"
-            self._save()
+            failed = self._save()
+            if failed:  # in local mode the file is the Binding's only record: no record, no Binding
+                if before is not None:
+                    self.pods[key] = before
+                else:
+                    del self.pods[key]
+                    if learned is not None:
+                        self._learned[key] = learned
+                raise ClusterError(f"create binding: {failed}")
         handlers = self._handlers
         if handlers is not None:
             handlers.pod_changed(self.get_pod(ns, name) or {}, False)

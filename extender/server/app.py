@@ -33,16 +33,16 @@ from extender.ledger import Ledger
 from extender.policy import PodRequest
 from extender.policy.columnar import Scores
 from extender.policy.fragmentation import DemandMix
+from extender.protocol import PodInfo
 from extender.server.auth import TelemetryAuth
 from extender.server.binding import Binder
 from extender.server.events import PodEvents
 from extender.server.intake import Intake
-from extender.server.metrics import ExtenderMetrics
+from extender.server.metrics import ExtenderMetrics, StateFileCollector
 from extender.server.openapi import openapi_document
 from extender.server.placing import Placer
 from extender.server.planner import Plan, Planner, PredictorUnavailable
 from extender.server.preemption import Preemptor
-from extender.server.protocol import PodInfo
 from extender.server.readiness import Readiness
 from extender.server.worker import Worker
 from extender.server.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
@@ -92,6 +92,7 @@ class Extender:
         self.mono = monotonic or (time.monotonic if clock is time.time else clock)
         self.merits = self.ledger.merits
         self.metrics = ExtenderMetrics(self.ledger, self.mono, self.merits)
+        self.metrics.registry.register(StateFileCollector(cluster))
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
         k = settings.kube
@@ -217,7 +218,8 @@ def create_app(
 
         raise SettingsError(problems)
     if cluster is None and settings.kube.no_kube:
-        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods)
+        cluster = InMemoryCluster(state_file=settings.kube.state_file, learned_max=settings.recent_pods,
+                                  state_file_reset=settings.kube.state_file_reset)
     elif cluster is None:
         cluster = KubeCluster(settings.kube.scheduler_name, settings.kube.resync_s, settings.kube.token_cache_s,
                               api_timeout_s=settings.kube.api_timeout_s, callers=settings.server.threads)
@@ -255,6 +257,9 @@ def create_app(
     @app.get("/readyz")
     def readyz() -> Response:
         waiting = ext.readiness()
+        write_error = getattr(ext.cluster, "state_write_error", "")  # binds fail until a write succeeds again
+        if write_error:
+            waiting = [*waiting, write_error]
         return respond({"ready": not waiting, "waiting_for": waiting}, 200 if not waiting else 503)
 
     @app.get("/metrics")

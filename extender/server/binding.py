@@ -13,10 +13,10 @@ from extender.kube.cluster import Cluster, ClusterError, pod_meta
 from extender.ledger import Ledger
 from extender.policy import Reservation
 from extender.policy.filtering import gib
+from extender.protocol import ProtocolError, binding_result, parse_binding_args
 from extender.server.events import PodEvents
 from extender.server.metrics import ExtenderMetrics
 from extender.server.planner import Plan, Planner, PredictorUnavailable
-from extender.server.protocol import ProtocolError, binding_result, parse_binding_args
 from extender.server.readiness import Readiness
 from extender.server.trust import confirmed_pod
 from extender.settings import Settings

@@ -13,9 +13,9 @@ from extender.annotations import AnnotationError
 from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError, InMemoryCluster
 from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
 from extender.policy import PriorityInputs, Reservation
+from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.metrics import ExtenderMetrics
 from extender.server.planner import Planner, PredictorUnavailable
-from extender.server.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.readiness import Readiness
 from extender.server.worker import Worker
 from extender.settings import Settings

@@ -90,6 +90,9 @@ class _StateCollector(Collector):
         yield CounterMetricFamily("deepres_extender_telemetry_gpus_refused",
                                   "GPUs left out of a node's report because another node owns their UUID.",
                                   value=self.state.gpus_refused)
+        yield CounterMetricFamily("deepres_extender_nodes_dropped",
+                                  "Local mode: nodes forgotten at the node cap to make room for a new one (the "
+                                  "one silent longest that held no reservation).", value=self.state.nodes_dropped)
 
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return iter(())
@@ -109,6 +112,23 @@ class _MeritsCollector(Collector):
         family.add_metric(["computed"], self.merits.computed)
         family.add_metric(["reused"], self.merits.reused)
         yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
+class StateFileCollector(Collector):
+    """Failed writes of the local-mode state file (`deepres_extender_state_write_failures_total`; 0
+    in a cluster, where the API server keeps the Bindings). Each failed the bind that caused it."""
+
+    def __init__(self, cluster: object) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("deepres_extender_state_write_failures",
+                                  "Writes of the local-mode state file that failed (full disk, I/O error); "
+                                  "the bind that wrote it failed too.",
+                                  value=int(getattr(self.cluster, "state_write_failures", 0)))
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())

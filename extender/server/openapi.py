@@ -1,7 +1,7 @@
 """The OpenAPI 3 description of every HTTP endpoint of the extender (served at /openapi.json).
 
 The request bodies' schemas are generated from the records their decoders validate against, so the
-document and the decoders cannot disagree: the verbs' from extender/server/protocol.py's msgspec records (keys
+document and the decoders cannot disagree: the verbs' from extender/protocol.py's msgspec records (keys
 are kube-scheduler's Go field names; Pod and Node keep Kubernetes' casing and only the fields read are
 listed), the agent's report from extender/telemetry.py's, and /v1/predict's annotation values from
 extender/annotations.py's ACCEPTED table. The answers' schemas are written here, beside their encoders'
@@ -18,7 +18,7 @@ import msgspec
 
 from extender import __version__
 from extender.annotations import ACCEPTED, PREFIX, value_schema
-from extender.server.protocol import READ_AS, REQUEST_RECORDS
+from extender.protocol import READ_AS, REQUEST_RECORDS
 from extender.telemetry import NodeReport
 
 _REF = "#/components/schemas/{name}"
@@ -171,6 +171,8 @@ def openapi_document() -> dict[str, Any]:
                     "400": {"description": "A malformed job description.", "content": _json("Error")},
                     "409": {"description": "The predictor is not loaded yet.", "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
+                    "429": {"description": "More than server.predict_rate_per_s requests a second from this "
+                                           "address: retry after Retry-After.", "content": _json("Error")},
                 }}},
             "/healthz": {"get": {"summary": "Liveness.", "responses": {"200": {"description": "Alive."}}}},
             "/readyz": {"get": {"summary": "Readiness: predictor loaded and, in a cluster, first sync done.",

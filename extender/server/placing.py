@@ -14,12 +14,7 @@ from extender.kube.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy.columnar import filter_matrix
 from extender.policy.filtering import NO_REPORT, STALE
-from extender.server.events import PodEvents
-from extender.server.intake import Intake
-from extender.server.metrics import ExtenderMetrics
-from extender.server.planner import Planner, PredictorUnavailable
-from extender.server.preemption import Preemptor
-from extender.server.protocol import (
+from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
     filter_all_unresolvable,
@@ -30,6 +25,11 @@ from extender.server.protocol import (
     parse_extender_args,
     soft_preferences,
 )
+from extender.server.events import PodEvents
+from extender.server.intake import Intake
+from extender.server.metrics import ExtenderMetrics
+from extender.server.planner import Planner, PredictorUnavailable
+from extender.server.preemption import Preemptor
 from extender.server.readiness import Readiness
 from extender.settings import Settings
 

@@ -30,8 +30,8 @@ from extender.policy.columnar import Lookup, Scores, largest_gpu_rows, score_mat
 from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
+from extender.protocol import PodInfo
 from extender.server.metrics import ExtenderMetrics
-from extender.server.protocol import PodInfo
 from extender.settings import Settings
 from predictor.spec import Demand, DemandPredictor
 

@@ -15,9 +15,9 @@ from extender.kube.cluster import Cluster, ClusterError, pod_meta
 from extender.ledger import Ledger
 from extender.policy import choose_preemption, plan_victims, priority_of
 from extender.policy.filtering import gib, is_fresh
+from extender.protocol import PodInfo, ProtocolError, parse_preemption_args, preemption_result
 from extender.server.metrics import ExtenderMetrics
 from extender.server.planner import Planner, PredictorUnavailable
-from extender.server.protocol import PodInfo, ProtocolError, parse_preemption_args, preemption_result
 from extender.server.readiness import Readiness
 from extender.server.trust import confirmed_pod
 from extender.server.worker import Worker

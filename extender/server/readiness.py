@@ -34,10 +34,12 @@ class Readiness:
     def waiting(self) -> list[str]:
         """What the verbs still wait for: the predictor, the first pod list and a telemetry quorum:
         `kube.telemetry_quorum` of the nodes holding reservations at that list reported since, or
-        `kube.telemetry_grace_s` passed."""
+        `kube.telemetry_grace_s` passed. A damaged local state file (extender/kube/statefile.py) is never
+        latched away: it keeps the verbs waiting."""
+        damaged = getattr(self.cluster, "state_problem", "")
         if self._ready:
-            return []
-        waiting = []
+            return [damaged] if damaged else []
+        waiting = [damaged] if damaged else []
         if self.planner.predictor is None:
             error = self.planner.predictor_error
             waiting.append(f"predictor ({error})" if error else "predictor")

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     parser.add_argument("--threads", type=int, help="request threads of the worker (default 32)")
     parser.add_argument("--engine", choices=ENGINES, help="WSGI server (default granian)")
+    parser.add_argument("--state-file", metavar="FILE", help="local mode: file keeping the bound pods across restarts")
+    parser.add_argument("--state-file-reset", action="store_true", default=None,
+                        help="local mode: a damaged state file is moved aside and the extender starts empty "
+                             "(without it a damaged file keeps the extender not ready)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -58,6 +62,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "log_level": args.log_level,
         "threads": getattr(args, "threads", None), "engine": getattr(args, "engine", None),
         "tls_client_ca": getattr(args, "tls_client_ca", None), "verbs_access": getattr(args, "verbs_access", None),
+        "state_file": getattr(args, "state_file", None), "state_file_reset": getattr(args, "state_file_reset", None),
     }
     try:
         return load_settings(args.config, overrides=overrides)
@@ -70,11 +75,13 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "bind": s.bind,
         "workers": 1,
-        "worker_class": "gthread",
+        # gthread, but a new connection waits for its first byte without a thread (issue 26)
+        "worker_class": "extender.server.gunicorn_worker.ThreadWorker",
+        "worker_connections": s.max_connections,
         "threads": s.threads,
         "timeout": int(max(s.timeout_s, 1)),
         "graceful_timeout": 10,
-        "keepalive": 30,
+        "keepalive": max(int(s.header_timeout_s), 1),  # first byte and idle keep-alive
         "loglevel": s.log_level,
         "accesslog": None,
         "errorlog": "-",
@@ -94,7 +101,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
 
 def granian_options(settings: Settings) -> dict[str, Any]:
     """granian.server.Server keyword arguments: one worker process, `threads` WSGI threads."""
-    from granian.constants import Interfaces, SSLProtocols
+    from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
@@ -107,7 +114,11 @@ def granian_options(settings: Settings) -> dict[str, Any]:
         "workers": 1,
         "blocking_threads": 1,  # the event loop's; the request threads are the bridge's pool
         "runtime_threads": 1,
-        "http1_settings": HTTP1Settings(header_read_timeout=int(max(s.timeout_s, 1) * 1000), keep_alive=True),
+        # HTTP/1.1 only: automatic HTTP/2 detection waits for a first byte with no deadline, and no
+        # caller needs HTTP/2. The header deadline then runs from the accept (extender/server/connections.py)
+        "http": HTTPModes.http1,
+        "http1_settings": HTTP1Settings(header_read_timeout=int(s.header_timeout_s * 1000), keep_alive=True),
+        "backpressure": s.max_connections,
         "log_level": LogLevels(s.log_level),
         "log_access": False,
         "websockets": False,
@@ -205,6 +216,15 @@ class GranianServer:
     def run(self) -> None:
         from granian.server import Server
 
+        from extender.server.connections import connection_cap
+
+        # the open-files limit is raised here, in the main process, so the worker inherits it
+        self.settings.server.max_connections = connection_cap(self.settings.server.max_connections)
+        if self.settings.server.tls_cert:
+            log.warning("granian sets no deadline on the TLS handshake: a connection that never sends its "
+                        "ClientHello holds one of server.max_connections=%d slots until it closes (README, "
+                        "\"Threat model\"); keep the port behind the chart's NetworkPolicy",
+                        self.settings.server.max_connections)
         server = Server("extender.server.app:create_app", **granian_options(self.settings))
         server.serve(target_loader=functools.partial(load_app, self.settings, os.getpid()))
 
@@ -222,6 +242,9 @@ def make_gunicorn_server(settings: Settings) -> Any:
 
     class ExtenderServer(BaseApplication):  # type: ignore[misc]
         def __init__(self) -> None:
+            from extender.server.connections import connection_cap
+
+            settings.server.max_connections = connection_cap(settings.server.max_connections)
             self._options = gunicorn_options(settings)
             self._main_pid = os.getpid()
             super().__init__()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError
-from extender.server.protocol import PodInfo, ProtocolError, parse_pod
+from extender.protocol import PodInfo, ProtocolError, parse_pod
 
 Confirmed = tuple[dict[str, Any], PodInfo]
 

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 
 import orjson
 
+from extender.protocol import binding_result, decode_extender_args, filter_error, preemption_result
 from extender.server.auth import TelemetryAuth, verb_caller_refused
 from extender.server.metrics import ExtenderMetrics
-from extender.server.protocol import binding_result, decode_extender_args, filter_error, preemption_result
+from extender.server.ratelimit import TokenBuckets, retry_after
 from extender.server.report_fastpath import decode_report
 from extender.settings import Settings
 
@@ -181,6 +182,7 @@ def refuse(environ: dict[str, Any], start_response: StartResponse, status: str, 
 
 STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "403 FORBIDDEN",
           405: "405 METHOD NOT ALLOWED", 408: "408 REQUEST TIMEOUT", 413: "413 REQUEST ENTITY TOO LARGE",
+          429: "429 TOO MANY REQUESTS",
           500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
 VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
 #: Routes whose handler waits on the API server or computes at length (extender/server/rsgi.py says why it
@@ -205,6 +207,9 @@ class VerbRoutes:
         self.body_timeout_s = ext.settings.server.body_timeout_s
         self.verbs_access = ext.settings.server.verbs_access
         self._refused, self._refusal_logged_s = 0, -REFUSAL_LOG_S
+        server = ext.settings.server
+        self.predict_limit = TokenBuckets(server.predict_rate_per_s, server.predict_burst, server.predict_clients)
+        self._predict_limited = ext.metrics.requests.labels("predict", "rate_limited")
         self.routes: dict[str, Callable[[dict[str, Any], StartResponse], list[bytes]]] = {
             "/filter": self._verb("filter", ext.filter, filter_error, decode_candidates),
             "/prioritize": self._verb("prioritize", ext.prioritize, lambda message: [], decode_candidates),
@@ -254,6 +259,14 @@ class VerbRoutes:
         path = environ.get("PATH_INFO", "")
         route = self.routes.get(path)
         if route is None:
+            if path == "/v1/predict":
+                wait = self.predict_limit.take(str(environ.get("REMOTE_ADDR", "")), time.monotonic())
+                if wait:
+                    self._predict_limited.inc()
+                    return send(start_response, STATUS[429], encode_json(
+                        {"error": f"too many /v1/predict requests from this address (at most "
+                                  f"{self.predict_limit.rate_per_s:g} a second); retry later"}),
+                        (("Retry-After", retry_after(wait)),))
             return self.fallback(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST":
             method = str(environ.get("REQUEST_METHOD"))[:16]

@@ -183,3 +183,37 @@ def test_cluster_mode_refuses_reports_of_nodes_the_cluster_does_not_have() -> No
         status, out = post(url + "/v1/telemetry", report("ghost", 1, [gpu("ghost-gpu0", GPU_MIB)]), token="t")
         assert status == 400 and "not a node of the cluster" in out["error"]
         assert ext.ledger.node_view("ghost") is None
+
+
+def test_no_kube_node_cap_forgets_the_stalest_phantom_not_new_nodes(monkeypatch: Any) -> None:
+    """#26: in local mode invented nodes filled the 20,000-node cap and every new node was refused for
+    up to `local_expiry_s` (an hour). Now the node silent longest without a reservation makes room;
+    a node holding a reservation is never forgotten for it (cap lowered to 50 for the test)."""
+    from extender import ledger as ledger_module
+    from extender.server.app import create_app, extender_of
+    from extender.settings import Settings
+    from tests.fixtures.kube.doubles import FormulaPredictor
+
+    monkeypatch.setattr(ledger_module, "NODES_MAX", 50)
+    settings = Settings()
+    settings.kube.no_kube = True
+    settings.telemetry.telemetry_token = TOKEN
+    app = create_app(settings, predictor=FormulaPredictor(), cluster=InMemoryCluster())
+    client, ext = app.test_client(), extender_of(app)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def send(node: str, seq: int = 1) -> int:
+        body = report(node, seq, [gpu(f"{node}-gpu0", GPU_MIB)])
+        return client.post("/v1/telemetry", json=body, headers=headers).status_code
+
+    assert send("busy") == 200
+    held = pod("held", {"deepres.io/gpu-memory": "4Gi"})
+    client.post("/filter", json=extender_args(held, names=["busy"]))
+    assert client.post("/bind", json=binding_args(held, "busy")).get_json() == {"Error": ""}
+    assert [send(f"phantom-{i}") for i in range(200)] == [200] * 200  # before: 400 from the 50th on
+    assert send("real") == 200
+    views = ext.state.views
+    assert len(views) == 50 and "real" in views and "busy" in views  # silent longest, but it holds a pod
+    assert "phantom-0" not in views and "phantom-199" in views
+    late = pod("late", {"deepres.io/gpu-memory": "4Gi"})
+    assert client.post("/filter", json=extender_args(late, names=["real"])).get_json()["NodeNames"] == ["real"]

@@ -8,9 +8,9 @@ import pytest
 from flask.testing import FlaskClient
 
 from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.protocol import parse_pod
 from extender.server import planner as app_module  # the scores the verbs call live there
 from extender.server.app import create_app, extender_of
-from extender.server.protocol import parse_pod
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.payloads import (

@@ -109,10 +109,16 @@ def test_reports_of_nodes_outside_the_cluster_are_refused_once_the_node_list_is_
 def test_invented_nodes_cannot_grow_the_ledger_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ledger_module, "NODES_MAX", 3)
     state = ClusterState(P)
-    assert [state.apply_report(report(f"n{i}"), NOW) for i in range(4)] == [ACCEPTED] * 3 + [TOO_MANY_NODES]
-    assert state.apply_report(report("n0", seq=2), NOW) == ACCEPTED  # known nodes keep reporting
-    assert state.expire_nodes(NOW + 100, 50) == ["n0", "n1", "n2"]
-    assert state.apply_report(report("n3"), NOW + 100) == ACCEPTED
+    assert [state.apply_report(report(f"n{i}"), NOW + i) for i in range(3)] == [ACCEPTED] * 3
+    assert state.apply_report(report("n0", seq=2), NOW + 3) == ACCEPTED  # n0 reported again: n1 is silent longest
+    # local mode (no node list): a new node makes room by forgetting the node silent longest
+    assert state.apply_report(report("n3"), NOW + 4) == ACCEPTED
+    assert sorted(state.views) == ["n0", "n2", "n3"] and state.nodes_dropped == 1
+    assert state.expire_nodes(NOW + 100, 50) == ["n2", "n0", "n3"]
+    # in a cluster the node list bounds the nodes: at the cap a report is refused, nothing is forgotten
+    cluster = ClusterState(P)
+    cluster.set_known_nodes([f"k{i}" for i in range(4)])
+    assert [cluster.apply_report(report(f"k{i}"), NOW) for i in range(4)] == [ACCEPTED] * 3 + [TOO_MANY_NODES]
 
 
 def test_a_gpu_uuid_belongs_to_its_node() -> None:

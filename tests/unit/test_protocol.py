@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.policy import FilterResult
-from extender.server.protocol import (
+from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
     decode_extender_args,

@@ -85,7 +85,14 @@ def test_serve_flags_override_everything_and_gunicorn_runs_one_threaded_worker(t
     settings = settings_from_args(args)
     assert settings.kube.no_kube and settings.server.bind == "127.0.0.1:9000"
     options = gunicorn_options(settings)
-    assert options["workers"] == 1 and options["worker_class"] == "gthread" and options["threads"] == 3
+    assert options["workers"] == 1 and options["threads"] == 3
+    # gthread, with new connections waiting for a first byte on the poller (issue 26)
+    from gunicorn.workers.gthread import ThreadWorker
+
+    from extender.server.gunicorn_worker import ThreadWorker as IdleSafe
+
+    assert options["worker_class"] == "extender.server.gunicorn_worker.ThreadWorker"
+    assert issubclass(IdleSafe, ThreadWorker)
     assert options["certfile"] == str(cert) and options["keyfile"] == str(key) and not options["preload_app"]
     with pytest.raises(UsageError, match=r"server\.bind must be HOST:PORT"):
         settings_from_args(parser.parse_args(["--bind", "nowhere"]))
@@ -111,6 +118,9 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
     # the request threads are the RSGI bridge's pool (extender/server/rsgi.py); granian's own thread runs the event loop
     assert options["workers"] == 1 and options["blocking_threads"] == 1 and options["interface"] == Interfaces.RSGI
     assert options["ssl_cert"] == cert and options["ssl_key"] == key
+    # HTTP/1.1 only: granian's HTTP/2 detection waits for a first byte with no deadline (issue 26)
+    assert options["http"] == "1" and options["backpressure"] == settings.server.max_connections
+    assert options["http1_settings"].header_read_timeout == settings.server.header_timeout_s * 1000
     gunicorn = settings_from_args(parser.parse_args(["--engine", "gunicorn"]))
     assert not isinstance(make_server(gunicorn), GranianServer)
 
