@@ -36,8 +36,10 @@ test: lint typecheck unit
 
 # The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Serving needs
 # no torch and no training extras: `make run` installs deepres alone (`pip install -e .`, numpy
-# runtime) into its own environment, .venv-serve (~250 MB, under a minute from a fresh clone), while
-# `make test` keeps the full development install in .venv. Agents authenticate with the token in
+# runtime) into its own environment, .venv-serve (~290 MB, under a minute from a fresh clone), while
+# `make test` keeps the full development install in .venv. --no-compile: pip would byte-compile every
+# module of every package (the kubernetes client's thousands: half the install's time); Python
+# compiles what it imports on first use instead. Agents authenticate with the token in
 # .venv-serve/run-token (made once); `make predict` shows a prediction.
 SERVE_VENV := .venv-serve
 SERVE_BIN := $(SERVE_VENV)/bin
@@ -49,7 +51,7 @@ serve-venv: $(SERVE_STAMP)
 
 $(SERVE_STAMP): pyproject.toml constraints.txt
 	@test -x $(SERVE_BIN)/python || $(PYTHON) -m venv $(SERVE_VENV)
-	$(SERVE_BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	$(SERVE_BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e .
 	@touch $(SERVE_STAMP)
 
 run: $(SERVE_STAMP) $(RUN_TOKEN)
