@@ -24,7 +24,7 @@ $(TOOLS_STAMP): scripts/install-tools.sh
 	@touch $(TOOLS_STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check extender predictor tests scripts
+	$(BIN)/ruff check extender predictor tests scripts deploy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
