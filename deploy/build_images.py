@@ -42,6 +42,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
@@ -145,17 +146,21 @@ def stream(cmd: Sequence[str], *, timeout: float) -> None:
     BuildError with its last lines when it fails."""
     log("$ " + " ".join(cmd))
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           stdin=subprocess.DEVNULL) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stderr.write("    " + line)
-            seen = [*seen[-40:], line.rstrip()]
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise BuildError(f"{' '.join(cmd[:3])} ...: still running after {timeout:.0f}s")
-        code = proc.wait()
+        watchdog = threading.Timer(timeout, proc.kill)  # a silent hang ends too
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stderr.write("    " + line)
+                seen = [*seen[-40:], line.rstrip()]
+            code = proc.wait()
+        finally:
+            expired = not watchdog.is_alive()
+            watchdog.cancel()
+    if expired:
+        raise BuildError(f"{' '.join(cmd[:3])} ...: killed after {timeout:.0f}s")
     if code != 0:
         raise BuildError(f"{' '.join(cmd[:3])} ... exited {code}:\n{tail(chr(10).join(seen))}")
 
