@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv tools test lint imports typecheck unit run predict e2e cluster cluster-bins cluster-down clean
+.PHONY: venv serve-venv tools test lint imports typecheck unit run predict images e2e cluster cluster-bins cluster-down clean
 
 venv: $(STAMP)
 
@@ -24,7 +24,7 @@ $(TOOLS_STAMP): scripts/install-tools.sh
 	@touch $(TOOLS_STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check extender predictor devtools tests scripts
+	$(BIN)/ruff check extender predictor devtools tests scripts deploy
 
 # the import contracts of docs/ARCHITECTURE.md (import-linter; pyproject.toml [tool.importlinter])
 imports: $(STAMP)
@@ -38,21 +38,42 @@ unit: $(STAMP) $(TOOLS_STAMP) cluster-bins
 
 test: lint imports typecheck unit
 
-# The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Agents
-# authenticate with the token in .venv/run-token (made once); `make predict` shows a prediction.
-RUN_TOKEN := $(VENV)/run-token
+# The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Serving needs
+# no torch and no training extras: `make run` installs deepres alone (`pip install -e .`, numpy
+# runtime) into its own environment, .venv-serve (~290 MB, under a minute from a fresh clone), while
+# `make test` keeps the full development install in .venv. --no-compile: pip would byte-compile every
+# module of every package (the kubernetes client's thousands: half the install's time); Python
+# compiles what it imports on first use instead. Agents authenticate with the token in
+# .venv-serve/run-token (made once); `make predict` shows a prediction.
+SERVE_VENV := .venv-serve
+SERVE_BIN := $(SERVE_VENV)/bin
+SERVE_STAMP := $(SERVE_VENV)/.installed
+RUN_TOKEN := $(SERVE_VENV)/run-token
 BIND ?= 127.0.0.1:8888
 
-run: $(STAMP) $(RUN_TOKEN)
-	$(BIN)/deepres predict -f deploy/examples/cnn-small.yaml
-	$(BIN)/deepres serve --no-kube --bind $(BIND) --telemetry-token-file $(RUN_TOKEN)
+serve-venv: $(SERVE_STAMP)
 
-$(RUN_TOKEN): | $(STAMP)
-	@$(BIN)/python -c "import secrets; print(secrets.token_urlsafe(32))" > $(RUN_TOKEN)
+$(SERVE_STAMP): pyproject.toml constraints.txt
+	@test -x $(SERVE_BIN)/python || $(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e .
+	@touch $(SERVE_STAMP)
+
+run: $(SERVE_STAMP) $(RUN_TOKEN)
+	$(SERVE_BIN)/deepres predict -f deploy/examples/cnn-small.yaml
+	$(SERVE_BIN)/deepres serve --no-kube --bind $(BIND) --telemetry-token-file $(RUN_TOKEN)
+
+$(RUN_TOKEN): | $(SERVE_STAMP)
+	@$(SERVE_BIN)/python -c "import secrets; print(secrets.token_urlsafe(32))" > $(RUN_TOKEN)
 	@chmod 600 $(RUN_TOKEN)
 
-predict: $(STAMP)
-	$(BIN)/deepres predict -f deploy/examples/cnn-small.yaml
+predict: $(SERVE_STAMP)
+	$(SERVE_BIN)/deepres predict -f deploy/examples/cnn-small.yaml
+
+# deepres/extender and deepres/agent built from deploy/Dockerfile.* with buildah (no Docker, no
+# registry: a Debian bookworm base made from Debian's packages, cached by its inputs), then smoke-tested
+# as uid 10001; writes reports/images.json. Needs root (apt-get installs buildah and debootstrap).
+images:
+	bash deploy/build-images.sh
 
 e2e: $(STAMP) $(TOOLS_STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -m e2e tests/e2e
@@ -73,4 +94,4 @@ cluster-down: $(STAMP)
 	$(BIN)/python -m devtools.localcluster down --dir $(CLUSTER_DIR)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .mypy_cache .ruff_cache

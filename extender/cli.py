@@ -37,7 +37,10 @@ class UsageError(Exception):
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the `selected` subcommand's module is imported to add its arguments."""
+    from extender import __version__
+
     parser = argparse.ArgumentParser(prog="deepres", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"deepres {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

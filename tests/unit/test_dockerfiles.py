@@ -174,3 +174,42 @@ def test_agent_image_installs_what_the_agent_imports_and_no_torch() -> None:
     assert not [r for r in runs if "torch" in r], "no torch in the agent image"
     assert "pynvml" not in installed, "the deprecated pynvml wrapper: install nvidia-ml-py"
     assert {"kubernetes", "pynvml", "prometheus_client", "yaml"} <= modules, "the import scan missed a known import"
+
+
+def test_serving_install_provides_every_module_serving_imports() -> None:
+    """`pip install .` (make run, the extender image) has no extras: each third-party module the
+    serving path can import must come from a core dependency, not from `train` (torch, pandas...)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = installed_closure({normalize(re.split(r"[<>=!\[ ;]", d)[0]) for d in project["dependencies"]})
+    dists = packages_distributions()
+    modules = agent_third_party_modules((*SERVING_ROOTS, "extender.kube.cluster", "extender.cli"))
+    missing = {m: sorted(dists.get(m, [])) for m in modules if not {normalize(d) for d in dists.get(m, [])} & core}
+    assert not missing, f"serving imports these, provided by no core dependency of pyproject.toml: {missing}"
+    assert "pandas" not in modules, "serving imports pandas: it is the train extra"
+    assert {"flask", "numpy", "granian"} <= modules, "the import scan missed a known import"
+
+
+def installed_closure(names: set[str]) -> set[str]:
+    """`names` and what they require, transitively (as installed here; requirements behind an extra
+    or a marker that does not hold are left out, as pip leaves them out)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    found, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            wanted = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        for line in wanted:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(normalize(req.name))
+    return found
