@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from predictor.errors import UsageError  # its home is the predictor (imports nothing from extender); re-exported
+
 # subcommand -> (module, one-line help). Bench targets dispatch inside `extender.bench`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("extender.server", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
@@ -29,10 +31,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:

@@ -166,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = sorted(set(names) - set(allowed))
@@ -176,7 +176,7 @@ def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     models = _names(args.models, MODELS, "--models")
     family_models = models if args.family_models == "all" else _names(args.family_models, MODELS, "--family-models")

@@ -281,7 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     if args.model_type is not None and args.model_type.lower() not in MODEL_ALIASES:
         raise UsageError(f"--model-type {args.model_type!r}: expected one of {', '.join(sorted(MODEL_ALIASES))}")

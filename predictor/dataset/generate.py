@@ -367,7 +367,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     if getattr(args, "mode", "templates") == "real":
         from predictor.dataset import real

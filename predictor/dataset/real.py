@@ -607,7 +607,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
     bad = [s for s in sources if s not in ("timm", "torchvision", "hf", "nn")]
