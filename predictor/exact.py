@@ -27,19 +27,17 @@ An unknown name raises `SpecError` naming the closest known names (difflib).
 from __future__ import annotations
 
 import bisect
-import difflib
 import json
 import math
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from predictor.spec import Demand, JobSpec, SpecError, estimate_gpu_seconds
+from predictor.table import HF_TABLE_PATH, SOURCES, TABLE_PATH, entry, load_table, names, resolve
 
-TABLE_PATH = Path(__file__).resolve().parent / "data" / "exact.json"
-HF_TABLE_PATH = Path(__file__).resolve().parent / "dataset" / "hf_models.json"
-SOURCES = ("timm", "torchvision", "hf")
+__all__ = ["HF_TABLE_PATH", "SOURCES", "TABLE_PATH", "ExactEstimate", "NotTraced", "entry", "estimate", "load_table",
+           "measured_upper", "names", "override", "resolve", "traced_memory"]
 
 
 class NotTraced(SpecError):
@@ -57,55 +55,6 @@ class ExactEstimate:
     gflops_per_iteration: float
     interpolated_input: bool
     extrapolated_batch: bool
-
-
-@cache
-def load_table(path: str = str(TABLE_PATH)) -> dict[str, Any]:
-    """The shipped table (read once). An absent table is an empty one: every name is then unknown."""
-    file = Path(path)
-    if not file.is_file():
-        return {"models": {}, "calibration": {"context_mib": 0.0, "factor": 1.0},
-                "bound": {"calibration_rel": 0.05, "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}}
-    data: dict[str, Any] = json.loads(file.read_text())
-    return data
-
-
-@cache
-def _aliases(path: str = str(TABLE_PATH)) -> dict[str, str]:
-    """Lower-case spellings -> table name: the name itself and, for HF, the hub path of its source."""
-    models = load_table(path)["models"]
-    out = {name.lower(): name for name in models}
-    if HF_TABLE_PATH.is_file():
-        for entry in json.loads(HF_TABLE_PATH.read_text())["models"]:
-            name = f"hf/{entry['name']}"
-            if name in models:
-                out[f"hf/{entry['source']}".lower()] = name
-    return out
-
-
-def resolve(name: str, path: str = str(TABLE_PATH)) -> str:
-    """The table's name for `name` (case-insensitive; HF hub paths accepted); SpecError otherwise."""
-    text = str(name).strip()
-    found = _aliases(path).get(text.lower())
-    if found is not None:
-        return found
-    known = sorted(load_table(path)["models"])
-    if "/" not in text or text.split("/", 1)[0] not in SOURCES:
-        raise SpecError("model", name, "timm/<name>, torchvision/<name> or hf/<config name> "
-                        f"({len(known)} architectures in the table, e.g. timm/resnet50)")
-    close = difflib.get_close_matches(text, known, n=3, cutoff=0.6)
-    if not close:  # a model name without its source prefix, or a typo in the prefix
-        close = difflib.get_close_matches(text.split("/", 1)[1], [k.split("/", 1)[1] for k in known], n=3)
-        close = [k for k in known if k.split("/", 1)[1] in close][:3]
-    hint = f"; closest: {', '.join(close)}" if close else ""
-    raise SpecError("model", name, f"an architecture of the traced table{hint} "
-                    "(custom code: trace it with `deepres profile` and give deepres.io/traced-peak-mib)")
-
-
-def entry(name: str, path: str = str(TABLE_PATH)) -> dict[str, Any]:
-    """The table entry of a (resolved) name."""
-    result: dict[str, Any] = load_table(path)["models"][resolve(name, path)]
-    return result
 
 
 def _piecewise(xs: list[int], ys: list[float], x: float) -> float:
@@ -241,10 +190,6 @@ def traced_memory(traced_peak_mib: float, path: str = str(TABLE_PATH)) -> tuple[
     memory = float(cal["context_mib"]) + float(cal["factor"]) * float(traced_peak_mib)
     upper = max(memory * (1.0 + rel), measured_upper(table["bound"], "any", float(traced_peak_mib)))
     return round(memory, 1), round(upper, 1)
-
-
-def names(path: str = str(TABLE_PATH)) -> list[str]:
-    return sorted(load_table(path)["models"])
 
 
 def override(spec: JobSpec, network: Demand) -> Demand:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from predictor.errors import SpecError  # its home is one floor down (the table resolves names with it)
+
 #: Architecture families the predictor has templates for.
 MODEL_FAMILIES: tuple[str, ...] = ("mlp", "cnn", "resnet", "rnn", "lstm", "gru", "transformer", "gpt", "vit")
 
@@ -67,20 +69,6 @@ _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
 
 
-class SpecError(ValueError):
-    """A job description value that cannot be accepted; names the key, the value and what is accepted."""
-
-    def __init__(self, key: str, value: object, accepted: str) -> None:
-        self.key = key
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
-
-    def with_prefix(self, prefix: str) -> SpecError:
-        """The same error with the key as the user wrote it (e.g. with `deepres.io/`)."""
-        return SpecError(prefix + self.key, self.value, self.accepted)
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """One training process's description, as the data scientist annotates it.
@@ -111,9 +99,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if self.model:
-            from predictor import exact  # the table is read once, only when a model name is given
+            from predictor import table  # the table is read once, only when a model name is given
 
-            object.__setattr__(self, "model", exact.resolve(self.model))
+            object.__setattr__(self, "model", table.resolve(self.model))
         _check_range("traced-peak-mib", self.traced_peak_mib, TRACED_PEAK_RANGE_MIB)
         _check_range("activations-millions", self.activations_millions, ACTIVATIONS_MILLIONS_RANGE)
         family = MODEL_ALIASES.get(str(self.model_type).strip().lower())
@@ -144,10 +132,10 @@ class JobSpec:
         values: dict[str, Any] = {}
         defaulted: set[str] = set()
         if "model" in raw:  # the exact architecture fills what the user left out, by the README's rule
-            from predictor import exact
+            from predictor import table
 
-            name = exact.resolve(raw["model"])
-            known = exact.entry(name)
+            name = table.resolve(raw["model"])
+            known = table.entry(name)
             default_input = str(known["default_input"])
             traced = known["inputs"]
             at_input = traced.get(raw.get("input-dim", "").strip()) or traced.get(default_input) or next(
