@@ -142,7 +142,7 @@ def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tupl
     def make_batch(dtype: torch.dtype) -> tuple[Any, Any]:
         return _cast(inputs, dtype), targets
 
-    from predictor.dataset.real import gpu_attention
+    from predictor.dataset.attention import gpu_attention
 
     with gpu_attention():  # the fused attention kernels a GPU runs, as in the dataset
         components = tracing.trace_components(wrapped, make_batch, loss_fn, precision=precision)
