@@ -16,6 +16,7 @@ from typing import Any
 from predictor.errors import SpecError
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "exact.json"
+TASKS_PATH = Path(__file__).resolve().parent / "data" / "exact_tasks.json"
 HF_TABLE_PATH = Path(__file__).resolve().parent / "dataset" / "hf_models.json"
 SOURCES = ("timm", "torchvision", "hf")
 
@@ -71,3 +72,14 @@ def entry(name: str, path: str = str(TABLE_PATH)) -> dict[str, Any]:
 
 def names(path: str = str(TABLE_PATH)) -> list[str]:
     return sorted(load_table(path)["models"])
+
+
+@cache
+def load_tasks(path: str = str(TASKS_PATH)) -> dict[str, Any]:
+    """The traced heads other than each model's default (`predictor.dataset.heads`), by table name;
+    empty when the file is absent."""
+    file = Path(path)
+    if not file.is_file():
+        return {}
+    models: dict[str, Any] = json.loads(file.read_text())["models"]
+    return models
