@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
@@ -86,11 +86,13 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 def trace_input(arch: A.Arch, input_dim: int, batches: tuple[int, ...] | None = None,
-                precisions: tuple[str, ...] = PRECISIONS) -> dict[str, Any]:
-    """Every trace of one architecture at one input: the model is built once (meta, no weights)."""
+                precisions: tuple[str, ...] = PRECISIONS,
+                build: Callable[[A.Arch, int], tuple[Any, Any, Any]] | None = None) -> dict[str, Any]:
+    """Every trace of one architecture at one input: the model is built once (meta, no weights) by
+    `build` (default `archs.build`; `heads.build_head` for another task head)."""
     started = time.perf_counter()
     with torch.device("meta"), tracing._SkipInit():  # type: ignore[no-untyped-call]
-        model, batch_of, loss = A.build(arch, input_dim)
+        model, batch_of, loss = (build or A.build)(arch, input_dim)
     model = model.to("meta")  # legacy constructors (torch.FloatTensor in XLNet) ignore the device context
     model.train()
     build_s = time.perf_counter() - started
@@ -337,15 +339,7 @@ def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound
         entry = models.setdefault(arch["name"], {
             "group": arch["group"], "family": arch["family"], "kind": arch["kind"],
             "default_input": arch["inputs"][0], "batches": list(arch["batches"]), "inputs": {}})
-        curves: dict[str, Any] = {}
-        for precision in PRECISIONS:
-            ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
-            if [t["batch"] for t in ts] != list(arch["batches"]):
-                continue
-            curves[precision] = {
-                "fb": [_mib(t["fb"]) for t in ts], "end": [_mib(t["end"]) for t in ts],
-                "gflops": [round(t["flops"] / 1e9, 4) for t in ts],
-                "optimizers": {o: [_mib(v) for v in info["optimizers"][precision][o]] for o in OPTIMIZERS}}
+        curves = curves_of(info, arch["batches"])
         if curves:
             entry["inputs"][str(info["input"])] = {"params_millions": round(info["params"] / 1e6, 4),
                                                    "num_layers": info["num_layers"], "curves": curves}
@@ -354,6 +348,21 @@ def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound
             "about": "deepres exact-architecture table: written by `deepres dataset real`; read by predictor/exact.py",
             "calibration": {"context_mib": fit.context_mib, "factor": fit.factor}, "bound": bound,
             "precisions_traced": list(PRECISIONS), "models": dict(sorted(models.items()))}
+
+
+def curves_of(info: dict[str, Any], batches: list[int]) -> dict[str, Any]:
+    """One traced input's curves per precision, in the layout of exact.json (precisions whose traces
+    do not cover every batch are left out)."""
+    curves: dict[str, Any] = {}
+    for precision in PRECISIONS:
+        ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
+        if [t["batch"] for t in ts] != list(batches):
+            continue
+        curves[precision] = {
+            "fb": [_mib(t["fb"]) for t in ts], "end": [_mib(t["end"]) for t in ts],
+            "gflops": [round(t["flops"] / 1e9, 4) for t in ts],
+            "optimizers": {o: [_mib(v) for v in info["optimizers"][precision][o]] for o in OPTIMIZERS}}
+    return curves
 
 
 def input_interpolation_check(table: dict[str, Any]) -> dict[str, Any]:

@@ -80,3 +80,35 @@ def test_task_spellings_defaults_and_errors() -> None:
     assert info.value.key == "task" and "sequence-classification" in str(info.value)
     ignored = JobSpec.parse({"model": "hf/bert-base-uncased", "task": "sequence-classification", "target-dim": "64"})
     assert any("target-dim ignored" in n for n in ignored.notes)
+
+
+def test_a_classification_head_drops_the_vocabulary_logits() -> None:
+    """bert-base at 128 tokens, batch 32, amp: the masked-LM head keeps 32 x 128 x 30,522 logits and
+    their fp32 copy for the loss (>= 4 bytes each: 477 MiB); a sequence classifier keeps 2 per
+    sequence. The traced classifier must be below the masked-LM figure by at least that much, and
+    near the 4,162 MiB a real H100 run showed (issue 25: the exact path said 6,103 for masked-LM)."""
+    mlm = exact.estimate("hf/bert-base-uncased", 32, 128, "amp", "adamw")
+    cls = exact.estimate("hf/bert-base-uncased", 32, 128, "amp", "adamw", task="sequence-classification")
+    tok = exact.estimate("hf/bert-base-uncased", 32, 128, "amp", "adamw", task="token-classification")
+    assert mlm.traced_peak_mib - cls.traced_peak_mib >= 32 * 128 * 30522 * 4 / MIB
+    assert tok.traced_peak_mib < mlm.traced_peak_mib  # 9 labels per token: far below a vocabulary
+    assert abs(cls.memory_mib / 4162 - 1) < 0.15
+
+
+def test_seq2seq_target_length_is_traced_and_read_between() -> None:
+    """t5-small at 128 input tokens: the table's default targets (a quarter: 32) equal the traced
+    seq2seq@32 head; longer targets cost more, and a target between two traced ones lies between."""
+    default = exact.estimate("hf/t5-small", 8, 128, "amp", "adamw")
+    at32 = exact.estimate("hf/t5-small", 8, 128, "amp", "adamw", task="seq2seq", target_dim=32)
+    at128 = exact.estimate("hf/t5-small", 8, 128, "amp", "adamw", task="seq2seq", target_dim=128)
+    at80 = exact.estimate("hf/t5-small", 8, 128, "amp", "adamw", task="seq2seq", target_dim=80)
+    assert at32.traced_peak_mib == pytest.approx(default.traced_peak_mib, rel=1e-3)
+    assert at32.traced_peak_mib < at80.traced_peak_mib < at128.traced_peak_mib
+
+
+def test_a_pod_with_a_task_gets_the_heads_figure() -> None:
+    predictor = Predictor.load()
+    base = {"model": "hf/bert-base-uncased", "batch-size": "32", "input-dim": "128", "precision": "amp"}
+    plain = predictor.predict(JobSpec.parse(base))
+    classifier = predictor.predict(JobSpec.parse({**base, "task": "sequence-classification"}))
+    assert classifier.model_version.endswith("+exact") and classifier.memory_mib < plain.memory_mib
