@@ -234,10 +234,16 @@ class Demand:
     gpu_seconds: float
     model_version: str
     warnings: tuple[str, ...] = ()
+    # seconds per training step on the reference GPU (the measured H100) and its parts (per-step,
+    # compute, memory traffic) from which `predictor.steptime.on_gpu` scales it to any GPU model;
+    # 0 / () where unknown (a Demand built before the step time existed)
+    step_seconds: float = 0.0
+    step_parts: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["warnings"] = list(self.warnings)
+        data["step_parts"] = list(self.step_parts)
         return data
 
 

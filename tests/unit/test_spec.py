@@ -114,5 +114,5 @@ def test_gpu_seconds_scale_with_work_and_precision() -> None:
 def test_demand_serialises_all_fields() -> None:
     demand = Demand(1000.0, 1200.0, 5.0, 60.0, "v1")
     assert set(demand.to_dict()) == {"memory_mib", "memory_mib_upper", "gflops_per_iteration",
-                                     "gpu_seconds", "model_version", "warnings"}
+                                     "gpu_seconds", "model_version", "warnings", "step_seconds", "step_parts"}
     assert demand.to_dict()["warnings"] == []
