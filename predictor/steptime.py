@@ -30,6 +30,7 @@ from predictor.spec import Demand, JobSpec
 COEFFICIENTS_PATH = Path(__file__).resolve().parent / "data" / "steptime.json"
 MEASURED = Path(__file__).resolve().parent / "data" / "measured" / "h100-2026-11-24.csv"
 REFERENCE_GPU = "h100-sxm"
+REPORT = Path(__file__).resolve().parents[1] / "reports" / "predictor.json"
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def _matrix(rows: list[dict[str, Any]]) -> Any:
 def fit(rows: list[dict[str, Any]]) -> list[float]:
     """Non-negative weights minimising the mean absolute log error of the step time."""
     import numpy as np
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # type: ignore[import-untyped]  # (scikit-learn's dependency, train extra)
 
     x, y = _matrix(rows), np.log(np.asarray([float(r["step_s"]) for r in rows]))
 
@@ -211,6 +212,8 @@ def held_out(rows: list[dict[str, Any]], folds: int = 5, seed: int = 0) -> dict[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m predictor.steptime", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=COEFFICIENTS_PATH)
+    parser.add_argument("--report", type=Path, default=REPORT,
+                        help="merge the `steptime` key into this JSON (the rest is kept)")
     args = parser.parse_args(argv)
     rows = measured_rows()
     alone = [r for r in rows if int(r["ran_beside"]) == 0]
@@ -227,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_scaling": "compute by published dense peak TFLOPs, traffic by memory bandwidth (NVIDIA data sheets)",
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    report = json.loads(args.report.read_text()) if args.report.exists() else {}
+    report["steptime"] = {**figures, "alone_only": shared, "gpu": "NVIDIA H100 80GB HBM3 (measured)",
+                          "method": result["method"], "gpu_scaling": result["gpu_scaling"]}
+    args.report.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("weights", "held_out_by_group", "held_out_by_group_alone_only")}))
     return 0
 
