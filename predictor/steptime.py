@@ -29,6 +29,7 @@ from predictor.spec import Demand, JobSpec
 
 COEFFICIENTS_PATH = Path(__file__).resolve().parent / "data" / "steptime.json"
 MEASURED = Path(__file__).resolve().parent / "data" / "measured" / "h100-2026-11-24.csv"
+JOBS = Path(__file__).resolve().parent / "data" / "real_jobs.csv.gz"  # the dataset's rows (GFLOPs of each job)
 REFERENCE_GPU = "h100-sxm"
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "predictor.json"
 
@@ -148,15 +149,13 @@ def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
     import csv
     import gzip
 
-    from predictor.dataset import paths
-
     with path.open(newline="") as handle:
         rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
 
     def key(r: dict[str, Any]) -> tuple[str, int, int, str, str]:
         return (r["name"], int(float(r["batch_size"])), int(float(r["input_dim"])), r["precision"], r["optimizer"])
 
-    with gzip.open(paths.JOBS_OUT, "rt", newline="") as handle:
+    with gzip.open(JOBS, "rt", newline="") as handle:
         flops = {key(r): float(r["gflops_per_iteration"]) for r in csv.DictReader(handle) if r["status"] == "ok"}
     return [{**r, "gflops_per_iteration": flops[key(r)]} for r in rows if key(r) in flops]
 

@@ -94,7 +94,7 @@ def units(match: str = "", tiers: tuple[int, ...] = (0,)) -> list[tuple[Any, str
     for arch in A.hf_archs():
         if arch.kind == "image" or match not in arch.name:
             continue
-        default_task, others = tasks_of(arch.name)
+        _, others = tasks_of(arch.name)
         inputs = [i for t in tiers for i in (arch.inputs[:1] if t == 0 else arch.inputs[1:])]
         for task in others:
             for input_dim in inputs:
@@ -102,10 +102,7 @@ def units(match: str = "", tiers: tuple[int, ...] = (0,)) -> list[tuple[Any, str
                     out += [(arch, f"seq2seq@{t}", input_dim, t) for t in TARGET_LENGTHS]
                 else:
                     out.append((arch, task, input_dim, 0))
-        if default_task == "seq2seq":  # the pre-training table's seq2seq targets are a quarter of the input
-            for input_dim in inputs:
-                out += [(arch, f"seq2seq@{t}", input_dim, t) for t in TARGET_LENGTHS]
-    return out
+    return out  # (seq2seq models: `others` is seq2seq itself, at each target length)
 
 
 def trace_unit(arch: Any, key: str, input_dim: int, target_len: int) -> dict[str, Any]:
