@@ -28,11 +28,12 @@ from predictor.spec import (
     NUM_LAYERS_RANGE,
     OPTIMIZERS,
     PARAMS_MILLIONS_RANGE,
-    PRECISIONS,
+    PRECISION_CHOICES,
     TRACED_PEAK_RANGE_MIB,
     JobSpec,
     SpecError,
 )
+from predictor.tasks import TARGET_DIM_RANGE, TASK_ALIASES
 
 PREFIX = "deepres.io/"
 MAX_GPUS = 64
@@ -46,7 +47,7 @@ MAX_DEADLINE_S = 366 * 86400.0
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
 #: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
 #: default, so a pod saying `input-dim: 0` would silently be planned as another job.
-EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "activations-millions")
+EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "activations-millions", "target-dim")
 #: Written by the extender at bind (see docs/CONTRACTS.md); accepted on a pod, never required.
 ASSIGNED_GPUS = "assigned-gpus"
 PREDICTED_MEMORY = "predicted-memory-mib"
@@ -80,7 +81,7 @@ ACCEPTED: dict[str, Accepted] = {
     "input-dim": Accepted("integer", *INPUT_DIM_RANGE),
     "num-layers": Accepted("integer", *NUM_LAYERS_RANGE),
     "iterations": Accepted("integer", *ITERATIONS_RANGE),
-    "precision": Accepted("choice", choices=PRECISIONS),
+    "precision": Accepted("choice", choices=PRECISION_CHOICES),
     "optimizer": Accepted("choice", choices=OPTIMIZERS),
     "learning-rate": Accepted("number", *LEARNING_RATE_RANGE, low_open=True),
     "regularization": Accepted("bool"),
@@ -89,6 +90,8 @@ ACCEPTED: dict[str, Accepted] = {
     "traced-peak-mib": Accepted("number", *TRACED_PEAK_RANGE_MIB),
     # optional; a written value is above 0 (JobSpec reads 0 as "not given")
     "activations-millions": Accepted("number", *ACTIVATIONS_MILLIONS_RANGE, low_open=True),
+    "task": Accepted("choice", choices=tuple(TASK_ALIASES)),
+    "target-dim": Accepted("integer", *TARGET_DIM_RANGE),
     "gpus": Accepted("integer", 1, MAX_GPUS),
     "deadline": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),
     "criticality": Accepted("choice", choices=CRITICALITIES),

@@ -15,6 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+# the one-line user error: its home is the predictor (which imports nothing from extender), re-exported here
+from predictor.errors import UsageError as UsageError
+
 # subcommand -> (module, one-line help). Bench targets dispatch inside `devtools.bench`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("extender.server.serve", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
@@ -29,10 +32,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:

@@ -175,7 +175,7 @@ def _rss_mib() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
     from predictor.runtime import ArtifactError, Predictor
 
     if args.calls < 10 or args.batch < 1:

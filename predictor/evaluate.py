@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from predictor.baselines import BASELINES, tune
 from predictor.metrics import bound_figures, over_reservation, regression_metrics, under_rate
+from predictor.predictions import CURVE_COVERAGES, Predictions
 from predictor.splits import Split, family_splits, grouped_calibration_split, grouped_split, random_split
 from predictor.train import (
     CALIBRATION_FRACTION,
@@ -65,42 +66,6 @@ CACHE_VERSION = 7
 #: Bumped when what the tuned model is changed (its bound's base; 2: the network blended with LightGBM;
 #: 3: the median of the network, LightGBM and AdaBoost).
 BOUND_CHOICE_VERSION = 3
-
-
-#: Coverages the bound is also recalibrated to (same fits, same held-out jobs) for the trade-off
-#: curve: `splits.<split>.coverage_curve.<model>` in reports/predictor.json.
-CURVE_COVERAGES: tuple[float, ...] = (0.90, 0.95, 0.97)
-
-
-class Predictions:
-    """Test-set predictions of one model on one split (pooled over folds for leave_family_out)."""
-
-    def __init__(self) -> None:
-        self.rows: list[npt.NDArray[np.int64]] = []
-        self.points: list[FloatArray] = []
-        self.upper: list[FloatArray] = []
-        self.curve: list[FloatArray] = []  # (len(CURVE_COVERAGES), n) bounds per fold
-
-    def add(self, rows: npt.NDArray[np.int64], points: FloatArray, upper: FloatArray,
-            curve: FloatArray | None = None) -> None:
-        self.rows.append(rows)
-        self.points.append(points)
-        self.upper.append(upper)
-        if curve is not None:
-            self.curve.append(curve)
-
-    def coverage_curve(self, data: Dataset) -> list[dict[str, float]]:
-        """Under-rate and over-reservation of the pooled test rows at each of CURVE_COVERAGES ([] if unknown)."""
-        if not self.curve or len(self.curve) != len(self.rows):
-            return []
-        truth = data.y[np.concatenate(self.rows), 0]
-        bounds = np.concatenate(self.curve, axis=1)
-        return [{"coverage": c, "under_rate": round(under_rate(truth, b), 6),
-                 "over_reservation": round(over_reservation(truth, b), 6)}
-                for c, b in zip(CURVE_COVERAGES, bounds, strict=True)]
-
-    def arrays(self) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray]:
-        return np.concatenate(self.rows), np.concatenate(self.points), np.concatenate(self.upper)
 
 
 def metrics_of(data: Dataset, preds: Predictions) -> dict[str, dict[str, float]]:
@@ -166,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = sorted(set(names) - set(allowed))
@@ -176,7 +141,7 @@ def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     models = _names(args.models, MODELS, "--models")
     family_models = models if args.family_models == "all" else _names(args.family_models, MODELS, "--family-models")

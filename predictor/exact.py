@@ -27,19 +27,18 @@ An unknown name raises `SpecError` naming the closest known names (difflib).
 from __future__ import annotations
 
 import bisect
-import difflib
 import json
 import math
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
+from predictor import tasks
 from predictor.spec import Demand, JobSpec, SpecError, estimate_gpu_seconds
+from predictor.table import HF_TABLE_PATH, SOURCES, TABLE_PATH, entry, load_table, load_tasks, names, resolve
 
-TABLE_PATH = Path(__file__).resolve().parent / "data" / "exact.json"
-HF_TABLE_PATH = Path(__file__).resolve().parent / "dataset" / "hf_models.json"
-SOURCES = ("timm", "torchvision", "hf")
+__all__ = ["HF_TABLE_PATH", "SOURCES", "TABLE_PATH", "ExactEstimate", "NotTraced", "entry", "estimate", "load_table",
+           "measured_upper", "names", "override", "resolve", "traced_memory"]
 
 
 class NotTraced(SpecError):
@@ -57,55 +56,6 @@ class ExactEstimate:
     gflops_per_iteration: float
     interpolated_input: bool
     extrapolated_batch: bool
-
-
-@cache
-def load_table(path: str = str(TABLE_PATH)) -> dict[str, Any]:
-    """The shipped table (read once). An absent table is an empty one: every name is then unknown."""
-    file = Path(path)
-    if not file.is_file():
-        return {"models": {}, "calibration": {"context_mib": 0.0, "factor": 1.0},
-                "bound": {"calibration_rel": 0.05, "batch_extrapolation_rel": 0.02, "input_interpolation_rel": 0.15}}
-    data: dict[str, Any] = json.loads(file.read_text())
-    return data
-
-
-@cache
-def _aliases(path: str = str(TABLE_PATH)) -> dict[str, str]:
-    """Lower-case spellings -> table name: the name itself and, for HF, the hub path of its source."""
-    models = load_table(path)["models"]
-    out = {name.lower(): name for name in models}
-    if HF_TABLE_PATH.is_file():
-        for entry in json.loads(HF_TABLE_PATH.read_text())["models"]:
-            name = f"hf/{entry['name']}"
-            if name in models:
-                out[f"hf/{entry['source']}".lower()] = name
-    return out
-
-
-def resolve(name: str, path: str = str(TABLE_PATH)) -> str:
-    """The table's name for `name` (case-insensitive; HF hub paths accepted); SpecError otherwise."""
-    text = str(name).strip()
-    found = _aliases(path).get(text.lower())
-    if found is not None:
-        return found
-    known = sorted(load_table(path)["models"])
-    if "/" not in text or text.split("/", 1)[0] not in SOURCES:
-        raise SpecError("model", name, "timm/<name>, torchvision/<name> or hf/<config name> "
-                        f"({len(known)} architectures in the table, e.g. timm/resnet50)")
-    close = difflib.get_close_matches(text, known, n=3, cutoff=0.6)
-    if not close:  # a model name without its source prefix, or a typo in the prefix
-        close = difflib.get_close_matches(text.split("/", 1)[1], [k.split("/", 1)[1] for k in known], n=3)
-        close = [k for k in known if k.split("/", 1)[1] in close][:3]
-    hint = f"; closest: {', '.join(close)}" if close else ""
-    raise SpecError("model", name, f"an architecture of the traced table{hint} "
-                    "(custom code: trace it with `deepres profile` and give deepres.io/traced-peak-mib)")
-
-
-def entry(name: str, path: str = str(TABLE_PATH)) -> dict[str, Any]:
-    """The table entry of a (resolved) name."""
-    result: dict[str, Any] = load_table(path)["models"][resolve(name, path)]
-    return result
 
 
 def _piecewise(xs: list[int], ys: list[float], x: float) -> float:
@@ -185,11 +135,79 @@ def _between_inputs(curves: list[dict[str, Any]], inputs: list[int], want: int, 
 
 
 def estimate(name: str, batch_size: int, input_dim: int | None, precision: str, optimizer: str,
-             path: str = str(TABLE_PATH)) -> ExactEstimate:
-    """The traced, calibrated demand of one training process of a named architecture."""
+             path: str = str(TABLE_PATH), task: str = "", target_dim: int = 0) -> ExactEstimate:
+    """The traced, calibrated demand of one training process of a named architecture, with the head
+    of `task` (its default when empty: `predictor.tasks`) and, for seq2seq, `target_dim` target tokens.
+    `bf16-mixed` is the larger of amp (the same byte widths: fp32 weights, gradients and states,
+    half activations) and whole-model bf16."""
+    if precision == "bf16-mixed":
+        mixed = estimate(name, batch_size, input_dim, "amp", optimizer, path, task, target_dim)
+        try:
+            true = estimate(name, batch_size, input_dim, "bf16", optimizer, path, task, target_dim)
+        except SpecError:
+            return mixed
+        return ExactEstimate(mixed.name, max(mixed.traced_peak_mib, true.traced_peak_mib),
+                             max(mixed.memory_mib, true.memory_mib), max(mixed.memory_mib_upper, true.memory_mib_upper),
+                             mixed.gflops_per_iteration, mixed.interpolated_input or true.interpolated_input,
+                             mixed.extrapolated_batch)
     table = load_table(path)
     resolved = resolve(name, path)
     e = table["models"][resolved]
+    default_task, _ = tasks.tasks_of(resolved)
+    chosen = task or default_task
+    if chosen == "seq2seq" and target_dim:
+        return _at_target(resolved, e, batch_size, input_dim, precision, optimizer, target_dim, table)
+    if chosen != default_task:
+        e = _task_entry(resolved, e, chosen)
+    return _estimate_entry(resolved, e, batch_size, input_dim, precision, optimizer, table)
+
+
+def _task_entry(resolved: str, e: dict[str, Any], key: str) -> dict[str, Any]:
+    """The traced entry of another head (`predictor/data/exact_tasks.json`), in exact.json's layout."""
+    traced = load_tasks().get(resolved, {}).get("tasks", {}).get(key)
+    if traced is None:
+        known = {tasks.tasks_of(resolved)[0], *(k.split("@", 1)[0] for k in load_tasks().get(resolved, {}).get(
+            "tasks", {}))}
+        raise NotTraced("task", key.split("@", 1)[0], f"a task traced for {resolved} ({', '.join(sorted(known))})")
+    return {**e, "batches": traced["batches"], "inputs": traced["inputs"]}
+
+
+def _at_target(resolved: str, e: dict[str, Any], batch_size: int, input_dim: int | None, precision: str,
+               optimizer: str, target_dim: int, table: dict[str, Any]) -> ExactEstimate:
+    """A seq2seq job with `target_dim` target tokens: linear in the target length between the traced
+    ones (`tasks.TARGET_LENGTHS`), the end segments extended (the bound widens as for a batch outside
+    the traced ones)."""
+    traced = sorted(int(k.split("@", 1)[1]) for k in load_tasks().get(resolved, {}).get("tasks", {})
+                    if k.startswith("seq2seq@"))
+    if not traced:
+        raise NotTraced("target-dim", target_dim, f"a seq2seq target length traced for {resolved} (none is)")
+    if target_dim in traced:
+        return _estimate_entry(resolved, _task_entry(resolved, e, f"seq2seq@{target_dim}"), batch_size, input_dim,
+                               precision, optimizer, table)
+    j = min(max(bisect.bisect_left(traced, target_dim), 1), len(traced) - 1) if len(traced) > 1 else 0
+    lo_t, hi_t = traced[max(j - 1, 0)], traced[j]
+    lo = _estimate_entry(resolved, _task_entry(resolved, e, f"seq2seq@{lo_t}"), batch_size, input_dim, precision,
+                         optimizer, table)
+    if lo_t == hi_t:
+        return lo
+    hi = _estimate_entry(resolved, _task_entry(resolved, e, f"seq2seq@{hi_t}"), batch_size, input_dim, precision,
+                         optimizer, table)
+    t = (target_dim - lo_t) / (hi_t - lo_t)
+    outside = not traced[0] <= target_dim <= traced[-1]
+    widen = 1.0 + (float(table["bound"]["batch_extrapolation_rel"]) if outside else 0.0)
+
+    def lin(a: float, b: float) -> float:
+        return max(0.0, a + t * (b - a))
+
+    memory = lin(lo.memory_mib, hi.memory_mib)
+    return ExactEstimate(resolved, round(lin(lo.traced_peak_mib, hi.traced_peak_mib), 1), round(memory, 1),
+                         round(max(lin(lo.memory_mib_upper, hi.memory_mib_upper) * widen, memory), 1),
+                         round(lin(lo.gflops_per_iteration, hi.gflops_per_iteration), 4),
+                         lo.interpolated_input or hi.interpolated_input, lo.extrapolated_batch or outside)
+
+
+def _estimate_entry(resolved: str, e: dict[str, Any], batch_size: int, input_dim: int | None, precision: str,
+                    optimizer: str, table: dict[str, Any]) -> ExactEstimate:
     key = "bf16" if precision == "fp16" else precision
     inputs = sorted(int(i) for i in e["inputs"] if key in e["inputs"][i]["curves"])
     if not inputs:
@@ -243,17 +261,14 @@ def traced_memory(traced_peak_mib: float, path: str = str(TABLE_PATH)) -> tuple[
     return round(memory, 1), round(upper, 1)
 
 
-def names(path: str = str(TABLE_PATH)) -> list[str]:
-    return sorted(load_table(path)["models"])
-
-
 def override(spec: JobSpec, network: Demand) -> Demand:
     """The Demand to use for `spec`: from the traced table when it names an architecture, from the
     user's traced peak when it gives one (`deepres profile`), else the network's `network` as is.
     GFLOPs (and so GPU time) come from the table when it has them, else from the network."""
     if spec.model:
         try:
-            est = estimate(spec.model, spec.batch_size, spec.input_dim, spec.precision, spec.optimizer)
+            est = estimate(spec.model, spec.batch_size, spec.input_dim, spec.precision, spec.optimizer,
+                           task=spec.task, target_dim=spec.target_dim)
         except SpecError:  # an input or precision the table lacks: the family fields (from the table) still describe it
             return replace(network, model_version=f"{network.model_version}+untraced-input")
         return Demand(est.memory_mib, est.memory_mib_upper, est.gflops_per_iteration,

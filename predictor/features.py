@@ -504,14 +504,26 @@ SPEC_COLUMNS = ("model_type", "params_millions", "batch_size", "input_dim", "num
                 "precision", "optimizer", "learning_rate", "regularization", "data_augmentation")
 
 
+#: The README's rule for vision mixers (MLP-Mixer, ResMLP, gMLP): annotate them `vit` (patch tokens
+#: through blocks, input-dim the image side), not `mlp` (whose input-dim is a feature count). The
+#: dataset keeps their family `mlp` (what the shipped network was trained on); a user, and
+#: `row_spec`, write `vit`.
+MIXER_RULE = "vision mixers (MLP-Mixer, ResMLP, gMLP) are annotated vit"
+
+
 def row_spec(row: Mapping[str, str], activations_millions: float = 0.0) -> JobSpec | None:
-    """A dataset row as the annotations a user writes (None: the row does not parse)."""
+    """A dataset row as the annotations a user writes by the README's rules (None: the row does not
+    parse): a real vision mixer (`family` mlp, not a torch.nn stack) as `vit` (MIXER_RULE)."""
     raw = {c.replace("_", "-"): row[c] for c in SPEC_COLUMNS if row.get(c) not in (None, "")}
     for key in ("regularization", "data-augmentation"):
         if key in raw:
             raw[key] = "true" if raw[key] in ("1", "1.0", "true", "True") else "false"
     if activations_millions > 0:
         raw["activations-millions"] = f"{activations_millions:.6g}"
+    if raw.get("precision") == "bf16":  # the dataset's bf16 is the whole model (an annotation's plain bf16 is not)
+        raw["precision"] = "bf16-true"
+    if row.get("family") == "mlp" and row.get("source") not in (None, "", "nn"):
+        raw["model-type"] = "vit"  # MIXER_RULE
     try:
         return JobSpec.parse(raw)
     except SpecError:

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def pod_annotations(document: Any, source: str) -> dict[str, str]:
     """The annotations of the pod a manifest runs (a Pod, or a workload's pod template)."""
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     if not isinstance(document, Mapping):
         raise UsageError(f"{source}: expected a Kubernetes object (a YAML mapping), got {type(document).__name__}")
@@ -66,7 +66,7 @@ def _dig(document: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 
 def read_manifest(filename: str) -> tuple[Any, str]:
     """The first object of a YAML/JSON file or stdin, and a name for messages."""
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     source = "stdin" if filename == "-" else filename
     try:
@@ -86,7 +86,7 @@ def read_manifest(filename: str) -> tuple[Any, str]:
 
 def job_spec(annotations: Mapping[str, str], source: str) -> JobSpec:
     """Parse the deepres.io/* annotations; errors name the annotation as the user wrote it."""
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     raw = {k[len(PREFIX):]: v for k, v in annotations.items() if k.startswith(PREFIX)}
     if "model-type" not in raw and "model" not in raw:

@@ -21,7 +21,7 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,21 @@ class Profile(tracing.Trace):
         return {
             "traced-peak-mib": f"{self.traced_peak_mib:.1f}", "model-type": self.model_type,
             "params-millions": f"{self.params_millions:.2f}", "batch-size": str(self.batch_size),
-            "input-dim": str(self.input_dim), "precision": self.precision, "optimizer": self.optimizer,
+            "input-dim": str(self.input_dim), "precision": annotation_precision(self.precision),
+            "optimizer": self.optimizer,
             **({"activations-millions": f"{self.activations_millions:.4g}"} if self.activations_millions > 0 else {}),
         }
+
+
+def annotation_precision(precision: str) -> str:
+    """The annotation for a traced precision: the whole model in bf16 is `bf16-true` (a plain `bf16`
+    annotation reads as bf16-mixed)."""
+    return "bf16-true" if precision == "bf16" else precision
+
+
+#: What each accepted --precision is traced as (bf16-mixed has amp's byte widths: fp32 weights,
+#: gradients and states, half activations).
+TRACED_AS = {"bf16-mixed": "amp"}
 
 
 class _Call(nn.Module):
@@ -142,7 +154,7 @@ def profile_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tupl
     def make_batch(dtype: torch.dtype) -> tuple[Any, Any]:
         return _cast(inputs, dtype), targets
 
-    from predictor.dataset.real import gpu_attention
+    from predictor.dataset.attention import gpu_attention
 
     with gpu_attention():  # the fused attention kernels a GPU runs, as in the dataset
         components = tracing.trace_components(wrapped, make_batch, loss_fn, precision=precision)
@@ -258,7 +270,7 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def render(target: str, prof: Profile) -> str:
+def render(target: str, prof: Profile, annotations: dict[str, str] | None = None) -> str:
     parts = ", ".join(f"{k} {v:.1f}" for k, v in prof.breakdown_mib().items())
     lines = [
         f"# deepres profile {target}: one {prof.precision} training step with {prof.optimizer}, "
@@ -268,28 +280,104 @@ def render(target: str, prof: Profile) -> str:
         f"{prof.gflops_per_iteration:.1f} GFLOPs per iteration",
         "# paste under metadata.annotations:",
     ]
-    lines += [f'{PREFIX}{k}: "{v}"' for k, v in prof.annotations().items()]
+    lines += [f'{PREFIX}{k}: "{v}"' for k, v in (annotations or prof.annotations()).items()]
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", help="pkg.module:build or file.py:build; build() returns "
+    parser.add_argument("target", help="a named model (timm/NAME, torchvision/NAME, hf/CONFIG: no code to write) "
+                                       "or your own pkg.module:build / file.py:build; build() returns "
                                        "(model, optimizer, (inputs, targets), loss_fn)")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="how the job trains: fp32, amp (autocast fp16), bf16 or fp16 (whole model)")
+    parser.add_argument("--precision", default="fp32",
+                        help="how the job trains, as your framework spells it: fp32, amp (16-mixed), bf16-mixed "
+                             "(HF Trainer bf16=True; plain bf16 reads so), bf16-true or fp16 (whole model)")
     parser.add_argument("--model-type", default=None, help="the family annotation (default: guessed from the layers)")
+    named = parser.add_argument_group("a named model (timm/NAME, torchvision/NAME, hf/CONFIG)")
+    named.add_argument("--batch-size", type=int, default=32, help="per-GPU batch size (default 32)")
+    named.add_argument("--input-dim", type=int, default=0, help="image side or sequence length (default: the model's)")
+    named.add_argument("--task", default="", help="the head (hf text models): sequence-classification, "
+                                                  "token-classification, masked-lm, causal-lm, seq2seq")
+    named.add_argument("--target-dim", type=int, default=0, help="seq2seq target tokens (default: a quarter of input)")
+    named.add_argument("--optimizer", default="adamw",
+                       help="sgd, momentum, adam, adamw, rmsprop, adagrad (default adamw)")
+
+
+def is_named(target: str) -> bool:
+    return ":" not in target and target.split("/", 1)[0] in exact.SOURCES
+
+
+def profile_named(name: str, batch_size: int, input_dim: int, precision: str, optimizer: str, task: str = "",
+                  target_dim: int = 0) -> tuple[Profile, dict[str, str]]:
+    """Trace a named architecture (the dataset's builders, meta device) as the user's job runs it, and
+    the annotations to paste: `deepres.io/model` and the job's fields where the traced table answers
+    for that input, else the traced peak and the family fields."""
+    from predictor import tasks
+    from predictor.dataset import archs as A
+    from predictor.dataset import heads
+    from predictor.spec import JobSpec, SpecError
+
+    resolved = exact.resolve(name)
+    e = exact.entry(resolved)
+    default_task, _ = tasks.tasks_of(resolved)
+    chosen = tasks.check_task(resolved, e["family"], tasks.parse_task(task) if task else "", target_dim)
+    want = input_dim or int(e["default_input"])
+    if resolved.startswith("hf/") and e["kind"] != "image":
+        arch = next(a for a in A.hf_archs() if a.name == resolved)
+    else:
+        inputs = tuple(int(i) for i in e["inputs"])
+        arch = A.Arch(resolved, resolved.split("/", 1)[0], e["group"], e["family"], e["kind"],
+                      (int(e["default_input"]), *(i for i in inputs if i != int(e["default_input"]))),
+                      tuple(int(b) for b in e["batches"]))
+    with torch.device("meta"), tracing._SkipInit():  # type: ignore[no-untyped-call]
+        if chosen != default_task or (chosen == "seq2seq" and target_dim):
+            target = target_dim or max(16, want // 4)
+            model, batch_of, loss = heads.build_head(arch, want, chosen, target)
+        else:
+            model, batch_of, loss = A.build(arch, want)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = tracing.make_optimizer(optimizer, params, 1e-3, 0.0)
+    traced_as = TRACED_AS.get(precision, precision)
+    prof = replace(profile_step(model, opt, batch_of(batch_size)(torch.float32), loss, precision=traced_as,
+                                model_type=e["family"]), precision=precision)
+    raw = {"model": resolved, "batch-size": str(batch_size), "input-dim": str(want),
+           "precision": annotation_precision(precision), "optimizer": optimizer,
+           **({"task": chosen} if task else {}), **({"target-dim": str(target_dim)} if target_dim else {})}
+    try:
+        spec = JobSpec.parse(raw)
+        exact.estimate(spec.model, spec.batch_size, spec.input_dim, spec.precision, spec.optimizer,
+                       task=spec.task, target_dim=spec.target_dim)
+        return prof, raw
+    except SpecError:  # the table has no trace of that input or head: the figure traced here instead
+        return prof, {**prof.annotations(), "precision": annotation_precision(precision)}
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
+    from predictor.spec import OPTIMIZERS, PRECISION_CHOICES, PRECISION_SPELLINGS, SpecError
 
     if args.model_type is not None and args.model_type.lower() not in MODEL_ALIASES:
         raise UsageError(f"--model-type {args.model_type!r}: expected one of {', '.join(sorted(MODEL_ALIASES))}")
+    precision = PRECISION_SPELLINGS.get(str(args.precision).strip().lower())
+    if precision is None:
+        raise UsageError(f"--precision {args.precision!r}: expected one of {', '.join(PRECISION_CHOICES)}")
+    if is_named(args.target):
+        if args.optimizer not in OPTIMIZERS:
+            raise UsageError(f"--optimizer {args.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+        if args.batch_size < 1 or args.input_dim < 0 or args.target_dim < 0:
+            raise UsageError("--batch-size must be >= 1, --input-dim and --target-dim >= 0")
+        try:
+            prof, annotations = profile_named(args.target, args.batch_size, args.input_dim, precision,
+                                              args.optimizer, args.task, args.target_dim)
+        except SpecError as err:
+            raise UsageError(str(err)) from None
+        print(render(args.target, prof, annotations))
+        return 0
     sys.path.insert(0, str(Path.cwd()))
     try:
         build = load_target(args.target)
         model, optimizer, batch, loss_fn = build_on_meta(build)
-        prof = profile_step(model, optimizer, batch, loss_fn, precision=args.precision, model_type=args.model_type)
+        prof = replace(profile_step(model, optimizer, batch, loss_fn, precision=TRACED_AS.get(precision, precision),
+                                    model_type=args.model_type), precision=precision)
     except (ValueError, ImportError) as err:
         raise UsageError(str(err)) from None
     except Exception as err:  # the user's code failed on the meta device: say where, no traceback

@@ -16,7 +16,7 @@ import numpy as np
 from predictor.train import CALIBRATION_FRACTION, MIN_FAMILY_CALIBRATION, MIN_FAMILY_GROUPS, NESTED_FOLDS
 
 if TYPE_CHECKING:
-    from predictor.evaluate import Predictions
+    from predictor.predictions import Predictions
     from predictor.train import Dataset
 
 Results = dict[str, dict[str, dict[str, dict[str, float]]]]  # split -> model -> target -> metric

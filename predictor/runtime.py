@@ -23,20 +23,22 @@ import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from predictor import exact
+from predictor import exact, steptime
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 from predictor.trees import BoostedMedian, StackedTrees, TreeEnsemble
 
 FloatArray = npt.NDArray[np.float64]
+#: JobSpec precisions the network has no word for -> the readings it answers (the larger one is kept).
+NETWORK_PRECISIONS: dict[str, tuple[str, ...]] = {"bf16-mixed": ("amp", "bf16")}
 DEFAULT_ARTIFACT = Path(__file__).resolve().parent / "artifacts"
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "transformer_bigru_tuned.npz"
@@ -228,6 +230,30 @@ class Predictor:
                 self._cache.popitem(last=False)
 
     def _compute(self, specs: Sequence[JobSpec]) -> list[Demand]:
+        """The network's Demand of each spec (bf16-mixed: the larger of its amp and whole-model bf16
+        readings, the network's vocabulary), then the exact-architecture / traced-peak hook
+        (predictor/exact.py), then the notes of how the spec was read (`JobSpec.notes`)."""
+        readings = [NETWORK_PRECISIONS.get(spec.precision, (spec.precision,)) for spec in specs]
+        flat = [spec if p == spec.precision else replace(spec, precision=p)
+                for spec, ps in zip(specs, readings, strict=True) for p in ps]
+        network = self._network(flat)
+        out, k = [], 0
+        for spec, ps in zip(specs, readings, strict=True):
+            group, k = network[k:k + len(ps)], k + len(ps)
+            demand = group[0] if len(group) == 1 else replace(
+                group[0], memory_mib=max(d.memory_mib for d in group),
+                memory_mib_upper=max(d.memory_mib_upper for d in group),
+                warnings=tuple(dict.fromkeys(w for d in group for w in d.warnings)))
+            demand = exact.override(spec, demand)
+            parts = steptime.step_parts(spec, demand)
+            demand = replace(demand, step_seconds=_significant(sum(parts)),
+                             step_parts=tuple(_significant(p) for p in parts))
+            if spec.notes:
+                demand = replace(demand, warnings=(*demand.warnings, *spec.notes))
+            out.append(demand)
+        return out
+
+    def _network(self, specs: Sequence[JobSpec]) -> list[Demand]:
         cols = feats.columns_from_specs(specs)
         terms = feats.decomposition(cols, *self._calibration)
         x = feats.physics_features(cols, terms).values
@@ -247,14 +273,14 @@ class Predictor:
         # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
         bound = np.maximum(terms.memory(base * widen), memory)
         return [
-            exact.override(spec, Demand(  # exact-architecture / traced-peak hook (predictor/exact.py)
+            Demand(
                 memory_mib=round(float(memory[i]), 1),
                 memory_mib_upper=round(float(bound[i]), 1),
                 gflops_per_iteration=_significant(float(flops[i])),
                 gpu_seconds=_significant(estimate_gpu_seconds(float(flops[i]), spec.iterations, spec.precision)),
                 model_version=self.version,
                 warnings=checked[i][1],
-            ))
+            )
             for i, spec in enumerate(specs)
         ]
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from predictor.errors import SpecError as SpecError  # re-exported: its home is one floor down (the table uses it)
+
 #: Architecture families the predictor has templates for.
 MODEL_FAMILIES: tuple[str, ...] = ("mlp", "cnn", "resnet", "rnn", "lstm", "gru", "transformer", "gpt", "vit")
 
@@ -29,7 +31,28 @@ MODEL_ALIASES: dict[str, str] = {
     "vision-transformer": "vit",
 }
 
+#: The precisions the dataset traces and the network reads: `fp16`/`bf16` train the whole model in
+#: that type (weights, gradients, optimizer states: Lightning's `16-true`/`bf16-true`), `amp` is
+#: autocast fp16 with fp32 weights, gradients and optimizer states (`16-mixed`, HF Trainer `fp16=True`).
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "amp")
+#: A JobSpec's precision: those, and `bf16-mixed` (autocast bf16 with fp32 weights, gradients and
+#: optimizer states: HF Trainer `bf16=True`, Lightning `bf16-mixed`). Its memory is amp's (the same
+#: byte widths); the predictor answers the larger of amp and whole-model bf16 for it.
+JOB_PRECISIONS: tuple[str, ...] = (*PRECISIONS, "bf16-mixed")
+#: How frameworks spell them (case-insensitive) -> the JobSpec precision. Plain `bf16` means
+#: bf16-mixed for HF Trainer (`bf16=True`) and Lightning (`precision="bf16"` is `bf16-mixed`) but the
+#: whole model in bf16 for `model.to(torch.bfloat16)`: it is read as bf16-mixed, the larger of the two
+#: (fp32 weights, gradients and states instead of bf16 ones), with a warning in the Demand.
+PRECISION_SPELLINGS: dict[str, str] = {
+    "fp32": "fp32", "32": "fp32", "32-true": "fp32", "fp32-true": "fp32", "float32": "fp32", "tf32": "fp32",
+    "fp16": "fp16", "16-true": "fp16", "fp16-true": "fp16", "half": "fp16",
+    "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16",
+    "amp": "amp", "16-mixed": "amp", "fp16-mixed": "amp", "16": "amp",
+}
+#: The note a Demand carries when the precision was written as plain `bf16`.
+PLAIN_BF16_NOTE = ("precision=bf16 read as bf16-mixed (autocast, fp32 weights/gradients/optimizer states: HF "
+                   "Trainer bf16=True, Lightning bf16-mixed), the larger of the two; write bf16-true if the whole "
+                   "model is bf16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
 
 #: Families whose `input-dim` is an image side; for sequence models it is a sequence length and for
@@ -67,20 +90,6 @@ _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
 
 
-class SpecError(ValueError):
-    """A job description value that cannot be accepted; names the key, the value and what is accepted."""
-
-    def __init__(self, key: str, value: object, accepted: str) -> None:
-        self.key = key
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{key}={value!r} is not valid: expected {accepted}")
-
-    def with_prefix(self, prefix: str) -> SpecError:
-        """The same error with the key as the user wrote it (e.g. with `deepres.io/`)."""
-        return SpecError(prefix + self.key, self.value, self.accepted)
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """One training process's description, as the data scientist annotates it.
@@ -107,13 +116,19 @@ class JobSpec:
     # "Activations (M)", `deepres profile`): how much a network of this size keeps for backward, which
     # the family fields cannot tell (README "How to fill the family annotations"); 0: not given
     activations_millions: float = 0.0
+    # what the model is trained for (`predictor.tasks`): "" the default head of the model or family;
+    # `target_dim` the target length of a seq2seq task in tokens (0: a quarter of the input)
+    task: str = ""
+    target_dim: int = 0
+    # how the user's spelling was read, where it could mean two things (`PLAIN_BF16_NOTE`): shown in the Demand
+    notes: tuple[str, ...] = ()
     defaulted: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.model:
-            from predictor import exact  # the table is read once, only when a model name is given
+            from predictor import table  # the table is read once, only when a model name is given
 
-            object.__setattr__(self, "model", exact.resolve(self.model))
+            object.__setattr__(self, "model", table.resolve(self.model))
         _check_range("traced-peak-mib", self.traced_peak_mib, TRACED_PEAK_RANGE_MIB)
         _check_range("activations-millions", self.activations_millions, ACTIVATIONS_MILLIONS_RANGE)
         family = MODEL_ALIASES.get(str(self.model_type).strip().lower())
@@ -130,8 +145,18 @@ class JobSpec:
         _check_range("num-layers", self.num_layers, NUM_LAYERS_RANGE)
         _check_range("iterations", self.iterations, ITERATIONS_RANGE)
         _check_range("learning-rate", self.learning_rate, LEARNING_RATE_RANGE, low_open=True)
-        if self.precision not in PRECISIONS:
-            raise SpecError("precision", self.precision, _one_of(PRECISIONS))
+        if self.precision not in JOB_PRECISIONS:
+            raise SpecError("precision", self.precision, _one_of(PRECISION_CHOICES))
+        if self.task or self.target_dim:
+            from predictor import tasks
+
+            _check_range("target-dim", self.target_dim, (0, tasks.TARGET_DIM_RANGE[1]))
+            task = tasks.check_task(self.model, self.model_type, tasks.parse_task(self.task) if self.task else "",
+                                    self.target_dim)
+            object.__setattr__(self, "task", task)
+            if self.target_dim and task != "seq2seq":
+                note = tasks.TARGET_IGNORED.format(task=task)
+                object.__setattr__(self, "notes", tuple(dict.fromkeys((*self.notes, note))))
         if self.optimizer not in OPTIMIZERS:
             raise SpecError("optimizer", self.optimizer, _one_of(OPTIMIZERS))
 
@@ -144,10 +169,10 @@ class JobSpec:
         values: dict[str, Any] = {}
         defaulted: set[str] = set()
         if "model" in raw:  # the exact architecture fills what the user left out, by the README's rule
-            from predictor import exact
+            from predictor import table
 
-            name = exact.resolve(raw["model"])
-            known = exact.entry(name)
+            name = table.resolve(raw["model"])
+            known = table.entry(name)
             default_input = str(known["default_input"])
             traced = known["inputs"]
             at_input = traced.get(raw.get("input-dim", "").strip()) or traced.get(default_input) or next(
@@ -164,6 +189,8 @@ class JobSpec:
                 values[attr] = parser(key, raw[key])
             elif key not in _OPTIONAL_KEYS:
                 defaulted.add(key)
+        if "precision" in raw and raw["precision"].strip().lower() == "bf16":
+            values["notes"] = (PLAIN_BF16_NOTE,)
         try:
             return cls(**values, defaulted=frozenset(defaulted))
         except SpecError as err:  # report the text the user wrote, not the parsed number
@@ -177,6 +204,8 @@ class JobSpec:
             if key in _OPTIONAL_KEYS and not value:
                 continue
             out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        if out["precision"] == "bf16":  # the annotation `bf16` reads as bf16-mixed (PRECISION_SPELLINGS)
+            out["precision"] = "bf16-true"
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,10 +234,16 @@ class Demand:
     gpu_seconds: float
     model_version: str
     warnings: tuple[str, ...] = ()
+    # seconds per training step on the reference GPU (the measured H100) and its parts (per-step,
+    # compute, memory traffic) from which `predictor.steptime.on_gpu` scales it to any GPU model;
+    # 0 / () where unknown (a Demand built before the step time existed)
+    step_seconds: float = 0.0
+    step_parts: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["warnings"] = list(self.warnings)
+        data["step_parts"] = list(self.step_parts)
         return data
 
 
@@ -221,7 +256,7 @@ class DemandPredictor(Protocol):
 #: Reference sustained throughput used to turn FLOPs into GPU time: an A100's dense peak
 #: (TF32 156 TFLOPS for fp32 training, 312 TFLOPS for fp16/bf16/amp) at a model FLOPs utilisation
 #: of 40%, typical of well-tuned training. Only relative values matter to the scheduler.
-REFERENCE_TFLOPS: dict[str, float] = {"fp32": 156.0, "fp16": 312.0, "bf16": 312.0, "amp": 312.0}
+REFERENCE_TFLOPS: dict[str, float] = {"fp32": 156.0, "fp16": 312.0, "bf16": 312.0, "amp": 312.0, "bf16-mixed": 312.0}
 REFERENCE_UTILISATION = 0.4
 
 
@@ -275,6 +310,19 @@ def _parse_choice(options: tuple[str, ...]) -> Any:
     return parse
 
 
+def _parse_precision(key: str, text: str) -> str:
+    value = PRECISION_SPELLINGS.get(text.strip().lower())
+    if value is None:
+        raise SpecError(key, text, _one_of(PRECISION_CHOICES))
+    return value
+
+
+def _parse_task(key: str, text: str) -> str:
+    from predictor import tasks
+
+    return tasks.parse_task(text)
+
+
 def _parse_bool(key: str, text: str) -> bool:
     value = text.strip().lower()
     if value in _TRUE:
@@ -291,7 +339,7 @@ _PARSERS: tuple[tuple[str, str, Any], ...] = (
     ("input-dim", "input_dim", _parse_int),
     ("num-layers", "num_layers", _parse_int),
     ("iterations", "iterations", _parse_int),
-    ("precision", "precision", _parse_choice(PRECISIONS)),
+    ("precision", "precision", _parse_precision),
     ("optimizer", "optimizer", _parse_choice(OPTIMIZERS)),
     ("learning-rate", "learning_rate", _parse_float),
     ("regularization", "regularization", _parse_bool),
@@ -299,9 +347,13 @@ _PARSERS: tuple[tuple[str, str, Any], ...] = (
     ("model", "model", lambda key, text: text.strip()),
     ("traced-peak-mib", "traced_peak_mib", _parse_float),
     ("activations-millions", "activations_millions", _parse_float),
+    ("task", "task", _parse_task),
+    ("target-dim", "target_dim", _parse_int),
 )
 #: Keys written by `to_annotations` only when set.
-_OPTIONAL_KEYS = frozenset({"model", "traced-peak-mib", "activations-millions"})
+_OPTIONAL_KEYS = frozenset({"model", "traced-peak-mib", "activations-millions", "task", "target-dim"})
+#: The precision spellings, the network's four first (what an error message lists).
+PRECISION_CHOICES: tuple[str, ...] = tuple(dict.fromkeys((*PRECISIONS, *PRECISION_SPELLINGS)))
 #: The optional shape annotations: (key, JobSpec attribute); also dataset columns of the same attribute name.
 SHAPE_KEYS: tuple[tuple[str, str], ...] = (("activations-millions", "activations_millions"),)
 
@@ -309,4 +361,4 @@ SHAPE_KEYS: tuple[tuple[str, str], ...] = (("activations-millions", "activations
 JOB_KEYS: tuple[str, ...] = ("model-type", *(key for key, _, _ in _PARSERS))
 
 #: JobSpec attribute names in the order the seed's dataset lists them.
-JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobSpec) if f.name != "defaulted")
+JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobSpec) if f.name not in ("defaulted", "notes"))

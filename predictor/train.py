@@ -722,14 +722,14 @@ def add_coverage_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_coverage(coverage: float) -> None:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     if not 0.5 <= coverage < 1.0:
         raise UsageError(f"--coverage must be in [0.5, 1), got {coverage}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     check_coverage(args.coverage)
     try:

@@ -101,7 +101,8 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         "demand": {"type": "object", "nullable": True, "properties": {
             "memory_mib": {"type": "number"}, "memory_mib_upper": {"type": "number"},
             "gflops_per_iteration": {"type": "number"}, "gpu_seconds": {"type": "number"},
-            "model_version": {"type": "string"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
+            "model_version": {"type": "string"}, "warnings": {"type": "array", "items": {"type": "string"}},
+            "step_seconds": {"type": "number"}, "step_parts": {"type": "array", "items": {"type": "number"}}}},
         "admission_memory_mib": {"type": "number"}, "admission_source": {"type": "string"},
         "priority": {"type": "number"}, "criticality": {"type": "integer"},
         "predictor_version": {"type": "string"}}},

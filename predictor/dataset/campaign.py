@@ -63,13 +63,13 @@ def plan(out: Path, n: int, seed: int, max_mib: float) -> list[dict[str, Any]]:
     import numpy as np
     import pandas as pd
 
-    from predictor.dataset import archs, real
+    from predictor.dataset import archs, paths
     from predictor.splits import grouped_split
 
     table = {name: (e["kind"], int(e["default_input"]))
-             for name, e in json.loads(real.EXACT_OUT.read_text())["models"].items()}
+             for name, e in json.loads(paths.EXACT_OUT.read_text())["models"].items()}
     table.update({a.name: (a.kind, a.inputs[0]) for a in archs.nn_archs()})
-    jobs = pd.read_csv(real.JOBS_OUT)
+    jobs = pd.read_csv(paths.JOBS_OUT)
     jobs = jobs[(jobs.status == "ok") & (jobs.memory_mib <= max_mib) & jobs.name.isin(table)]
     groups = jobs.group.astype(str).to_numpy()
     held_out = set(groups[grouped_split(groups.astype(str), 0.3, 0).test].tolist())
@@ -456,18 +456,18 @@ def family_on_measured(rows: list[dict[str, Any]]) -> tuple[Any, Any, Any, Any]:
     import numpy as np
 
     from predictor import features
-    from predictor.dataset import real
+    from predictor.dataset import paths
     from predictor.runtime import Predictor
 
     def key(r: dict[str, Any]) -> tuple[str, int, int, str, str]:
         return (r["name"], int(float(r["batch_size"])), int(float(r["input_dim"])), r["precision"], r["optimizer"])
 
     wanted = {key(r): i for i, r in enumerate(rows)}
-    with gzip.open(real.JOBS_OUT, "rt", newline="") as handle:
+    with gzip.open(paths.JOBS_OUT, "rt", newline="") as handle:
         source = [r for r in csv.DictReader(handle) if r.get("status") == "ok" and key(r) in wanted]
     predictor = Predictor.load()
     out = [(d.memory_mib, d.memory_mib_upper, rows[wanted[key(r)]]["nvml_process_peak_mib"], wanted[key(r)])
-           for r, spec in zip(source, features.annotated_specs(source, real.DATA_DIR), strict=True)
+           for r, spec in zip(source, features.annotated_specs(source, paths.DATA_DIR), strict=True)
            if spec is not None and (d := predictor.predict(spec))]
     memory, upper, measured, index = (np.asarray(v) for v in zip(*out, strict=True))
     return memory, upper, measured, index

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from predictor.dataset import generate as gen
+from predictor.dataset import schema as gen
 
 COLUMN_DOCS: dict[str, str] = {
     "model_type": "architecture family (mlp, cnn, resnet, rnn, lstm, gru, transformer, gpt, vit)",

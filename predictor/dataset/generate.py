@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from predictor.dataset import calibration, templates, tracing
+from predictor.dataset.schema import COLUMNS, UNBOUNDED_BATCH_SHARE
 from predictor.spec import MODEL_FAMILIES, JobSpec
 
 log = logging.getLogger(__name__)
@@ -44,18 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "predictor" / "data" / "jobs.csv"
 DEFAULT_WORK = calibration.WORK_DIR / "jobs.partial.csv"
 DEFAULT_N = 6000
-GPU_MIB = 80 * 1024  # the largest common GPU (A100/H100 80 GB): what "fits" means in the data card
 
-#: The dataset's columns, exactly as docs/CONTRACTS.md fixes them.
-COLUMNS: tuple[str, ...] = (
-    "model_type", "params_millions", "batch_size", "input_dim", "num_layers", "iterations", "precision",
-    "optimizer", "learning_rate", "regularization", "data_augmentation",
-    "actual_params_millions", "param_match", "arch",
-    "traced_peak_mib", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "temporaries_mib",
-    "memory_mib", "gflops_per_iteration",
-    "job_id", "seed", "status", "error", "trace_seconds",
-)
-LABEL_COLUMNS = ("traced_peak_mib", "params_mib", "grads_mib", "optimizer_mib", "activations_mib", "temporaries_mib")
 
 #: Constants used for `memory_mib` in the work file until calibration.json exists (the first look).
 FALLBACK_CALIBRATION = calibration.LineFit(context_mib=1441.0, factor=1.28)
@@ -86,8 +76,6 @@ _FAMILY_LAYERS: dict[str, tuple[int, int]] = {
 _SIDES = (32, 64, 96, 128, 160, 192, 224, 224, 224, 256, 288, 320, 384, 448, 512)
 _PRECISIONS = (("fp32", 0.3), ("amp", 0.35), ("fp16", 0.15), ("bf16", 0.2))
 _OPTIMIZERS = (("adam", 0.25), ("adamw", 0.3), ("sgd", 0.1), ("momentum", 0.15), ("rmsprop", 0.1), ("adagrad", 0.1))
-#: Share of jobs whose batch ignores the family's usual per-GPU budget (many of these do not fit).
-UNBOUNDED_BATCH_SHARE = 0.15
 
 
 def _log_uniform(rng: random.Random, low: float, high: float) -> float:
@@ -367,7 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     if getattr(args, "mode", "templates") == "real":
         from predictor.dataset import real

@@ -37,8 +37,7 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
@@ -46,21 +45,17 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from predictor.dataset import archs as A
 from predictor.dataset import calibration, tracing
+from predictor.dataset.attention import gpu_attention
+from predictor.dataset.paths import DATA_DIR, EXACT_OUT, JOBS_OUT, REPO_ROOT, STORE, TRACES_OUT
+from predictor.dataset.schema import COLUMNS
 from predictor.spec import MODEL_ALIASES
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO_ROOT / "predictor" / "data"
 WORK = calibration.WORK_DIR / "real.jsonl"
-TRACES_OUT = DATA_DIR / "real_traces.csv.gz"
-JOBS_OUT = DATA_DIR / "real_jobs.csv.gz"
-EXACT_OUT = DATA_DIR / "exact.json"
-STORE = DATA_DIR / "real_units.jsonl.gz"
 PRECISIONS = ("fp32", "amp", "bf16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
 JOB_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -68,105 +63,6 @@ CATS = tracing.CATEGORIES
 MIB = tracing.MIB
 UNIT_TIMEOUT_S = 900.0
 EXACT_VERSION = 1
-
-
-# ---------------------------------------------------------------------------------------------
-# The attention kernel a GPU runs
-
-
-@contextmanager
-def gpu_attention() -> Iterator[None]:
-    """Route scaled_dot_product_attention on the meta device to the fused kernel a GPU would pick
-    (flash for fp16/bf16 without an arbitrary mask and heads up to 256 wide, memory-efficient
-    otherwise); the generic entry point would take the math kernel off-GPU and keep the T x T
-    attention matrix, which GPUs never do. Grouped-query K/V are repeated to the query heads."""
-    original = F.scaled_dot_product_attention
-
-    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-             dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-             enable_gqa: bool = False) -> torch.Tensor:
-        if q.device.type != "meta" or q.dim() != 4:
-            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                            enable_gqa=enable_gqa)
-        if k.shape[1] != q.shape[1]:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        flash_shapes = q.shape[-1] <= 256 and q.shape[-1] == k.shape[-1] == v.shape[-1]  # flash: one head width
-        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and flash_shapes:
-            out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)
-            return out[0]  # type: ignore[no-any-return]
-        bias = None
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:  # SDPA turns a boolean mask into an additive one of its shape
-                bias = torch.zeros(attn_mask.shape, dtype=q.dtype)
-            else:
-                bias = attn_mask.to(q.dtype)
-            bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        out = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal,
-                                                                     scale=scale)
-        return out[0]  # type: ignore[no-any-return]
-
-    F.scaled_dot_product_attention = sdpa  # type: ignore[assignment]
-    try:
-        with _hf_meta_checks():
-            yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-@contextmanager
-def _hf_meta_checks() -> Iterator[None]:
-    """Skip the two data-dependent checks Hugging Face models make on their inputs in eager mode
-    (packed-sequence detection, a padding warning): meta tensors have no values. For an ordinary
-    batch both come out as here (no packed sequences, no warning), so the traced kernels are those
-    of eager training."""
-    try:
-        from transformers import masking_utils, modeling_utils
-    except ImportError:
-        yield
-        return
-    find = masking_utils.find_packed_sequence_indices
-    warn = modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask
-    all_ones = masking_utils.fast_all
-
-    def find_packed(position_ids: torch.Tensor) -> Any:
-        return None if position_ids.device.type == "meta" else find(position_ids)
-
-    def no_warning(self: Any, input_ids: torch.Tensor, attention_mask: Any) -> None:
-        if input_ids.device.type != "meta":
-            warn(self, input_ids, attention_mask)  # type: ignore[no-untyped-call]
-
-    def fast_all(tensor: torch.Tensor) -> Any:
-        return True if tensor.device.type == "meta" else all_ones(tensor)  # type: ignore[arg-type]
-
-    masking_utils.find_packed_sequence_indices = find_packed
-    masking_utils.fast_all = fast_all
-    modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask = no_warning  # type: ignore[method-assign]
-    span = _patch_deberta_span()
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = find
-        masking_utils.fast_all = all_ones
-        modeling_utils.PreTrainedModel.warn_if_padding_and_no_attention_mask = warn  # type: ignore[method-assign]
-        if span is not None:
-            span[0].compute_attention_span = span[1]
-
-
-def _patch_deberta_span() -> tuple[Any, Any] | None:
-    """DeBERTa makes its attention span a tensor on the default device and slices with it; on a GPU
-    that scalar lives on the CPU, so here too (a meta scalar has no value to slice with)."""
-    try:
-        from transformers.models.deberta import modeling_deberta
-    except ImportError:
-        return None
-    original = modeling_deberta.compute_attention_span
-
-    def span(query_layer: torch.Tensor, key_layer: torch.Tensor, max_relative_positions: int) -> torch.Tensor:
-        return torch.tensor(min(max(query_layer.size(-2), key_layer.size(-2)), max_relative_positions), device="cpu")
-
-    modeling_deberta.compute_attention_span = span
-    return modeling_deberta, original
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,11 +86,13 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 def trace_input(arch: A.Arch, input_dim: int, batches: tuple[int, ...] | None = None,
-                precisions: tuple[str, ...] = PRECISIONS) -> dict[str, Any]:
-    """Every trace of one architecture at one input: the model is built once (meta, no weights)."""
+                precisions: tuple[str, ...] = PRECISIONS,
+                build: Callable[[A.Arch, int], tuple[Any, Any, Any]] | None = None) -> dict[str, Any]:
+    """Every trace of one architecture at one input: the model is built once (meta, no weights) by
+    `build` (default `archs.build`; `heads.build_head` for another task head)."""
     started = time.perf_counter()
     with torch.device("meta"), tracing._SkipInit():  # type: ignore[no-untyped-call]
-        model, batch_of, loss = A.build(arch, input_dim)
+        model, batch_of, loss = (build or A.build)(arch, input_dim)
     model = model.to("meta")  # legacy constructors (torch.FloatTensor in XLNet) ignore the device context
     model.train()
     build_s = time.perf_counter() - started
@@ -404,8 +302,6 @@ JOB_EXTRA = ("name", "source", "group", "family")
 
 def job_rows(done: dict[str, dict[str, Any]], fit: calibration.LineFit) -> list[dict[str, Any]]:
     """The dataset: one row per (trace, optimizer), the jobs.csv columns (docs/CONTRACTS.md) + extras."""
-    from predictor.dataset.generate import COLUMNS
-
     rows: list[dict[str, Any]] = []
     for arch, info in _records(done):
         for t in info["traces"]:
@@ -443,15 +339,7 @@ def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound
         entry = models.setdefault(arch["name"], {
             "group": arch["group"], "family": arch["family"], "kind": arch["kind"],
             "default_input": arch["inputs"][0], "batches": list(arch["batches"]), "inputs": {}})
-        curves: dict[str, Any] = {}
-        for precision in PRECISIONS:
-            ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
-            if [t["batch"] for t in ts] != list(arch["batches"]):
-                continue
-            curves[precision] = {
-                "fb": [_mib(t["fb"]) for t in ts], "end": [_mib(t["end"]) for t in ts],
-                "gflops": [round(t["flops"] / 1e9, 4) for t in ts],
-                "optimizers": {o: [_mib(v) for v in info["optimizers"][precision][o]] for o in OPTIMIZERS}}
+        curves = curves_of(info, arch["batches"])
         if curves:
             entry["inputs"][str(info["input"])] = {"params_millions": round(info["params"] / 1e6, 4),
                                                    "num_layers": info["num_layers"], "curves": curves}
@@ -460,6 +348,21 @@ def exact_table(done: dict[str, dict[str, Any]], fit: calibration.LineFit, bound
             "about": "deepres exact-architecture table: written by `deepres dataset real`; read by predictor/exact.py",
             "calibration": {"context_mib": fit.context_mib, "factor": fit.factor}, "bound": bound,
             "precisions_traced": list(PRECISIONS), "models": dict(sorted(models.items()))}
+
+
+def curves_of(info: dict[str, Any], batches: list[int]) -> dict[str, Any]:
+    """One traced input's curves per precision, in the layout of exact.json (precisions whose traces
+    do not cover every batch are left out)."""
+    curves: dict[str, Any] = {}
+    for precision in PRECISIONS:
+        ts = sorted((t for t in info["traces"] if t["precision"] == precision), key=lambda t: t["batch"])
+        if [t["batch"] for t in ts] != list(batches):
+            continue
+        curves[precision] = {
+            "fb": [_mib(t["fb"]) for t in ts], "end": [_mib(t["end"]) for t in ts],
+            "gflops": [round(t["flops"] / 1e9, 4) for t in ts],
+            "optimizers": {o: [_mib(v) for v in info["optimizers"][precision][o]] for o in OPTIMIZERS}}
+    return curves
 
 
 def input_interpolation_check(table: dict[str, Any]) -> dict[str, Any]:
@@ -529,8 +432,6 @@ def _max_rel_residual(xs: list[int], ys: list[int]) -> float:
 
 def write_outputs(done: dict[str, dict[str, Any]], data_dir: Path = DATA_DIR) -> dict[str, Any]:
     """Rebuild every output from the work records (sorted: the same records give the same files)."""
-    from predictor.dataset.generate import COLUMNS
-
     fit = calibration.calibration_constants()
     constants = json.loads(calibration.CONSTANTS_PATH.read_text())
     bound: dict[str, Any] = {"calibration_rel": round(float(constants.get("bound_rel", 0.05)), 4),
@@ -607,7 +508,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from extender.cli import UsageError
+    from predictor.errors import UsageError
 
     sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
     bad = [s for s in sources if s not in ("timm", "torchvision", "hf", "nn")]

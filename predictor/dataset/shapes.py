@@ -49,7 +49,7 @@ class _OutputCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 def activations_millions(model: nn.Module, batch: Any) -> float:
     """The activation count of one sample's forward pass, in millions (the module docstring's rule)."""
-    from predictor.dataset.real import gpu_attention
+    from predictor.dataset.attention import gpu_attention
 
     with torch.device("meta"):
         inputs, _ = batch(torch.float32)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from predictor.spec import (
@@ -82,7 +82,7 @@ def test_defaulted_does_not_affect_equality_or_hash() -> None:
     batch=st.integers(1, 4096),
     params=st.floats(0.01, 5000, allow_nan=False),
     layers=st.integers(1, 200),
-    precision=st.sampled_from(["fp32", "fp16", "bf16", "amp"]),
+    precision=st.sampled_from(["fp32", "fp16", "bf16", "amp", "bf16-mixed"]),
 )
 def test_annotations_round_trip(family: str, batch: int, params: float, layers: int, precision: str) -> None:
     spec = JobSpec(model_type=family, batch_size=batch, params_millions=params, num_layers=layers,
@@ -90,10 +90,14 @@ def test_annotations_round_trip(family: str, batch: int, params: float, layers: 
     again = JobSpec.parse(spec.to_annotations())
     assert again == spec
     # written only when set
-    assert set(spec.to_annotations()) == set(JOB_KEYS) - {"model", "traced-peak-mib", "activations-millions"}
+    assert set(spec.to_annotations()) == set(JOB_KEYS) - {"model", "traced-peak-mib", "activations-millions", "task",
+                                                          "target-dim"}
 
 
-@given(st.dictionaries(st.sampled_from(list(JOB_KEYS)), st.text(max_size=12), max_size=11))
+# no deadline: the first example with a `model` key reads the traced table (1,539 entries), which a loaded
+# shared machine can stretch past hypothesis's 200 ms (seen before this test changed)
+@settings(deadline=None)
+@given(st.dictionaries(st.sampled_from(list(JOB_KEYS)), st.text(max_size=12), max_size=len(JOB_KEYS)))
 def test_parser_never_raises_anything_but_spec_error(raw: dict[str, str]) -> None:
     try:
         JobSpec.parse(raw)
@@ -110,5 +114,5 @@ def test_gpu_seconds_scale_with_work_and_precision() -> None:
 def test_demand_serialises_all_fields() -> None:
     demand = Demand(1000.0, 1200.0, 5.0, 60.0, "v1")
     assert set(demand.to_dict()) == {"memory_mib", "memory_mib_upper", "gflops_per_iteration",
-                                     "gpu_seconds", "model_version", "warnings"}
+                                     "gpu_seconds", "model_version", "warnings", "step_seconds", "step_parts"}
     assert demand.to_dict()["warnings"] == []
