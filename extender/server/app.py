@@ -28,7 +28,8 @@ from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError
-from extender.kube.cluster import Cluster, ClusterHandlers, InMemoryCluster, KubeCluster, pod_meta
+from extender.kube.cluster import Cluster, ClusterHandlers, KubeCluster, pod_meta
+from extender.kube.local import InMemoryCluster
 from extender.ledger import Ledger
 from extender.policy import PodRequest
 from extender.policy.columnar import Scores

@@ -10,7 +10,8 @@ from typing import Any
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError
-from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError, InMemoryCluster
+from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError
+from extender.kube.local import InMemoryCluster
 from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
 from extender.policy import PriorityInputs, Reservation
 from extender.protocol import PodInfo, ProtocolError, parse_pod

@@ -12,7 +12,8 @@ from typing import Any
 
 from werkzeug.serving import make_server
 
-from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import TokenIdentity
+from extender.kube.local import InMemoryCluster
 from extender.server.app import create_app, extender_of
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor

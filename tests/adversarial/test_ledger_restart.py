@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extender.kube.cluster import ClusterHandlers, InMemoryCluster
+from extender.kube.cluster import ClusterHandlers
+from extender.kube.local import InMemoryCluster
 from extender.settings import Settings
 from tests.adversarial.ledger_support import GIB, NODE_TOKENS, cluster_mode, gpu, overcommitted, report
 from tests.fixtures.kube.payloads import binding_args, extender_args, pod

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import TokenIdentity
+from extender.kube.local import InMemoryCluster
 from tests.adversarial.ledger_support import GIB, cluster_mode, gpu, overcommitted, report
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod
 from tests.fixtures.kube.server import TOKEN, get, post, running_server

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from extender.kube.cluster import InMemoryCluster
+from extender.kube.local import InMemoryCluster
 from extender.server.app import create_app
 from extender.settings import Settings
 from predictor.runtime import Predictor

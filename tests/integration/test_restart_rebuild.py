@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from flask import Flask
 from werkzeug.serving import make_server
 
-from extender.kube.cluster import InMemoryCluster
+from extender.kube.local import InMemoryCluster
 from extender.server.app import create_app
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor

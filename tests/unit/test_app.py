@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import TokenIdentity
+from extender.kube.local import InMemoryCluster
 from extender.protocol import parse_pod
 from extender.server import planner as app_module  # the scores the verbs call live there
 from extender.server.app import create_app, extender_of

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from extender.kube.cluster import InMemoryCluster, TokenIdentity
+from extender.kube.cluster import TokenIdentity
+from extender.kube.local import InMemoryCluster
 from extender.server.app import create_app
 from extender.server.auth import MAX_CONCURRENT_REVIEWS, TelemetryAuth, TokenCache, verb_caller_refused
 from extender.settings import Settings

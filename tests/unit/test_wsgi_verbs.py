@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.kube.cluster import InMemoryCluster
+from extender.kube.local import InMemoryCluster
 from extender.server.app import create_app, extender_of
 from extender.server.wsgi_verbs import BadRequest, BodyTooLarge, read_body
 from extender.settings import Settings
