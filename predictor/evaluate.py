@@ -33,18 +33,14 @@ from predictor.splits import Split, family_splits, grouped_calibration_split, gr
 from predictor.train import (
     CALIBRATION_FRACTION,
     CV_FOLDS,
-    DEFAULT_DATA,
     DEFAULT_MAX_ROWS,
     MODELS,
-    REPO_ROOT,
-    Dataset,
-    DatasetError,
     add_coverage_argument,
     at_coverage,
     check_coverage,
     fit_model,
-    load_dataset,
 )
+from predictor.trainset import DEFAULT_DATA, REPO_ROOT, Dataset, DatasetError, load_dataset
 
 log = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]

@@ -11,7 +11,7 @@ import numpy.typing as npt
 from predictor.metrics import over_reservation, under_rate
 
 if TYPE_CHECKING:
-    from predictor.train import Dataset
+    from predictor.trainset import Dataset
 
 FloatArray = npt.NDArray[np.float64]
 

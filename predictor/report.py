@@ -17,7 +17,7 @@ from predictor.train import CALIBRATION_FRACTION, MIN_FAMILY_CALIBRATION, MIN_FA
 
 if TYPE_CHECKING:
     from predictor.predictions import Predictions
-    from predictor.train import Dataset
+    from predictor.trainset import Dataset
 
 Results = dict[str, dict[str, dict[str, dict[str, float]]]]  # split -> model -> target -> metric
 LABELS = {

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from predictor import train as T
+from predictor import trainset as TS
 from predictor.baselines import tune
 from predictor.metrics import over_reservation, under_rate
 from predictor.model import TransformerBiGRURegressor, tuned_config
@@ -47,7 +48,7 @@ from predictor.runtime import OUT_OF_RANGE_MAX_FACTOR, OUT_OF_RANGE_SLOPE, margi
 from predictor.splits import grouped_calibration_split, grouped_folds, grouped_split
 
 
-def fit(data: T.Dataset, name: str, rows: Any, seed: int, settings: dict[str, Any] | None) -> T.FittedModel:
+def fit(data: TS.Dataset, name: str, rows: Any, seed: int, settings: dict[str, Any] | None) -> T.FittedModel:
     """`tbgru`: the tuned network alone; `blend`: the shipped recipe (network + LightGBM); else a baseline."""
     if name != "tbgru":
         return T._fit_estimators("transformer_bigru_tuned" if name == "blend" else name, data, rows, seed, 1.0,
@@ -58,7 +59,7 @@ def fit(data: T.Dataset, name: str, rows: Any, seed: int, settings: dict[str, An
     return model
 
 
-def collect(data: T.Dataset, member: str, out: Path) -> None:
+def collect(data: TS.Dataset, member: str, out: Path) -> None:
     name, _, seed_text = member.partition(":")
     seed = int(seed_text or 0)
     train, test = (s := grouped_split(data.groups, 0.3, 0)).train, s.test
@@ -98,7 +99,7 @@ def _members(blend: str, out: Path) -> tuple[Any, Any, Any, Any]:
     return members[0]["train"], members[0]["test"], members[0]["in_range"], combine
 
 
-def score(data: T.Dataset, blend: str, out: Path) -> str:
+def score(data: TS.Dataset, blend: str, out: Path) -> str:
     train, test, in_range, geo = _members(blend, out)
 
     stated, bare = T.FittedModel(blend, [], "physics"), T.FittedModel(blend, [], "physics")
@@ -150,7 +151,7 @@ def _nested(scores: Any, groups: Any, shift: Any, scale: Any) -> tuple[float, An
     return float(grid[lo]), nested_at(grid[lo])
 
 
-def _neighbour_features(data: T.Dataset, rows: Any, train: Any) -> Any:
+def _neighbour_features(data: TS.Dataset, rows: Any, train: Any) -> Any:
     """Physics features standardised over the training rows, plus a family one-hot that outweighs them
     (a neighbour is of the same family wherever one exists)."""
     x = data.physics_x.values[:, : len(T.feats.PHYSICS_NAMES) - 1]  # all but activations_given
@@ -159,7 +160,7 @@ def _neighbour_features(data: T.Dataset, rows: Any, train: Any) -> Any:
     return np.hstack([(x[rows] - mu) / sd, 10.0 * (data.families[rows][:, None] == families[None, :])])
 
 
-def local(data: T.Dataset, blend: str, out: Path) -> list[str]:
+def local(data: TS.Dataset, blend: str, out: Path) -> list[str]:
     """Normalised conformal scores from each job's nearest out-of-fold jobs of other architectures."""
     train, test, in_range, geo = _members(blend, out)
     rows, base = train[in_range], geo("oof_point")[in_range]
@@ -201,7 +202,7 @@ def local(data: T.Dataset, blend: str, out: Path) -> list[str]:
     return lines
 
 
-def slope(data: T.Dataset, blend: str, out: Path) -> list[str]:
+def slope(data: TS.Dataset, blend: str, out: Path) -> list[str]:
     """Share of the out-of-fold jobs outside their fit's training ranges above the in-range margin,
     for widening slopes per doubling out (the runtime's rule: 2^(slope x doublings), at most x4)."""
     train, _, in_range, geo = _members(blend, out)
@@ -224,9 +225,9 @@ def slope(data: T.Dataset, blend: str, out: Path) -> list[str]:
 
 def rows_study(learner: str) -> list[str]:
     """A learner fitted on the grouped split's training architectures with up to N rows of each."""
-    full = T.load_dataset(T.DEFAULT_DATA, None, 0)
+    full = TS.load_dataset(TS.DEFAULT_DATA, None, 0)
     keep = np.sort(np.random.default_rng(0).choice(len(full.y), T.DEFAULT_MAX_ROWS, replace=False))
-    subset = T.load_dataset(T.DEFAULT_DATA, T.DEFAULT_MAX_ROWS, 0)
+    subset = TS.load_dataset(TS.DEFAULT_DATA, T.DEFAULT_MAX_ROWS, 0)
     split = grouped_split(subset.groups, 0.3, 0)
     test = keep[split.test]  # the subset's test rows, as rows of the full dataset
     settings = {"num_leaves": 15} if learner == "lightgbm" else None
@@ -266,7 +267,7 @@ def main() -> None:
         for name in args.names:
             print("\n".join(rows_study(name)), flush=True)
         return
-    data = T.load_dataset(T.DEFAULT_DATA, T.DEFAULT_MAX_ROWS, 0)
+    data = TS.load_dataset(TS.DEFAULT_DATA, T.DEFAULT_MAX_ROWS, 0)
     for name in args.names:
         if args.action == "collect":
             collect(data, name, args.dir)

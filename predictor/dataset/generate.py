@@ -349,18 +349,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data card to write (default DATACARD.md beside --out)")
     parser.add_argument("--max-params-millions", type=float, default=2000.0, help="sampler limit (smoke runs)")
     parser.add_argument("--max-layers", type=int, default=96, help="sampler limit (smoke runs)")
-    from predictor.dataset import real
+    from predictor.dataset import realcard
 
-    real.add_arguments(parser)
+    realcard.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from predictor.errors import UsageError
 
     if getattr(args, "mode", "templates") == "real":
-        from predictor.dataset import real
+        from predictor.dataset import realcard
 
-        return real.run(args)
+        return realcard.run(args)
     if args.n < 1 or args.jobs < 1 or args.timeout_s <= 0:
         raise UsageError("--n, --jobs and --timeout-s must be positive")
     if args.max_params_millions < 0.2 or args.max_layers < 1:

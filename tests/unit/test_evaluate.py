@@ -120,7 +120,7 @@ def test_the_hindsight_bound_is_the_test_jobs_own_quantile(tmp_path: Path, evalu
     import numpy as np
 
     from predictor.evaluate import Predictions, hindsight_bound
-    from predictor.train import load_dataset
+    from predictor.trainset import load_dataset
 
     data = load_dataset(evaluated[0].parent / "jobs.csv")
     rows = np.arange(100, dtype=np.int64)

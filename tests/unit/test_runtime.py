@@ -17,7 +17,8 @@ import pytest
 from predictor.runtime import WEIGHTS_FILE, ArtifactError, Predictor, clip_bounds, out_of_range
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
 from predictor.splits import random_split
-from predictor.train import fit_model, load_dataset, save_artifact, score
+from predictor.train import fit_model, save_artifact, score
+from predictor.trainset import load_dataset
 from tests.unit._predictor_frames import write_jobs_csv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -109,16 +109,16 @@ def test_on_a_held_out_group_the_shape_annotations_move_predictions_toward_the_t
     """The tuned network fitted on the dataset's jobs without one architecture group (timm's
     vision_transformer module: ViT, DeiT III, SigLIP... the largest group): its jobs are predicted
     closer to their traced labels with the shape annotations (by the dataset's rule) than without."""
-    from predictor import train
+    from predictor import train, trainset
 
-    data = train.load_dataset(train.DEFAULT_DATA, 4000, 0)
+    data = trainset.load_dataset(trainset.DEFAULT_DATA, 4000, 0)
     held = np.flatnonzero(data.groups == "vision_transformer")
     rows = np.flatnonzero(data.groups != "vision_transformer")
     assert len(held) > 100 and (data.cols["activations_millions"][held] > 0).all()
     model = train._fit_estimators("transformer_bigru_tuned", data, rows, 0, 0.5, None, None)
     bare = data.without_shapes()
 
-    def median_error(of: train.Dataset) -> float:
+    def median_error(of: trainset.Dataset) -> float:
         points, _ = model.predict(of, held)
         return float(np.median(np.abs(points[:, 0] / data.y[held, 0] - 1.0)))
 

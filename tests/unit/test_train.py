@@ -17,9 +17,9 @@ from predictor.train import (
     calibrate,
     conformal_plan,
     fit_model,
-    load_dataset,
     set_margins,
 )
+from predictor.trainset import load_dataset
 from tests.unit._predictor_frames import synthetic_jobs
 
 
