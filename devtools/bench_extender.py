@@ -146,6 +146,7 @@ def _measure(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
         results: dict[str, Any] = {mode: {key: statistics.median(r[key] for r in runs) for key in KEYS}
                                    for mode, runs in rounds.items()}
         results["rss_mib"] = round(server.rss_mib(), 1)
+        results["cluster_nodes"] = args.nodes  # the cluster size the figures (RSS included) were measured at
     _progress(f"telemetry achieved {statistics.median(achieved):.0f} reports/s; load average now "
               f"{os.getloadavg()[0]:.1f}; the reference loop now takes {_reference_loop_ms():.0f} ms")
     return results
