@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
+from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone_duty
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
@@ -79,6 +80,7 @@ class Ledger:
         self._known_nodes: frozenset[str] | None = None  # the cluster's nodes; None: not known (local mode)
         self.matrix = NodeMatrix()  # the same views, columnar, for the verbs' vectorised policy
         self._peaks = PeakStore(peak_store_size)
+        self._duties = DutyStore(peak_store_size)  # observed GPU duties per job signature (`policy.duty`)
         self._demand = DemandWindow()  # recent admissions: the demand mix of the packing score
         self.merits = FragmentationMemo(self._lock)  # packing merits per node row, reused while rows hold
         self.overcommits_refused = 0
@@ -121,6 +123,11 @@ class Ledger:
     def correction(self, signature: str) -> Correction | None:
         with self._lock:
             return self._peaks.get(signature)
+
+    def learned_duty(self, signature: str) -> float | None:
+        """The GPU duty the signature's pods showed (alone, the largest of its last pods), or None."""
+        with self._lock:
+            return self._duties.get(signature) if signature else None
 
     def demand_mix(self) -> DemandMix:
         with self._lock:
@@ -373,6 +380,33 @@ class Ledger:
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)
                 self._reservations[res.pod_uid] = updated
+        self._follow_duties(report, now_s)
+
+    def _follow_duties(self, report: NodeReport, now_s: float) -> None:
+        """The usage rule for compute (`policy.duty`): the busy shares of the pods seen together on
+        each GPU, turned into alone duties; each reserved pod's duty follows the busiest of its GPUs
+        after the warm-up, and is recorded for its job signature. Pods without a duty are no
+        observation."""
+        on_gpu: dict[str, dict[str, float | None]] = {}
+        for usage in report.pods:
+            if usage.gpu_duty is None:
+                continue
+            for uuid in usage.gpu_uuids:
+                on_gpu.setdefault(uuid, {})[usage.pod_uid] = usage.gpu_duty
+        per_pod: dict[str, list[float]] = {}
+        for busy in on_gpu.values():
+            for uid, duty in alone_duties(busy).items():
+                per_pod.setdefault(uid, []).append(duty)
+        for uid, duties in per_pod.items():
+            res = self._reservations.get(uid)
+            alone = pod_alone_duty(duties)
+            if res is None or res.node != report.node or alone is None:
+                continue
+            updated = follow_duty(res, alone, now_s, self.params)
+            if now_s - res.bound_s >= self.params.usage_warmup_s and res.signature:
+                self._duties.record(res.signature, alone, uid)
+            if updated is not res:
+                self._reservations[uid] = updated
 
     def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
@@ -402,6 +436,12 @@ class Ledger:
             self.matrix.remove(node)
             return
         pending = self._pending_mib(node, telemetry.received_s)
+        duties: dict[str, list[float]] = {}
+        for uid in self._by_node.get(node, ()):
+            held = self._reservations.get(uid)
+            if held is not None:
+                for uuid in held.gpu_uuids:
+                    duties.setdefault(uuid, []).append(held.duty)
         view = NodeView(
             name=node,
             gpus=tuple(
@@ -415,6 +455,7 @@ class Ledger:
                     healthy=g.healthy,
                     foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
                     pending_mib=0.0 if g.processes else pending.get(g.uuid, 0.0),
+                    duties=tuple(sorted(duties.get(g.uuid, ()))),
                 )
                 for g in telemetry.report.gpus
             ),

@@ -44,6 +44,7 @@ class GpuView:
     healthy: bool = True
     foreign_mib: float = 0.0
     pending_mib: float = 0.0
+    duties: tuple[float, ...] = ()  # the GPU duties (alone, 0..1) of the pods placed on it (`policy.duty`)
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
@@ -125,6 +126,8 @@ class PodRequest:
     gpu_job: bool = True
     fallback: bool = False
     whole_gpu: bool = False
+    duty: float = 1.0  # its GPU duty (`duty.admission_duty`): 1.0 GPU-bound
+    predicted_run_s: float = 0.0  # the predictor's run time estimate (0: unknown), for the sharing rule
 
     @property
     def key(self) -> str:
@@ -151,6 +154,8 @@ class Reservation:
     bound_s: float
     signature: str = ""
     predictor_version: str = ""
+    duty: float = 1.0  # GPU duty alone (0..1): the prior, then the observed one (`policy.duty`)
+    checkpoint_interval_s: float | None = None  # declared `deepres.io/checkpoint-interval`
 
     @property
     def key(self) -> str:
@@ -183,6 +188,15 @@ class PolicyParams:
     """Observed peaks of a job signature move its admission only once this many pods were seen..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent must not steer the whole cluster)."""
+    max_slowdown: float = 1.25
+    """`sharing.maxSlowdown`: a pod joins a GPU that runs work only when the interference model
+    predicts no job there (nor the pod) slows beyond this (alone step time x this)."""
+    max_slowdown_high: float = 1.10
+    """The bound for high and critical pods joining, and for high and critical pods already there."""
+    preempt_max_loss_s: float = 1800.0
+    """Preemption evicts a pod without a declared checkpoint interval only while its attained service
+    (time since bind) is below this; with one, only what it would lose (time since its last checkpoint,
+    taken as attained mod interval) below this."""
 
 
 @dataclass(frozen=True, slots=True)
