@@ -5,6 +5,12 @@ added lowest priority first (largest memory first within a priority) until the p
 victim whose eviction turns out unnecessary is dropped again, so the set is minimal by inclusion.
 Evicting a pod frees its reservation and, as an estimate, the same amount of observed use.
 
+Preemption never throws away long jobs' progress (`evictable`): a pod without a declared
+`deepres.io/checkpoint-interval` is a victim only while its attained service (time since bind) is
+below `preempt_max_loss_s` (default 30 min); one with a declared interval I loses only the work since
+its last checkpoint, taken as (time since bind) mod I, and is a victim only while that is below the
+same limit. A pod that may not be evicted is not a victim at any priority.
+
 When no node fits, the node to preempt on (`choose_preemption`, used by the extender's
 self-preemption and the simulator's replay alike) is the one whose victims have the lowest highest
 priority, then the fewest victims, then the least memory evicted, then the first name.
@@ -43,7 +49,7 @@ def plan_victims(
          if r.node == node.name and r.pod_uid not in gone_ids),
         key=lambda pr: (pr[0], -pr[1].memory_mib, pr[1].pod_uid),
     )
-    candidates = [r for p, r in ranked if p < pod.priority]
+    candidates = [r for p, r in ranked if p < pod.priority and evictable(r, now_s, params)]
     chosen: list[Reservation] = []
     for res in candidates:
         chosen.append(res)
@@ -56,6 +62,21 @@ def plan_victims(
         if _fits(pod, node, rest + gone):
             chosen = rest
     return tuple(r.pod_uid for r in chosen)
+
+
+def progress_lost_s(res: Reservation, now_s: float) -> float:
+    """The work evicting `res` at `now_s` throws away: its attained service, or with a declared
+    checkpoint interval the time since its last checkpoint (attained mod interval)."""
+    attained = max(now_s - res.bound_s, 0.0)
+    interval = res.checkpoint_interval_s
+    if interval is not None and interval > 0.0:
+        return attained % interval
+    return attained
+
+
+def evictable(res: Reservation, now_s: float, params: PolicyParams) -> bool:
+    """Whether `res` may be a victim at `now_s`: the progress it would lose is below the limit."""
+    return progress_lost_s(res, now_s) < params.preempt_max_loss_s
 
 
 def choose_preemption(

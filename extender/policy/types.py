@@ -45,6 +45,8 @@ class GpuView:
     foreign_mib: float = 0.0
     pending_mib: float = 0.0
     duties: tuple[float, ...] = ()  # the GPU duties (alone, 0..1) of the pods placed on it (`policy.duty`)
+    strict: bool = False  # a high or critical pod runs on it: the tighter slowdown bound (`policy.sharing`)
+    compute_full: bool = False  # shown full to a pod that may not join it (`sharing.sharing_view`)
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
@@ -188,6 +190,8 @@ class PolicyParams:
     """Observed peaks of a job signature move its admission only once this many pods were seen..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent must not steer the whole cluster)."""
+    sharing: bool = True
+    """Apply the sharing rule (`policy.sharing`); off: memory alone decides (the ablation)."""
     max_slowdown: float = 1.25
     """`sharing.maxSlowdown`: a pod joins a GPU that runs work only when the interference model
     predicts no job there (nor the pod) slows beyond this (alone step time x this)."""
