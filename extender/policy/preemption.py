@@ -1,6 +1,7 @@
 """Preemption: which bound pods to evict so that a higher-priority pod fits on a node.
 
-Only pods of strictly lower DeepRes priority (evaluated at `now_s`) are ever victims. Victims are
+Only pods of strictly lower DeepRes priority (evaluated at `now_s`), and lower by at least
+`preempt_min_gap` (`outranks`), are ever victims. Victims are
 added lowest priority first (largest memory first within a priority) until the pod fits; then any
 victim whose eviction turns out unnecessary is dropped again, so the set is minimal by inclusion.
 Evicting a pod frees its reservation and, as an estimate, the same amount of observed use.
@@ -42,26 +43,32 @@ def plan_victims(
     """
     gone = list(evicted)
     gone_ids = {r.pod_uid for r in gone}
-    if _fits(pod, node, gone):
+    if _fits(pod, node, gone, on_node):
         return ()
     ranked = sorted(
         ((priority_of(r.priority_inputs, now_s, params), r) for r in on_node
          if r.node == node.name and r.pod_uid not in gone_ids),
         key=lambda pr: (pr[0], -pr[1].memory_mib, pr[1].pod_uid),
     )
-    candidates = [r for p, r in ranked if p < pod.priority and evictable(r, now_s, params)]
+    candidates = [r for p, r in ranked if outranks(pod.priority, p, params) and evictable(r, now_s, params)]
     chosen: list[Reservation] = []
     for res in candidates:
         chosen.append(res)
-        if _fits(pod, node, chosen + gone):
+        if _fits(pod, node, chosen + gone, on_node):
             break
     else:
         return None
     for res in list(reversed(chosen)):  # drop victims that turn out unnecessary
         rest = [c for c in chosen if c is not res]
-        if _fits(pod, node, rest + gone):
+        if _fits(pod, node, rest + gone, on_node):
             chosen = rest
     return tuple(r.pod_uid for r in chosen)
+
+
+def outranks(priority: float, victim_priority: float, params: PolicyParams) -> bool:
+    """Whether a pod of `priority` may evict one of `victim_priority`: strictly lower, and by at least
+    `preempt_min_gap` (default one criticality level, 10 points: size points alone never evict)."""
+    return victim_priority < priority and victim_priority <= priority - params.preempt_min_gap
 
 
 def progress_lost_s(res: Reservation, now_s: float) -> float:
@@ -103,14 +110,24 @@ def choose_preemption(
     return None if best is None else (best[0][3], best[1])
 
 
-def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation]) -> bool:
-    """The fit test (`gpus_fit`) on the node as it would be without `victims`."""
+def _fits(pod: PodRequest, node: NodeView, victims: Sequence[Reservation], on_node: Sequence[Reservation] = ()) -> bool:
+    """The fit test (`gpus_fit`) on the node as it would be without `victims`. A GPU the sharing rule
+    closed to the pod (`compute_full`) opens only when every pod on it (`on_node`) is a victim: then it
+    holds only what deepres did not place."""
     freed: dict[str, float] = {}
+    gone = {res.pod_uid for res in victims}
     for res in victims:
         for uuid in res.gpu_uuids:
             freed[uuid] = freed.get(uuid, 0.0) + res.memory_mib
-    free = sorted((effective_free_mib(g.capacity_mib, occupied_mib(g.used_mib - freed.get(g.uuid, 0.0),
-                                                                     g.reserved_mib - freed.get(g.uuid, 0.0),
-                                                                     g.foreign_mib, g.pending_mib))
-                   for g in node.healthy), reverse=True)
-    return gpus_fit(free, pod.gpus, pod.admission_mib)
+    free = []
+    for g in node.healthy:
+        if g.compute_full:
+            if any(g.uuid in r.gpu_uuids and r.pod_uid not in gone for r in on_node):
+                free.append(-1.0)
+                continue
+            occupied = occupied_mib(g.used_mib - freed.get(g.uuid, 0.0), 0.0, g.foreign_mib, 0.0)
+        else:
+            occupied = occupied_mib(g.used_mib - freed.get(g.uuid, 0.0), g.reserved_mib - freed.get(g.uuid, 0.0),
+                                    g.foreign_mib, g.pending_mib)
+        free.append(effective_free_mib(g.capacity_mib, occupied))
+    return gpus_fit(sorted(free, reverse=True), pod.gpus, pod.admission_mib)

@@ -10,10 +10,12 @@ place (memory without a duty) counts as one GPU-bound job. The pod may join only
    `spread_priority`) or such a pod runs there (`GpuView.strict`); and
 2. joining beats waiting for an empty GPU: with R the pod's *predicted* run time alone (the
    predictor's estimate, never the true one) and W the predicted wait until an empty GPU frees
-   (`wait_for_empty_s`, from the predicted run times of the jobs holding GPUs), its predicted
+   (`wait_for_empty_s`, from the predicted run times of the jobs holding GPUs; a job past its
+   predicted end is expected to run half its attained time again), its predicted
    completion shared, R x slowdown, is below W + R. With an empty GPU free now (W = 0) a pod never
    joins a busy one: it takes the empty GPU. A pod with no run time estimate (R = 0) joins on the
-   bound alone.
+   bound alone, and so does a pod of priority below `pack_below_priority` (off by default: see
+   PolicyParams), which would pack within the bound even when an empty GPU is free.
 
 Otherwise the pod takes an empty GPU or waits. `sharing_view` applies the rule to a node: the GPUs
 the pod may not join are shown to it as full, so the filter, the score and bind (and the replay,
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import replace
 
 from extender.policy.interference import slowdowns
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams
@@ -65,6 +66,8 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float)
     own, others = predicted_join(pod, gpu)
     if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
         return False
+    if pod.priority < params.pack_below_priority:
+        return True  # best effort packs within the bound: whole GPUs stay free for the others
     run = max(pod.predicted_run_s, 0.0)
     return run <= 0.0 or run * own < max(wait_s, 0.0) + run
 
@@ -75,22 +78,35 @@ def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
         return node
     gpus = []
     changed = False
-    for g in node.gpus:
-        if g.healthy and not g.empty and not may_join(pod, g, params, wait_s):
-            gpus.append(replace(g, reserved_mib=max(g.capacity_mib, g.reserved_mib), compute_full=True))
+    for g in node.gpus:  # a GPU the pod does not fit by memory is out anyway: no need to ask
+        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s):
+            gpus.append(GpuView(g.uuid, g.index, g.capacity_mib, g.used_mib, max(g.capacity_mib, g.reserved_mib),
+                                g.utilization, g.healthy, g.foreign_mib, g.pending_mib, g.duties, g.strict, True))
             changed = True
         else:
             gpus.append(g)
     return NodeView(name=node.name, gpus=tuple(gpus), received_s=node.received_s) if changed else node
 
 
+#: A job past its predicted end is expected to run this share of its attained time again (run times
+#: are heavy-tailed: one that outlived its estimate likely runs on), not to end at once.
+OVERDUE_SHARE = 0.5
+
+
+def expected_end_s(now_s: float, start_s: float, run_s: float) -> float:
+    """When a job started at `start_s` with predicted run time `run_s` is expected to end, seen at
+    `now_s`: its predicted end, or for an overdue job now + OVERDUE_SHARE x its attained time."""
+    end = start_s + max(run_s, 0.0)
+    return end if end >= now_s else now_s + OVERDUE_SHARE * (now_s - start_s)
+
+
 def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]) -> float:
     """The predicted wait until one of `gpus` is empty: each GPU given as its jobs' (start or bind
-    time, predicted run time alone) pairs; a GPU's jobs end when the last ends (at the predicted time,
-    or now when overdue); 0 when a GPU holds nothing; inf when there are no GPUs."""
+    time, predicted run time alone) pairs; a GPU's jobs end when the last is expected to end
+    (`expected_end_s`); 0 when a GPU holds nothing; inf when there are no GPUs."""
     best = math.inf
     for jobs in gpus:
-        ends = [start + max(run, 0.0) for start, run in jobs]
+        ends = [expected_end_s(now_s, start, run) for start, run in jobs]
         best = min(best, max([now_s, *ends]) - now_s)
         if best <= 0.0:
             return 0.0

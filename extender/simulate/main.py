@@ -4,6 +4,7 @@
     deepres simulate --experiment packing --traces default --seeds 42 --policies fgd,bestfit
     deepres simulate --experiment replay
     deepres simulate --experiment interference     # fit the interference model: reports/interference.json
+    deepres simulate --experiment compute --seeds 5  # the compute-aware replay: reports/simulation.json "replay"
     deepres simulate --via-http --trace-limit 200  # the live server decides the same as the simulator
 
 Data come from ../shared/data/openb (or --data). Long runs print progress on stderr.
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fgd-data", type=Path, default=FGD_DATA, help="directory of FGD's cached results")
     parser.add_argument("--report", action="store_true",
                         help="run both experiments in full and write reports/simulation.{md,json} and plots")
-    parser.add_argument("--experiment", choices=("packing", "replay", "interference", "all"),
+    parser.add_argument("--experiment", choices=("packing", "replay", "interference", "compute", "all"),
                         default="all")
     parser.add_argument("--colocation-data", type=Path, default=None,
                         help="--experiment interference: directory of co-location measurements "
@@ -73,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="", help="--via-http: URL of a running server (default: start one)")
     parser.add_argument("--trace-limit", type=int, default=150, help="--via-http: pods to replay")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quick", action="store_true",
+                        help="--experiment compute: a small load, nothing written (a smoke run)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
         return _interference(args)
     if not args.data.is_dir():
         raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
+    if args.experiment == "compute":
+        from extender.simulate.compute import run as run_compute
+
+        result = run_compute(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick)
+        keys = ("deepres_vs_static", "deepres_vs_request", "deepres_vs_static_sjf")
+        print(json.dumps({load: {k: result[load].get(k) for k in keys} for load in ("gpu_bound", "default")},
+                         indent=2))
+        return 0
     try:
         if args.via_http:
             from extender.simulate.http_driver import run_via_http

@@ -86,7 +86,7 @@ def test_the_filter_sees_unjoinable_gpus_as_full_and_says_compute() -> None:
 def test_wait_for_empty_uses_predicted_end_times() -> None:
     assert wait_for_empty_s(100.0, [[(0.0, 500.0), (50.0, 100.0)], [(90.0, 60.0)]]) == 50.0
     assert wait_for_empty_s(100.0, [[(0.0, 500.0)], []]) == 0.0
-    assert wait_for_empty_s(100.0, [[(0.0, 10.0)]]) == 0.0  # overdue: expected any moment
+    assert wait_for_empty_s(100.0, [[(0.0, 10.0)]]) == 50.0  # overdue: half its attained time again
     assert wait_for_empty_s(100.0, []) == math.inf
 
 
