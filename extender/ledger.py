@@ -28,6 +28,7 @@ from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
+from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
@@ -128,6 +129,32 @@ class Ledger:
         """The GPU duty the signature's pods showed (alone, the largest of its last pods), or None."""
         with self._lock:
             return self._duties.get(signature) if signature else None
+
+    def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None) -> float:
+        """The predicted wait until `gpus` GPUs of one node (of `names`, default all) are empty, from
+        the bind times and predicted run times (`PriorityInputs.gpu_seconds`) of the pods holding them
+        (`sharing.wait_for_empty_s`); the sharing rule's W."""
+        with self._lock:
+            return self._wait_for_empty_s(gpus, now_s, names)
+
+    def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None) -> float:
+        k = max(gpus, 1)
+        best = float("inf")
+        for name in (self._views if names is None else names):
+            view = self._views.get(name)
+            if view is None:
+                continue
+            held: dict[str, list[tuple[float, float]]] = {g.uuid: [] for g in view.healthy}
+            for uid in self._by_node.get(name, ()):
+                res = self._reservations.get(uid)
+                if res is not None:
+                    for uuid in res.gpu_uuids:
+                        if uuid in held:
+                            held[uuid].append((res.bound_s, res.priority_inputs.gpu_seconds))
+            waits = sorted(wait_for_empty_s(now_s, [jobs]) for jobs in held.values())
+            if len(waits) >= k:
+                best = min(best, waits[k - 1])
+        return best
 
     def demand_mix(self) -> DemandMix:
         with self._lock:
@@ -277,6 +304,8 @@ class Ledger:
             if bound is not None and bound != node:
                 return f"pod {pod.key} is already bound to {bound}"
             view = self._views.get(node)
+            if view is not None and self.params.sharing and pod.gpu_job:  # the sharing rule, as the filter
+                view = sharing_view(pod, view, self.params, self._wait_for_empty_s(pod.gpus, now_s, None))
             failure = node_failure(pod, view, now_s, self.params)
             chosen = None
             if view is not None and failure is None:

@@ -26,10 +26,15 @@ Pure: no I/O, no clock (`now_s` and the estimates are arguments).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
+from extender.policy.filtering import PASSED, gpus_fit
 from extender.policy.interference import slowdowns
-from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams
+from extender.policy.types import FilterResult, GpuView, NodeView, PodRequest, PolicyParams
+
+#: The filter's reason kind (a metric label) for nodes the sharing rule failed.
+COMPUTE = "compute"
 
 #: Duty of work on a GPU that deepres did not place (or whose duty is unknown): GPU-bound.
 UNKNOWN_DUTY = 1.0
@@ -111,3 +116,29 @@ def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]
         if best <= 0.0:
             return 0.0
     return best
+
+
+def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,
+                  wait_s: float) -> FilterResult:
+    """The filter's answer with the sharing rule applied to the nodes it passed (the live extender's
+    columnar filter knows memory only): a node whose fitting GPUs are all busy GPUs the pod may not
+    join (`sharing_view`) moves to the failed nodes, its reason saying so (preemption may help)."""
+    if not pod.gpu_job or not params.sharing or not result.passed:
+        return result
+    request = result.request or pod
+    passed: list[str] = []
+    failed = dict(result.failed)
+    kinds = dict(result.kinds)
+    for name in result.passed:
+        node = nodes.get(name)
+        view = sharing_view(request, node, params, wait_s) if node is not None else None
+        if view is None or view is node or gpus_fit(view.free_desc, request.gpus, request.admission_mib):
+            passed.append(name)
+            continue
+        failed[name] = ("compute: sharing a busy GPU would slow a job beyond the bound (sharing.maxSlowdown) "
+                        "or cost more than waiting for an empty one")
+        kinds[COMPUTE] = kinds.get(COMPUTE, 0) + 1
+        kinds[PASSED] = kinds.get(PASSED, 1) - 1
+    if kinds.get(PASSED) == 0:
+        kinds.pop(PASSED)
+    return replace(result, passed=tuple(passed), failed=failed, kinds=kinds)

@@ -17,7 +17,7 @@ from extender.policy import PodRequest, PolicyParams, PriorityInputs, Reservatio
 from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty, prior_duty
 from extender.telemetry import GpuReport, NodeReport, PodUsage
 
-P = PolicyParams(usage_warmup_s=60.0)
+P = PolicyParams(usage_warmup_s=60.0, sharing=False)  # two GPU-bound pods share a GPU here (learning only)
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "nvml-process-utilization-h100-580.json"
 COLOCATION = Path(__file__).resolve().parents[3] / "shared" / "data" / "colocation" / "h100-2026-11-27.json"
 

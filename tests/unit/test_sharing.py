@@ -106,3 +106,37 @@ def test_preemption_never_throws_away_long_progress() -> None:
     assert plan_victims(high, node, [old], now, P) is None  # 2 h of work: not thrown away
     assert plan_victims(high, node, [old, young], now, P) == ("young",)
     assert plan_victims(high, node, [old, checkpointed], now, P) == ("ckpt",)
+
+
+def test_the_live_filter_and_bind_apply_the_rule() -> None:
+    """The extender's columnar filter knows memory only: `apply_sharing` moves a node whose busy GPUs
+    the pod may not join to the failed ones; the ledger's reserve_on (bind) refuses it there too."""
+    from extender.ledger import Ledger
+    from extender.policy.columnar import filter_matrix
+    from extender.policy.sharing import apply_sharing
+    from extender.telemetry import GpuReport, NodeReport
+
+    ledger = Ledger(P)
+    ledger.apply_report(NodeReport("n", 1, 1.0, "0", "nvml", (GpuReport("g0", 0, "H100", 80 * GIB, 0.0),),
+                                   boot_id="b"), 0.0)
+    first = pod(1.0, run_s=3600.0, need=8 * GIB)
+    template = Reservation("first", "ns", "first", "n", (), 8 * GIB, 8 * GIB, 8 * GIB,
+                           PriorityInputs(gpu_seconds=3600.0), 0.0, duty=1.0)
+    assert not isinstance(ledger.reserve_on(first, template, 0.0), str)
+    second = PodRequest("second", "ns", "second", 1, 8 * GIB, 8 * GIB, 10.0, duty=1.0, predicted_run_s=3600.0)
+    memory_only = filter_matrix(second, ["n"], ledger.matrix, ledger.views, 1.0, P)
+    assert memory_only.passed == ("n",)  # 72 GiB free: memory alone would pack it
+    wait = ledger.wait_for_empty_s(1, 1.0)
+    assert wait == pytest.approx(3599.0)
+    shared = apply_sharing(second, memory_only, ledger.views, P, wait)
+    assert shared.passed == () and "compute" in shared.failed["n"] and shared.kinds.get("compute") == 1
+    refused = ledger.reserve_on(second, replace_uid(template, "second"), 1.0)
+    assert isinstance(refused, str)
+    light = PodRequest("light", "ns", "light", 1, 8 * GIB, 8 * GIB, 10.0, duty=0.05, predicted_run_s=0.0)
+    assert apply_sharing(light, memory_only, ledger.views, P, wait).passed == ("n",)
+
+
+def replace_uid(res: Reservation, uid: str) -> Reservation:
+    from dataclasses import replace
+
+    return replace(res, pod_uid=uid, name=uid)
