@@ -64,8 +64,10 @@ from extender.policy.columnar import (
     score_matrix,
     score_matrix_fragaware,
 )
+from extender.policy.duty import admission_duty
 from extender.policy.filtering import NO_REPORT, STALE, gib, is_fresh, whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
+from extender.policy.sharing import apply_sharing
 from extender.policy.usage import is_corrected
 from extender.protocol import (
     ExtenderArgs,
@@ -313,7 +315,9 @@ class Extender:
             predicted = demand.memory_mib
         inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
         req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
-                         priority_of(inputs, now_s, self.params), True, fallback=source != "override")
+                         priority_of(inputs, now_s, self.params), True, fallback=source != "override",
+                         duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature)),
+                         predicted_run_s=inputs.gpu_seconds)
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
@@ -404,6 +408,9 @@ class Extender:
             return filter_error(f"predictor unavailable: {err}", args)
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
+        if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
+            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono, args.node_names)
+            result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
         self._keep_filter_plan(args.pod, plan, now)
@@ -634,7 +641,8 @@ class Extender:
             return binding_result(f"cannot bind {key} to {args.node}: {held}")
 
         template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
-                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
+                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version, duty=req.duty,
+                               checkpoint_interval_s=plan.job.checkpoint_interval_s)
         outcome = self.ledger.reserve_on(req, template, mono, packing=self._packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
