@@ -86,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.data.is_dir():
         raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
     if args.experiment == "compute":
+        from extender.simulate.compute import readme_section
         from extender.simulate.compute import run as run_compute
 
         result = run_compute(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick)
+        print("README (scheduling results):\n" + readme_section(result), file=sys.stderr)
         keys = ("deepres_vs_static", "deepres_vs_request", "deepres_vs_static_sjf")
         print(json.dumps({load: {k: result[load].get(k) for k in keys} for load in ("gpu_bound", "default")},
                          indent=2))

@@ -24,6 +24,14 @@ and host memory (by PriorityClass; the trace has none), and eviction taking time
 once). A job's true use is its peak from the start, so the usage rule applied at every report gives
 the same reservation as applied at the first report after the warm-up: the replay applies it then.
 
+Compute (issue 24; `extender.simulate.compute` runs it): with `simulate(..., interference=True)` jobs
+sharing a GPU run at the rate the interference model predicts from their true duties, and a job's
+finish moves whenever its GPUs' jobs change; DeepRes places through the sharing rule
+(`sharing_view`: busy GPUs it may not join shown full; its duties the reservation's, the prior until
+the usage rule observes them) and its priority gets the predicted run time (`Job.predicted_s`), never
+the true one. Without it (the default here, and the memory replay of `--report`) jobs run at full
+speed whatever shares their GPU.
+
 Memory actually used is the sum of the running jobs' true peaks (from their start). A placement
 that makes a GPU's true use exceed its capacity kills the job that allocated last (the newcomer):
 it holds its GPUs for `OOM_AFTER_S`, then restarts after a back-off (10 s doubling to 300 s);
@@ -449,7 +457,10 @@ class DeepRes(Strategy):
         the same decision, without scoring a thousand identical idle nodes one by one."""
         rows = np.array([self._index[n] for n in sorted(passed)], dtype=np.int64)  # name order
         jobs = np.array([[len(g) for g in self.c.jobs_on[i]] for i in rows.tolist()], dtype=float)
-        state = np.hstack([self.c.cap[rows], self.c.used[rows], self.c.reserved[rows], jobs,
+        # the sharing rule reads the residents' duties and strictness: nodes differing there differ
+        duties = np.array([[sum(self._duty_of(j) + 10.0 * (CRITICALITY.get(self.jobs[j].qos, 1) >= 2) for j in g)
+                            for g in self.c.jobs_on[i]] for i in rows.tolist()], dtype=float)
+        state = np.hstack([self.c.cap[rows], self.c.used[rows], self.c.reserved[rows], jobs, duties,
                            self.c.cpu_left[rows, None].astype(float)])
         _, first = np.unique(state, axis=0, return_index=True)
         names = [self.c.names[int(i)] for i in rows[np.sort(first)]]
