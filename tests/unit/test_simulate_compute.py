@@ -5,6 +5,7 @@ the priority, and DeepRes's sharing rule keeps GPU-bound jobs apart where memory
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,15 @@ def test_deepres_lets_input_bound_jobs_share_when_waiting_costs_more() -> None:
     out = replay.simulate(replay.DeepRes, jobs, _nodes(), P, interference=True)
     assert out.metrics["shared_jobs"] == 2
     assert out.metrics["shared_slowdown_max"] <= P.max_slowdown
+
+
+@pytest.mark.skipif(not REPORT.is_file(), reason="no report")
+def test_the_report_says_what_the_replay_modelled() -> None:
+    report = json.loads(REPORT.read_text(encoding="utf-8"))["replay"]
+    assert report["model"]["interference"] is True and report["model"]["memory_truth"] == "measured"
+    assert report["model"]["oracle"] is False and report["seeds"] >= 5
+    gb = report["gpu_bound"]
+    for key in ("mean_jct_improvement", "median_jct_improvement"):
+        by_seed = gb["deepres_vs_static"][f"{key}_by_seed"]
+        assert len(by_seed) == report["seeds"] and gb["deepres_vs_static"][key] == min(by_seed)
+    assert math.isfinite(gb["deepres"]["oom_rate"]) and gb["deepres"]["shared_slowdown_p95"] >= 1.0
