@@ -34,13 +34,17 @@ def plan_victims(
     now_s: float,
     params: PolicyParams,
     evicted: Sequence[Reservation] = (),
+    service_now_s: float | None = None,
 ) -> tuple[str, ...] | None:
     """UIDs of the reservations to evict for `pod` to fit on `node` (empty: fits already), or None
     when even evicting every strictly-lower-priority pod would not make it fit.
 
     `evicted` are reservations leaving anyway (victims kube-scheduler already chose); their memory
-    counts as freed and they are not returned again.
+    counts as freed and they are not returned again. `service_now_s` is the time on the clock of the
+    reservations' `bound_s` (the extender's monotonic clock) for the attained-service limit
+    (`evictable`); default `now_s` (one clock, as in the replay).
     """
+    service_now = now_s if service_now_s is None else service_now_s
     gone = list(evicted)
     gone_ids = {r.pod_uid for r in gone}
     if _fits(pod, node, gone, on_node):
@@ -50,7 +54,7 @@ def plan_victims(
          if r.node == node.name and r.pod_uid not in gone_ids),
         key=lambda pr: (pr[0], -pr[1].memory_mib, pr[1].pod_uid),
     )
-    candidates = [r for p, r in ranked if outranks(pod.priority, p, params) and evictable(r, now_s, params)]
+    candidates = [r for p, r in ranked if outranks(pod.priority, p, params) and evictable(r, service_now, params)]
     chosen: list[Reservation] = []
     for res in candidates:
         chosen.append(res)
@@ -91,6 +95,7 @@ def choose_preemption(
     candidates: Iterable[tuple[NodeView, Sequence[Reservation]]],
     now_s: float,
     params: PolicyParams,
+    service_now_s: float | None = None,
 ) -> tuple[str, tuple[Reservation, ...]] | None:
     """(node, victims) to evict on the best candidate for `pod`, or None when no candidate has a
     victim set (`plan_victims`) that makes the pod fit. Candidates: the nodes the filter failed for
@@ -98,7 +103,7 @@ def choose_preemption(
     fewest victims, then the least memory evicted, then the first node name."""
     best: tuple[tuple[float, int, float, str], tuple[Reservation, ...]] | None = None
     for node, on_node in candidates:
-        victims = plan_victims(pod, node, on_node, now_s, params)
+        victims = plan_victims(pod, node, on_node, now_s, params, service_now_s=service_now_s)
         if not victims:
             continue
         by_uid = {r.pod_uid: r for r in on_node}

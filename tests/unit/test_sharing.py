@@ -140,3 +140,14 @@ def replace_uid(res: Reservation, uid: str) -> Reservation:
     from dataclasses import replace
 
     return replace(res, pod_uid=uid, name=uid)
+
+
+def test_attained_service_reads_the_clock_of_the_bind() -> None:
+    """The live extender's priority runs on wall time, its reservations' bind time on its monotonic
+    clock: the attained-service limit must read the latter (`service_now_s`)."""
+    wall, mono = 1.8e9, 5_000.0
+    young = _res("young", mono - 600.0)
+    node = NodeView("n", (GpuView("g0", 0, 80 * GIB, 80 * GIB, 80 * GIB),), mono)
+    high = PodRequest("h", "ns", "h", 1, 40 * GIB, 40 * GIB, 30.0)
+    assert plan_victims(high, node, [young], wall, P) is None  # read on the wrong clock: 1.8e9 s attained
+    assert plan_victims(high, node, [young], wall, P, service_now_s=mono) == ("young",)
