@@ -740,7 +740,8 @@ class Extender:
                 view = self.ledger.node_view(node)
                 if view is None or mono - view.received_s > self.params.telemetry_ttl_s:
                     continue
-                planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known)
+                planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known,
+                                       service_now_s=mono)
                 if planned is None:
                     continue
                 extra = planned
@@ -794,7 +795,8 @@ class Extender:
             return []
         found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
                                         if (view := self.ledger.node_view(node)) is not None
-                                        and is_fresh(view.received_s, mono, self.params)), now, self.params)
+                                        and is_fresh(view.received_s, mono, self.params)), now, self.params,
+                                 service_now_s=mono)
         if found is None:
             with self._lock:
                 self._preempting.pop(req.uid, None)
