@@ -409,7 +409,7 @@ class Extender:
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
-            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono, args.node_names)
+            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
             result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
