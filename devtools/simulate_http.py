@@ -82,7 +82,10 @@ def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
            # the server learns its demand mix from its own binds, the simulator takes the trace's typical
            # pods: compare the shared filter / score / GPU-choice functions with the best-fit packing rule
            # (the fragmentation-aware rule is checked against the same functions in the unit tests)
-           "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false"}
+           "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false",
+           # the packing experiment's policy is memory-only: compare the memory rules (the sharing rule,
+           # compute, is checked by the replay's and the unit tests)
+           "DEEPRES_SHARING": "false"}
     with LocalServer(workdir, token=token, env=env, log_level="info") as server:  # ready: the verbs wait for it
         yield server.url, server.log_path
 

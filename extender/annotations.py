@@ -44,7 +44,8 @@ GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 #: deadline durations longer than this (a year) are typos.
 MAX_DEADLINE_S = 366 * 86400.0
 
-SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory")
+SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory", "gpu-share",
+                                    "checkpoint-interval")
 #: Keys whose written value must be in range (ACCEPTED): JobSpec takes 0 for "not given" and fills the
 #: default, so a pod saying `input-dim: 0` would silently be planned as another job.
 EXPLICIT_KEYS: tuple[str, ...] = ("input-dim", "num-layers", "activations-millions", "target-dim")
@@ -96,6 +97,10 @@ ACCEPTED: dict[str, Accepted] = {
     "deadline": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),
     "criticality": Accepted("choice", choices=CRITICALITIES),
     "gpu-memory": Accepted("quantity", *GPU_MEMORY_RANGE_MIB),
+    # the prior of the job's GPU duty until observed (`policy.duty`); 0..1
+    "gpu-share": Accepted("number", 0.0, 1.0),
+    # how often the job checkpoints: preemption may evict it only within what it would lose
+    "checkpoint-interval": Accepted("duration", 0.0, MAX_DEADLINE_S, low_open=True),
 }
 
 
@@ -222,6 +227,8 @@ class JobRequest:
     deadline_s: float | None = None
     criticality: int = 1
     criticality_source: str = "default"  # "annotation", "annotation (capped)", "PriorityClass", "default"
+    gpu_share: float | None = None  # declared GPU duty (0..1); None: not declared (GPU-bound prior)
+    checkpoint_interval_s: float | None = None
 
     @property
     def signature(self) -> str:
@@ -276,7 +283,9 @@ def parse_job(
     else:
         level = cap_criticality(requested, criticality_ceiling)
         source = "annotation (capped)" if level < requested else ("annotation" if "criticality" in ours else "default")
-    return JobRequest(True, spec, gpus, override, deadline, level, source)
+    share = _gpu_share(ours["gpu-share"]) if "gpu-share" in ours else None
+    checkpoint = _checkpoint_interval(ours["checkpoint-interval"]) if "checkpoint-interval" in ours else None
+    return JobRequest(True, spec, gpus, override, deadline, level, source, share, checkpoint)
 
 
 def parse_memory_quantity(text: str) -> float:
@@ -352,3 +361,25 @@ def _criticality(text: str) -> int:
         return CRITICALITIES.index(text.strip().lower())
     except ValueError:
         raise AnnotationError(PREFIX + "criticality", text, "one of " + ", ".join(CRITICALITIES)) from None
+
+
+def _gpu_share(text: str) -> float:
+    accepted = "a number from 0 to 1 (the share of time the job keeps the GPU busy, e.g. 0.3)"
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise AnnotationError(PREFIX + "gpu-share", text, accepted) from None
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise AnnotationError(PREFIX + "gpu-share", text, accepted)
+    return value
+
+
+def _checkpoint_interval(text: str) -> float:
+    accepted = "a duration above 0, e.g. 30m, 1h30m, 90s (how often the job saves a checkpoint)"
+    try:
+        seconds = parse_duration_s(text.strip())
+    except ValueError:
+        raise AnnotationError(PREFIX + "checkpoint-interval", text, accepted) from None
+    if not 0.0 < seconds <= MAX_DEADLINE_S:
+        raise AnnotationError(PREFIX + "checkpoint-interval", text, accepted)
+    return seconds

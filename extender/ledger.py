@@ -24,9 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
+from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone_duty
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
+from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
@@ -81,6 +83,7 @@ class Ledger:
         self._known_nodes: frozenset[str] | None = None  # the cluster's nodes; None: not known (local mode)
         self.matrix = NodeMatrix()  # the same views, columnar, for the verbs' vectorised policy
         self._peaks = PeakStore(peak_store_size)
+        self._duties = DutyStore(peak_store_size)  # observed GPU duties per job signature (`policy.duty`)
         self._demand = DemandWindow()  # recent admissions: the demand mix of the packing score
         self.merits = FragmentationMemo(self._lock)  # packing merits per node row, reused while rows hold
         self.overcommits_refused = 0
@@ -124,6 +127,37 @@ class Ledger:
     def correction(self, signature: str) -> Correction | None:
         with self._lock:
             return self._peaks.get(signature)
+
+    def learned_duty(self, signature: str) -> float | None:
+        """The GPU duty the signature's pods showed (alone, the largest of its last pods), or None."""
+        with self._lock:
+            return self._duties.get(signature) if signature else None
+
+    def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None) -> float:
+        """The predicted wait until `gpus` GPUs of one node (of `names`, default all) are empty, from
+        the bind times and predicted run times (`PriorityInputs.gpu_seconds`) of the pods holding them
+        (`sharing.wait_for_empty_s`); the sharing rule's W."""
+        with self._lock:
+            return self._wait_for_empty_s(gpus, now_s, names)
+
+    def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None) -> float:
+        k = max(gpus, 1)
+        best = float("inf")
+        for name in (self._views if names is None else names):
+            view = self._views.get(name)
+            if view is None:
+                continue
+            held: dict[str, list[tuple[float, float]]] = {g.uuid: [] for g in view.healthy}
+            for uid in self._by_node.get(name, ()):
+                res = self._reservations.get(uid)
+                if res is not None:
+                    for uuid in res.gpu_uuids:
+                        if uuid in held:
+                            held[uuid].append((res.bound_s, res.priority_inputs.gpu_seconds))
+            waits = sorted(wait_for_empty_s(now_s, [jobs]) for jobs in held.values())
+            if len(waits) >= k:
+                best = min(best, waits[k - 1])
+        return best
 
     def demand_mix(self) -> DemandMix:
         with self._lock:
@@ -290,6 +324,8 @@ class Ledger:
             if bound is not None and bound != node:
                 return f"pod {pod.key} is already bound to {bound}"
             view = self._views.get(node)
+            if view is not None and self.params.sharing and pod.gpu_job:  # the sharing rule, as the filter
+                view = sharing_view(pod, view, self.params, self._wait_for_empty_s(pod.gpus, now_s, None))
             failure = node_failure(pod, view, now_s, self.params)
             chosen = None
             if view is not None and failure is None:
@@ -393,6 +429,33 @@ class Ledger:
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)
                 self._reservations[res.pod_uid] = updated
+        self._follow_duties(report, now_s)
+
+    def _follow_duties(self, report: NodeReport, now_s: float) -> None:
+        """The usage rule for compute (`policy.duty`): the busy shares of the pods seen together on
+        each GPU, turned into alone duties; each reserved pod's duty follows the busiest of its GPUs
+        after the warm-up, and is recorded for its job signature. Pods without a duty are no
+        observation."""
+        on_gpu: dict[str, dict[str, float | None]] = {}
+        for usage in report.pods:
+            if usage.gpu_duty is None:
+                continue
+            for uuid in usage.gpu_uuids:
+                on_gpu.setdefault(uuid, {})[usage.pod_uid] = usage.gpu_duty
+        per_pod: dict[str, list[float]] = {}
+        for busy in on_gpu.values():
+            for uid, duty in alone_duties(busy).items():
+                per_pod.setdefault(uid, []).append(duty)
+        for uid, duties in per_pod.items():
+            res = self._reservations.get(uid)
+            alone = pod_alone_duty(duties)
+            if res is None or res.node != report.node or alone is None:
+                continue
+            updated = follow_duty(res, alone, now_s, self.params)
+            if now_s - res.bound_s >= self.params.usage_warmup_s and res.signature:
+                self._duties.record(res.signature, alone, uid)
+            if updated is not res:
+                self._reservations[uid] = updated
 
     def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
@@ -422,6 +485,12 @@ class Ledger:
             self.matrix.remove(node)
             return
         pending = self._pending_mib(node, telemetry.received_s)
+        duties: dict[str, list[float]] = {}
+        for uid in self._by_node.get(node, ()):
+            held = self._reservations.get(uid)
+            if held is not None:
+                for uuid in held.gpu_uuids:
+                    duties.setdefault(uuid, []).append(held.duty)
         view = NodeView(
             name=node,
             gpus=tuple(
@@ -435,6 +504,7 @@ class Ledger:
                     healthy=g.healthy,
                     foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
                     pending_mib=0.0 if g.processes else pending.get(g.uuid, 0.0),
+                    duties=tuple(sorted(duties.get(g.uuid, ()))),
                 )
                 for g in telemetry.report.gpus
             ),

@@ -125,6 +125,19 @@ class PolicySettings:
     """Observed peaks of a job signature correct its admission once this many pods ran..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
+    sharing: bool = True
+    """Compute is a resource (policy/sharing.py): a pod joins a GPU that runs work only when the
+    interference model predicts no job there slows beyond `max_slowdown` and that beats waiting for an
+    empty GPU. False: memory alone decides (the behaviour before issue 24)."""
+    max_slowdown: float = 1.25
+    """`sharing.maxSlowdown`: the slowdown (alone step time x this) sharing may cause any job."""
+    max_slowdown_high: float = 1.10
+    """The bound where a high or critical pod joins or runs."""
+    preempt_min_gap: float = 10.0
+    """A preemption victim's priority is at least this far below the preemptor's (one criticality level)."""
+    preempt_max_loss_s: float = 1800.0
+    """Preemption never throws away more than this much of a victim's progress (attained service, or the
+    time since its last checkpoint with `deepres.io/checkpoint-interval`)."""
     default_criticality_ceiling: str = "high"
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
@@ -141,6 +154,11 @@ class PolicySettings:
             size_scale_gpu_s=self.size_scale_gpu_s,
             correction_min_pods=self.correction_min_pods,
             correction_min_nodes=self.correction_min_nodes,
+            sharing=self.sharing,
+            max_slowdown=self.max_slowdown,
+            max_slowdown_high=self.max_slowdown_high,
+            preempt_min_gap=self.preempt_min_gap,
+            preempt_max_loss_s=self.preempt_max_loss_s,
         )
 
     def ceiling(self, namespace: str) -> int:

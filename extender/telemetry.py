@@ -53,6 +53,11 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_WHOLE)]
 Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_UUID)]
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NODE_NAME)]
 SOURCES = ("nvml", "simulated")
+#: Where a pod's `gpu_duty` comes from: per-process utilisation samples, or the device's utilisation
+#: charged whole to each pod on the GPU (`extender.agent.tracking.pod_duties`), or none.
+DUTY_SOURCES = ("process", "device")
+DutySource = Annotated[str, msgspec.Meta(pattern=f"^(?:{'|'.join(DUTY_SOURCES)})?$",
+                                         extra_json_schema={"enum": ["", *DUTY_SOURCES]})]
 Source = Annotated[str, msgspec.Meta(pattern=f"^(?:{'|'.join(SOURCES)})$", extra_json_schema={"enum": list(SOURCES)})]
 
 
@@ -73,6 +78,10 @@ class ProcessReport:
     used_memory_mib: MiB
     pod_uid: str = ""  # empty: not a pod's process (or attribution failed)
     container_id: str = ""
+    #: the share of time the GPU's SMs were busy with this process over the sampling round (NVML's
+    #: per-process utilisation samples, averaged); None: no sample (driver without them, or none
+    #: this round): no observation, never 0
+    sm_util: Ratio | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,9 @@ class GpuReport:
     healthy: bool = True
     error: str = ""  # why the GPU is unhealthy ("GPU is lost", "NVML timeout", ...)
     processes: Annotated[tuple[ProcessReport, ...], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)] = ()
+    #: the driver gives per-process utilisation samples on this GPU (the processes' `sm_util`); False:
+    #: it does not (or an older agent), and pods' duties come from `utilization_gpu`
+    process_samples: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,12 @@ class PodUsage:
     peak_memory_mib: MiB
     gpu_uuids: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)] = ()
     first_seen_s: Seconds = 0.0  # agent clock; lets the extender apply the usage rule's warm-up
+    #: the pod's GPU duty: the share of time its busiest GPU was busy with its processes, averaged over
+    #: the agent's duty window; None: not observed (no samples), never a silent 0
+    gpu_duty: Ratio | None = None
+    #: `process` (NVML per-process samples) or `device` (the device's utilisation charged whole to
+    #: each pod on the GPU: an upper bound, exact for a pod alone); "" with no duty
+    duty_source: DutySource = ""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,15 @@ figure is left out. "Not supported" for the process list keeps the GPU healthy b
 `error`: its memory figures are still exact, only per-pod attribution is missing, and taking the
 whole GPU out of scheduling for that would strand it. A GPU whose memory cannot be read is reported
 as full (used = last known total), so no extender can mistake it for free.
+
+Per-process utilisation (`nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)`): each round
+asks for the samples newer than the newest one seen on that GPU, and a process's `sm_util` is the
+mean SM busy share of its samples (NVML gives one per process that was busy in its last sampling
+period; a process with none this round has `sm_util` None: no observation, never 0). A driver or
+GPU without these samples ("not supported", or the function missing) keeps the GPU healthy and
+reports `process_samples` false: pods' duties then come from the device's utilisation
+(`tracking.pod_duties`). "Not found" means no process was busy since the last read; any other error
+of this optional call is logged and leaves the samples out for the round.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from extender.agent.sources import Sample, SourceUnavailable
@@ -30,6 +39,8 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 _NOT_SUPPORTED, _NOT_FOUND, _FUNCTION_NOT_FOUND, _UNINITIALIZED, _DRIVER_NOT_LOADED = 3, 6, 13, 1, 9
 _ARGUMENT_VERSION_MISMATCH, _INVALID_ARGUMENT, _LIB_RM_VERSION_MISMATCH = 25, 2, 18
+# no per-process utilisation on this driver or GPU
+_NO_PROCESS_SAMPLES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 # after these the library must be initialised again before it can answer
 _REINIT_CODES = frozenset({_UNINITIALIZED, _DRIVER_NOT_LOADED, _LIB_RM_VERSION_MISMATCH})
 # the driver has no v2 memory call: fall back to v1
@@ -83,6 +94,8 @@ class NvmlSource:
         self._error_type: type[Exception] = nvml.NVMLError
         self._known: dict[int, _Known] = {}  # by index: what to report when a GPU stops answering
         self._memory_v2: dict[str, bool] = {}
+        self._samples_seen: dict[str, int] = {}  # uuid -> newest per-process sample timestamp read
+        self._no_samples: set[str] = set()  # uuids whose driver gives no per-process samples
         self._needs_init = False
 
     @classmethod
@@ -206,6 +219,9 @@ class NvmlSource:
             )
         except self._error_type as err:
             unhealthy |= _call_failure("processes", err, problems)
+        busy = self._process_utilization(handle, uuid)
+        if busy is not None:
+            processes = tuple(replace(p, sm_util=busy.get(p.pid)) for p in processes)
         if len(processes) > MAX_PROCESSES_PER_GPU:  # the schema's bound: keep the largest
             processes = tuple(sorted(processes, key=lambda p: -p.used_memory_mib)[:MAX_PROCESSES_PER_GPU])
         return GpuReport(
@@ -222,7 +238,38 @@ class NvmlSource:
             healthy=not unhealthy,
             error="; ".join(problems),
             processes=processes,
+            process_samples=busy is not None,
         )
+
+    def _process_utilization(self, handle: Any, uuid: str) -> dict[int, float] | None:
+        """pid -> mean SM busy share (0..1) of its samples newer than the last read ({} when none
+        was busy); None when this GPU's driver gives no per-process samples (see the module doc)."""
+        nvml = self._nvml
+        call = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
+        if call is None or uuid in self._no_samples:
+            return None
+        last = self._samples_seen.get(uuid, 0)
+        try:
+            samples = call(handle, last)
+        except self._error_type as err:
+            if _code(err) in _NO_PROCESS_SAMPLES:
+                self._no_samples.add(uuid)
+                log.info("GPU %s gives no per-process utilisation (%s): duties from the device's", uuid, err)
+                return None
+            if _code(err) != _NOT_FOUND:
+                log.warning("GPU %s: per-process utilisation failed: %s", uuid, err)
+            return {}
+        sums: dict[int, tuple[float, int]] = {}
+        newest = last
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp <= last:
+                continue  # already counted in an earlier round
+            newest = max(newest, stamp)
+            total, count = sums.get(int(sample.pid), (0.0, 0))
+            sums[int(sample.pid)] = (total + _ratio(sample.smUtil), count + 1)
+        self._samples_seen[uuid] = newest
+        return {pid: round(total / count, 4) for pid, (total, count) in sums.items()}
 
     def _thermals(self, handle: Any, problems: list[str] | None = None) -> tuple[float | None, float | None, bool]:
         nvml = self._nvml

@@ -8,8 +8,9 @@ the number of GPUs to compare with its per-GPU reservation (extender/ledger.py).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from extender.agent.cgroups import PodRef
 from extender.telemetry import MAX_PODS_PER_NODE, GpuReport, NodeReport, PodUsage, ProcessReport
@@ -29,10 +30,33 @@ def attribute_processes(gpus: Iterable[GpuReport], pod_of: Callable[[int], PodRe
                 cache[process.pid] = pod_of(process.pid)
             ref = cache[process.pid]
             if ref is not None:  # a plain constructor: dataclasses.replace costs 3x more per process
-                process = ProcessReport(process.pid, process.used_memory_mib, ref.pod_uid, ref.container_id)
+                process = ProcessReport(process.pid, process.used_memory_mib, ref.pod_uid, ref.container_id,
+                                        process.sm_util)
             processes.append(process)
         out.append(replace(gpu, processes=tuple(processes)))
     return tuple(out)
+
+
+def pod_duties(gpus: Iterable[GpuReport]) -> dict[str, tuple[float, str]]:
+    """pod uid -> (GPU duty 0..1, source "process" or "device") observed in one round (see the module
+    docstring); pods with no observation this round are left out. Unhealthy GPUs say nothing."""
+    out: dict[str, tuple[float, str]] = {}
+    for gpu in gpus:
+        if not gpu.healthy:
+            continue
+        here: dict[str, float] = {}
+        if gpu.process_samples:
+            for process in gpu.processes:
+                if process.pod_uid and process.sm_util is not None:
+                    here[process.pod_uid] = here.get(process.pod_uid, 0.0) + process.sm_util
+            source = "process"
+        else:
+            here = {p.pod_uid: gpu.utilization_gpu for p in gpu.processes if p.pod_uid}
+            source = "device"
+        for uid, duty in here.items():
+            if uid not in out or duty > out[uid][0]:
+                out[uid] = (min(duty, 1.0), source)
+    return out
 
 
 @dataclass
@@ -42,6 +66,7 @@ class _PodState:
     current_mib: float
     peak_mib: float
     gpu_uuids: frozenset[str]
+    duties: deque[tuple[float, float, str]] = field(default_factory=deque)  # (time, duty, source)
 
 
 class PodTracker:
@@ -51,8 +76,9 @@ class PodTracker:
     the extender receives its final peak even if one report is lost; after that it is forgotten.
     """
 
-    def __init__(self, forget_after_s: float = 600.0) -> None:
+    def __init__(self, forget_after_s: float = 600.0, duty_window_s: float = 60.0) -> None:
         self.forget_after_s = forget_after_s
+        self.duty_window_s = duty_window_s
         self._pods: dict[str, _PodState] = {}
 
     def update(self, gpus: Iterable[GpuReport], now_s: float) -> tuple[PodUsage, ...]:
@@ -74,6 +100,13 @@ class PodTracker:
                 state.current_mib = current
                 state.peak_mib = max(state.peak_mib, current)
                 state.gpu_uuids = state.gpu_uuids | frozenset(by_gpu)
+        for uid, (duty, source) in pod_duties(gpus).items():
+            state = self._pods.get(uid)
+            if state is not None:
+                state.duties.append((now_s, duty, source))
+        for state in self._pods.values():
+            while state.duties and now_s - state.duties[0][0] > self.duty_window_s:
+                state.duties.popleft()
         for uid in [uid for uid, s in self._pods.items() if now_s - s.last_seen_s > self.forget_after_s]:
             del self._pods[uid]
         # the most recently seen pods first when the schema's cap bites
@@ -85,6 +118,8 @@ class PodTracker:
                 peak_memory_mib=round(state.peak_mib, 1),
                 gpu_uuids=tuple(sorted(state.gpu_uuids)),
                 first_seen_s=state.first_seen_s,
+                gpu_duty=round(sum(d for _, d, _ in state.duties) / len(state.duties), 4) if state.duties else None,
+                duty_source=state.duties[-1][2] if state.duties else "",
             )
             for uid, state in sorted(ordered)
         )

@@ -70,6 +70,13 @@ callers that keep a columnar copy of their NodeViews (the extender's state does)
     score_matrix_fragaware(pod, names, matrix, params, mix) -> Scores
         (score_nodes_fragaware without the CPU term: the live extender's packing score)
 
+Compute (issue 24): `interference.step_rate_fractions(duties)` / `slowdowns(duties)` (THE interference
+model, fitted on real co-location data), `duty` (the usage rule for GPU duty: prior, observation
+corrected for sharing, `DutyStore` per signature), `sharing.may_join(pod, gpu, params, wait_s)` /
+`sharing_view(pod, node, params, wait_s)` (THE sharing rule: join a busy GPU only within
+`max_slowdown` and when that beats waiting for an empty GPU), `preemption.evictable(res, now_s,
+params)` (attained service / declared checkpoint interval).
+
 Units: MiB, seconds, ratios 0..1. The caller computes `PodRequest.priority = priority_of(...)` at
 the decision time and `NodeView.gpus[*].reserved_mib` as the sum of reservations on each GPU.
 """

@@ -188,6 +188,10 @@ def _memory_reason(pod: PodRequest, node: NodeView) -> str:
     best = sorted(node.healthy, key=lambda g: -g.free_mib)[: max(pod.gpus, 1)][:4]
     frees = ", ".join(f"{g.label}: {gib(g.free_mib)} free" for g in best)
     need = f"a whole GPU ({gib(pod.admission_mib)} free)" if pod.whole_gpu else gib(pod.admission_mib)
+    if any(g.compute_full for g in node.healthy) and all(g.compute_full or g.free_mib < pod.admission_mib
+                                                         for g in node.healthy):
+        return "compute: sharing a busy GPU would slow a job beyond the bound (sharing.maxSlowdown), and no " \
+               f"empty GPU fits; best: {best[0].label}"
     if pod.gpus == 1:
         return f"{best[0].label}: needs {need}, {gib(best[0].free_mib)} free"
     if pod.whole_gpu:

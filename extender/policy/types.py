@@ -44,6 +44,9 @@ class GpuView:
     healthy: bool = True
     foreign_mib: float = 0.0
     pending_mib: float = 0.0
+    duties: tuple[float, ...] = ()  # the GPU duties (alone, 0..1) of the pods placed on it (`policy.duty`)
+    strict: bool = False  # a high or critical pod runs on it: the tighter slowdown bound (`policy.sharing`)
+    compute_full: bool = False  # shown full to a pod that may not join it (`sharing.sharing_view`)
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
@@ -125,6 +128,8 @@ class PodRequest:
     gpu_job: bool = True
     fallback: bool = False
     whole_gpu: bool = False
+    duty: float = 1.0  # its GPU duty (`duty.admission_duty`): 1.0 GPU-bound
+    predicted_run_s: float = 0.0  # the predictor's run time estimate (0: unknown), for the sharing rule
 
     @property
     def key(self) -> str:
@@ -151,6 +156,8 @@ class Reservation:
     bound_s: float
     signature: str = ""
     predictor_version: str = ""
+    duty: float = 1.0  # GPU duty alone (0..1): the prior, then the observed one (`policy.duty`)
+    checkpoint_interval_s: float | None = None  # declared `deepres.io/checkpoint-interval`
 
     @property
     def key(self) -> str:
@@ -183,6 +190,28 @@ class PolicyParams:
     """Observed peaks of a job signature move its admission only once this many pods were seen..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent must not steer the whole cluster)."""
+    sharing: bool = True
+    """Apply the sharing rule (`policy.sharing`); off: memory alone decides (the ablation)."""
+    max_slowdown: float = 1.25
+    """`sharing.maxSlowdown`: a pod joins a GPU that runs work only when the interference model
+    predicts no job there (nor the pod) slows beyond this (alone step time x this)."""
+    max_slowdown_high: float = 1.10
+    """The bound for high and critical pods joining, and for high and critical pods already there."""
+    pack_below_priority: float = 0.0
+    """Pods of priority below this join busy GPUs within `max_slowdown` even when an empty GPU is free
+    (`policy.sharing`): they would keep whole GPUs free rather than wait less. Off (0) by default:
+    on the replay's default slice (2,000 pods, seed 42) 10 (best effort packs) gave a mean JCT of
+    150,676 s with 31,174 preemptions (high-priority pods evicting the packed best-effort ones again
+    and again), 0 gave 175,319 s with 665 (static: 96,018 s): neither pays there."""
+    preempt_min_gap: float = 10.0
+    """A victim's priority is at least this far below the preemptor's (10: one criticality level), so
+    the size and urgency points of jobs of one class never make them evict each other (measured on
+    the replay's default slice: with any strictly lower priority, 1,897 preemptions of 1,724 jobs
+    starved best-effort jobs once the sharing rule stopped packing them)."""
+    preempt_max_loss_s: float = 1800.0
+    """Preemption evicts a pod without a declared checkpoint interval only while its attained service
+    (time since bind) is below this; with one, only what it would lose (time since its last checkpoint,
+    taken as attained mod interval) below this."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,8 @@ class Binder:
             return binding_result(f"cannot bind {key} to {args.node}: {held}")
 
         template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
-                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version)
+                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version, duty=req.duty,
+                               checkpoint_interval_s=plan.job.checkpoint_interval_s)
         outcome = self.ledger.reserve_on(req, template, mono, packing=self.planner.packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()

@@ -14,6 +14,7 @@ from extender.kube.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy.columnar import filter_matrix
 from extender.policy.filtering import NO_REPORT, STALE
+from extender.policy.sharing import apply_sharing
 from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
@@ -68,6 +69,9 @@ class Placer:
             return filter_error(f"predictor unavailable: {err}", args)
         result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
                                self.params)
+        if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
+            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
+            result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
         planner.keep_filter_plan(args.pod, plan, now)

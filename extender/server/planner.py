@@ -27,6 +27,7 @@ from extender.policy import (
     shortlist,
 )
 from extender.policy.columnar import Lookup, Scores, largest_gpu_rows, score_matrix, score_matrix_fragaware
+from extender.policy.duty import admission_duty
 from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
@@ -124,7 +125,9 @@ class Planner:
             predicted = demand.memory_mib
         inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
         req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
-                         priority_of(inputs, now_s, self.params), True, fallback=source != "override")
+                         priority_of(inputs, now_s, self.params), True, fallback=source != "override",
+                         duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature)),
+                         predicted_run_s=inputs.gpu_seconds)
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)

@@ -67,7 +67,8 @@ class Preemptor:
                 view = self.ledger.node_view(node)
                 if view is None or mono - view.received_s > self.params.telemetry_ttl_s:
                     continue
-                planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known)
+                planned = plan_victims(req, view, list(ledger.values()), now, self.params, evicted=known,
+                                       service_now_s=mono)
                 if planned is None:
                     continue
                 extra = planned
@@ -121,7 +122,8 @@ class Preemptor:
             return []
         found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
                                         if (view := self.ledger.node_view(node)) is not None
-                                        and is_fresh(view.received_s, mono, self.params)), now, self.params)
+                                        and is_fresh(view.received_s, mono, self.params)), now, self.params,
+                                 service_now_s=mono)
         if found is None:
             with self._lock:
                 self.preempting.pop(req.uid, None)

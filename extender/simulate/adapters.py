@@ -13,7 +13,8 @@ from extender.policy import GpuView, NodeView, PodRequest
 from extender.simulate.traces import MILLI, Pod
 
 #: GPU memory per model in GB (vendor figures; G2/G3 undisclosed, assumed).
-GPU_MEMORY_GB: dict[str, int] = {"P100": 16, "T4": 16, "V100M16": 16, "V100M32": 32, "A10": 24, "G2": 16, "G3": 32}
+GPU_MEMORY_GB: dict[str, int] = {"P100": 16, "T4": 16, "V100M16": 16, "V100M32": 32, "A10": 24, "G2": 16, "G3": 32,
+                                 "H100": 80}  # H100: the compute replay's GPU-bound cluster (not in openb)
 DEFAULT_GPU_MEMORY_GB = 16
 
 

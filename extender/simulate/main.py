@@ -3,6 +3,8 @@
     deepres simulate --report                      # everything: packing grid + replay + report
     deepres simulate --experiment packing --traces default --seeds 42 --policies fgd,bestfit
     deepres simulate --experiment replay
+    deepres simulate --experiment interference     # fit the interference model: reports/interference.json
+    deepres simulate --experiment compute --seeds 5  # the compute-aware replay: reports/simulation.json "replay"
     deepres simulate --via-http --trace-limit 200  # the live server decides the same as the simulator
 
 Data come from ../shared/data/openb (or --data). Long runs print progress on stderr.
@@ -45,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fgd-data", type=Path, default=FGD_DATA, help="directory of FGD's cached results")
     parser.add_argument("--report", action="store_true",
                         help="run both experiments in full and write reports/simulation.{md,json} and plots")
-    parser.add_argument("--experiment", choices=("packing", "replay", "all"), default="all")
+    parser.add_argument("--experiment", choices=("packing", "replay", "interference", "compute", "all"),
+                        default="all")
+    parser.add_argument("--colocation-data", type=Path, default=None,
+                        help="--experiment interference: directory of co-location measurements "
+                             "(default ../shared/data/colocation)")
     parser.add_argument("--traces", type=_csv, default=None, help="packing traces (default: FGD's 17)")
     parser.add_argument("--policies", type=_csv, default=None,
                         help="packing policies (default: random,bestfit,fgd,deepres,deepres-nofrag)")
@@ -69,13 +75,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="", help="--via-http: URL of a running server (default: start one)")
     parser.add_argument("--trace-limit", type=int, default=150, help="--via-http: pods to replay")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quick", action="store_true",
+                        help="--experiment compute: a small load, nothing written (a smoke run)")
 
 
 def run(args: argparse.Namespace) -> int:
     from extender.cli import UsageError
 
+    if args.experiment == "interference":
+        return _interference(args)
     if not args.data.is_dir():
         raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
+    if args.experiment == "compute":
+        from extender.simulate.compute import readme_section
+        from extender.simulate.compute import run as run_compute
+
+        result = run_compute(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick)
+        print("README (scheduling results):\n" + readme_section(result), file=sys.stderr)
+        keys = ("deepres_vs_static", "deepres_vs_request", "deepres_vs_static_sjf")
+        print(json.dumps({load: {k: result[load].get(k) for k in keys} for load in ("gpu_bound", "default")},
+                         indent=2))
+        return 0
     try:
         if args.via_http:
             # the HTTP driver starts a local server: a development tool, loaded by name so that the
@@ -147,6 +167,26 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(summary.get("_text", ""))
+    return 0
+
+
+def _interference(args: argparse.Namespace) -> int:
+    from extender.cli import UsageError
+    from extender.simulate.interference import COLOCATION, ColocationError
+    from extender.simulate.interference import run as fit_interference
+
+    data = args.colocation_data or COLOCATION
+    if not data.is_dir():
+        raise UsageError(f"co-location directory {data} not found; pass --colocation-data PATH")
+    try:
+        report = fit_interference(args.out, data)
+    except ColocationError as err:
+        raise UsageError(str(err)) from None
+    summary = {"fit": report["fit"], "leave_one_group_out": {k: v for k, v in report["leave_one_group_out"].items()
+                                                             if k != "per_group"},
+               "baselines": {k: v["median_abs_rel_err"] for k, v in report["baselines"].items()}}
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out / 'interference.json'}", file=sys.stderr)
     return 0
 
 

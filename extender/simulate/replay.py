@@ -24,6 +24,14 @@ and host memory (by PriorityClass; the trace has none), and eviction taking time
 once). A job's true use is its peak from the start, so the usage rule applied at every report gives
 the same reservation as applied at the first report after the warm-up: the replay applies it then.
 
+Compute (issue 24; `extender.simulate.compute` runs it): with `simulate(..., interference=True)` jobs
+sharing a GPU run at the rate the interference model predicts from their true duties, and a job's
+finish moves whenever its GPUs' jobs change; DeepRes places through the sharing rule
+(`sharing_view`: busy GPUs it may not join shown full; its duties the reservation's, the prior until
+the usage rule observes them) and its priority gets the predicted run time (`Job.predicted_s`), never
+the true one. Without it (the default here, and the memory replay of `--report`) jobs run at full
+speed whatever shares their GPU.
+
 Memory actually used is the sum of the running jobs' true peaks (from their start). A placement
 that makes a GPU's true use exceed its capacity kills the job that allocated last (the newcomer):
 it holds its GPUs for `OOM_AFTER_S`, then restarts after a back-off (10 s doubling to 300 s);
@@ -63,7 +71,10 @@ from extender.policy import (
     score_nodes,
     score_nodes_fragaware,
 )
+from extender.policy.duty import DutyStore, admission_duty, follow_duty
 from extender.policy.filtering import reserved_per_gpu
+from extender.policy.interference import busy_shares, step_rate_fractions
+from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -79,6 +90,8 @@ DEADLINE_FACTOR = 2.0
 SAMPLE_EVERY_S = 600.0
 CRITICALITY = {"LS": 2, "BE": 0}
 POLICIES = ("static", "request", "deepres", "deepres-pack", "deepres-nofrag")
+#: The compute-aware replay's policies (issue 24): baselines, deepres, and its memory-only ablation.
+COMPUTE_POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -110,6 +123,18 @@ class Job:
     completion: float = math.nan
     failed: bool = False
     reservation: Reservation | None = None
+    # compute (issue 24): the true GPU duty alone, what the pod declares, the predicted run time alone
+    duty: float = 1.0
+    declared_share: float | None = None
+    predicted_s: float = 0.0
+    admission_duty: float = 1.0
+    # progress: work left (seconds at full speed), the current rate (fraction of full speed), since when
+    work_left: float = 0.0
+    rate: float = 1.0
+    since: float = 0.0
+    finish_token: int = 0
+    shared_s: float = 0.0  # wall time this run spent on a GPU with other jobs
+    last_run_s: float = 0.0  # wall time of the final (completed) run
 
 
 @dataclass
@@ -243,6 +268,9 @@ class Strategy:
     def on_usage(self, job: Job, now: float) -> bool:
         return False
 
+    def hardness(self, job: Job, now: float) -> tuple[float, ...]:
+        """What besides the shape makes the job harder to place (none for memory-only policies)."""
+        return ()
 
 
 class Static(Strategy):
@@ -258,6 +286,16 @@ class Static(Strategy):
         i = int(hits[0])
         gpus = [int(g) for g in np.flatnonzero(free[i])[:k]]
         return i, gpus, float(self.c.cap[i, gpus[0]])
+
+
+class StaticSjf(Static):
+    """Static whole GPUs, the queue ordered by the predicted run time (shortest first): separates the
+    gain of ordering from the gain of sharing."""
+
+    name = "static-sjf"
+
+    def order_key(self, job: Job, now: float) -> tuple[float, ...]:
+        return (job.predicted_s, job.arrival, job.idx)
 
 
 class Request(Strategy):
@@ -296,8 +334,12 @@ class DeepRes(Strategy):
         self._preempting: dict[int, float] = {}  # job -> no self-preemption for it before this time
         self._views: dict[int, tuple[int, NodeView]] = {}
         self._priority: dict[int, tuple[float, float]] = {}  # job -> (computed at, value)
+        self.duties = DutyStore(PolicySettings().peak_store_size)
+        self._wait: tuple[tuple[Any, ...], float] | None = None  # wait_s's last answer, by its inputs
+        self._filtered: tuple[tuple[Any, ...], Any] | None = None  # filtered's last answer, by its inputs
 
     def admission(self, job: Job) -> float:
+        job.admission_duty = admission_duty(job.declared_share, self.duties.get(job.spec_key))
         return corrected_admission(job.upper_mib, self.peaks.get(job.spec_key), self.params)
 
     def priority(self, job: Job, now: float) -> float:
@@ -312,14 +354,16 @@ class DeepRes(Strategy):
         return (-self.priority(job, now), job.arrival, job.idx)
 
     def inputs(self, job: Job) -> PriorityInputs:
+        # the predictor's run time estimate, never the true one (no oracle)
         return PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
-                              gpu_seconds=job.duration, gpus=job.pod.num_gpu)
+                              gpu_seconds=job.predicted_s, gpus=job.pod.num_gpu)
 
     def request(self, job: Job, now: float) -> PodRequest:
         """The pod as the extender's filter sees it at `now` (its priority evaluated then, as live)."""
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
-                          priority=priority_of(self.inputs(job), now, self.params), fallback=True)
+                          priority=priority_of(self.inputs(job), now, self.params), fallback=True,
+                          duty=job.admission_duty, predicted_run_s=job.predicted_s)
 
     def view(self, i: int, now: float) -> NodeView:
         cached = self._views.get(i)
@@ -328,20 +372,62 @@ class DeepRes(Strategy):
         cap, used, res = self.c.cap[i], self.c.used[i], self.c.reserved[i]
         gpus = tuple(GpuView(uuid=f"{self.c.names[i]}-gpu{g}", index=g, capacity_mib=float(cap[g]),
                              used_mib=float(used[g]), reserved_mib=float(res[g]),
-                             utilization=min(1.0, len(self.c.jobs_on[i][g]) / 2.0))
+                             utilization=min(1.0, len(self.c.jobs_on[i][g]) / 2.0),
+                             duties=tuple(sorted(self._duty_of(j) for j in self.c.jobs_on[i][g])),
+                             strict=any(CRITICALITY.get(self.jobs[j].qos, 1) >= 2 for j in self.c.jobs_on[i][g]))
                      for g in range(len(cap)) if self.c.present[i, g])
         nv = NodeView(name=self.c.names[i], gpus=gpus, received_s=0.0)
         self._views[i] = (int(self.c.version[i]), nv)
         return nv
 
+    def hardness(self, job: Job, now: float) -> tuple[float, ...]:
+        if not self.params.sharing:
+            return ()
+        high = float(self.priority(job, now) >= self.params.spread_priority)
+        return (job.admission_duty, job.predicted_s, high)
+
+    def _duty_of(self, j: int) -> float:
+        """A placed job's duty as the extender knows it: its reservation's (prior, then observed)."""
+        res = self.jobs[j].reservation
+        return res.duty if res is not None else self.jobs[j].admission_duty
+
+    def wait_s(self, job: Job, rows: Sequence[int], now: float) -> float:
+        """The predicted wait until `job.pod.num_gpu` GPUs of one of `rows` are empty, from the
+        predicted run times of the jobs on them (`sharing.wait_for_empty_s` per GPU)."""
+        k = max(job.pod.num_gpu, 1)
+        key = (now, k, tuple(rows), int(self.c.version.sum()))
+        if self._wait is not None and self._wait[0] == key:
+            return self._wait[1]
+        best = math.inf
+        for i in rows:
+            waits = sorted(wait_for_empty_s(now, [[(self.jobs[j].start, self.jobs[j].predicted_s)
+                                                   for j in self.c.jobs_on[i][g]]])
+                           for g in range(self.c.cap.shape[1]) if self.c.present[i, g])
+            if len(waits) >= k:
+                best = min(best, waits[k - 1])
+        self._wait = (key, best)
+        return best
+
     def filtered(self, job: Job, now: float) -> tuple[PodRequest, dict[str, NodeView], list[str], list[str]]:
         """(the pod, the views of the nodes kube-scheduler would send: CPU, memory and GPU model fit,
         the names the live filter passes, the names it fails for memory: where preemption may help).
-        The pod is the whole-GPU request when the filter's fallback applied (`whole_gpu_request`)."""
+        The pod is the whole-GPU request when the filter's fallback applied (`whole_gpu_request`).
+        The views are those the sharing rule leaves the pod (`sharing_view`: busy GPUs it may not join
+        shown full)."""
+        key = (job.idx, now, int(self.c.version.sum()), job.admission_mib, job.admission_duty)
+        if self._filtered is not None and self._filtered[0] == key:  # preempt right after place
+            cached: tuple[PodRequest, dict[str, NodeView], list[str], list[str]] = self._filtered[1]
+            return cached
         pod = self.request(job, now)
-        views = {self.c.names[i]: self.view(i, now) for i in np.flatnonzero(self.c.base_mask(job.pod)).tolist()}
+        rows = np.flatnonzero(self.c.base_mask(job.pod)).tolist()
+        views = {self.c.names[i]: self.view(i, now) for i in rows}
+        if self.params.sharing:
+            wait = self.wait_s(job, rows, now)
+            views = {name: sharing_view(pod, v, self.params, wait) for name, v in views.items()}
         result = filter_nodes(pod, list(views), views, 0.0, self.params)
-        return result.request or pod, views, list(result.passed), list(result.failed)
+        answer = (result.request or pod, views, list(result.passed), list(result.failed))
+        self._filtered = (key, answer)
+        return answer
 
     def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
         pod, views, passed, _ = self.filtered(job, now)
@@ -371,7 +457,10 @@ class DeepRes(Strategy):
         the same decision, without scoring a thousand identical idle nodes one by one."""
         rows = np.array([self._index[n] for n in sorted(passed)], dtype=np.int64)  # name order
         jobs = np.array([[len(g) for g in self.c.jobs_on[i]] for i in rows.tolist()], dtype=float)
-        state = np.hstack([self.c.cap[rows], self.c.used[rows], self.c.reserved[rows], jobs,
+        # the sharing rule reads the residents' duties and strictness: nodes differing there differ
+        duties = np.array([[sum(self._duty_of(j) + 10.0 * (CRITICALITY.get(self.jobs[j].qos, 1) >= 2) for j in g)
+                            for g in self.c.jobs_on[i]] for i in rows.tolist()], dtype=float)
+        state = np.hstack([self.c.cap[rows], self.c.used[rows], self.c.reserved[rows], jobs, duties,
                            self.c.cpu_left[rows, None].astype(float)])
         _, first = np.unique(state, axis=0, return_index=True)
         names = [self.c.names[int(i)] for i in rows[np.sort(first)]]
@@ -416,11 +505,18 @@ class DeepRes(Strategy):
                                       gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
                                       memory_mib=job.reserved_mib, admission_mib=admitted,
                                       predicted_mib=job.predicted_mib, priority_inputs=inputs, bound_s=now,
-                                      signature=job.spec_key)
+                                      signature=job.spec_key, duty=job.admission_duty)
 
     def on_usage(self, job: Job, now: float) -> bool:
         if job.reservation is None:
             return False
+        # compute: the agent observes the job's busy share; corrected for sharing it is the job's duty
+        # alone (the model's inverse is exact in the replay's world), learned per signature
+        with_duty = follow_duty(job.reservation, job.duty, now, self.params)
+        self.duties.record(job.spec_key, job.duty, str(job.idx))
+        if with_duty is not job.reservation:
+            job.reservation = with_duty
+            self.c.version[job.node] += 1
         updated = observe_usage(job.reservation, job.true_mib, now, self.params, self.peaks)
         if updated is job.reservation:
             return False
@@ -436,6 +532,15 @@ class DeepResNoFrag(DeepRes):
 
     name = "deepres-nofrag"
     frag_aware = False
+
+
+class DeepResMemory(DeepRes):
+    """Ablation: DeepRes by memory alone (the sharing rule off: today's DeepRes before issue 24)."""
+
+    name = "deepres-memory"
+
+    def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
+        super().__init__(cluster, jobs, replace(params, sharing=False))
 
 
 class DeepResPack(DeepRes):
@@ -473,8 +578,14 @@ def build_jobs(pods: Sequence[Pod], pool: JobPool, predictor: Any, seed: int, mi
 
 
 def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: Sequence[Node],
-             params: PolicyParams, progress: Callable[[str], None] | None = None) -> ReplayOutcome:
-    """Event-driven replay of one policy; returns its metrics and time series."""
+             params: PolicyParams, progress: Callable[[str], None] | None = None,
+             interference: bool = False) -> ReplayOutcome:
+    """Event-driven replay of one policy; returns its metrics and time series.
+
+    With `interference`, jobs sharing a GPU run at the rate the interference model predicts from
+    their true duties (`interference.step_rate_fractions`; a multi-GPU job at its slowest GPU's), and
+    their finish times move whenever a GPU's jobs change; without it (the "no slowdown" ablation and
+    the memory replay of before) every job runs at full speed."""
     import copy
 
     jobs = [copy.copy(t) for t in jobs_template]
@@ -494,6 +605,20 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         push(each.arrival, "arrive", each.idx)
     pending: list[int] = []
     ooms = 0
+    series_busy: list[float] = []
+    series_held: list[float] = []
+    n_gpus = max(int(cluster.present.sum()), 1)
+
+    def gpu_busy() -> float:
+        """Mean over GPUs of the share of time they are busy (the jobs' busy shares by the model)."""
+        total = 0.0
+        for row in cluster.jobs_on:
+            for on in row:
+                if on:
+                    duties = [jobs[j].duty for j in on]
+                    total += min(1.0, sum(busy_shares(duties) if interference else duties))
+        return total / n_gpus
+
     series_t: list[float] = []
     series_alloc: list[float] = []
     series_mem: list[float] = []
@@ -504,25 +629,70 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
     finished = 0
     steps = 0
 
+    doomed: set[int] = set()  # jobs placed over memory: OOM-killed soon, never finishing this run
+    shared_now: set[int] = set()  # running jobs with another job on one of their GPUs
+
+    def residents(node: int, gpus: Sequence[int]) -> set[int]:
+        return {j for g in gpus for j in cluster.jobs_on[node][g]}
+
+    def settle(j: int, now: float) -> None:
+        """Progress of job j up to `now` at its current rate."""
+        job = jobs[j]
+        elapsed = now - job.since
+        if elapsed > 0.0:
+            job.work_left -= job.rate * elapsed
+            if j in shared_now:
+                job.shared_s += elapsed
+        job.since = now
+
+    def refresh(node: int, gpus: Sequence[int], now: float) -> None:
+        """New rates (and finish events) for the jobs on these GPUs after their set changed."""
+        fractions: dict[int, dict[int, float]] = {}
+        for g in {g for j in residents(node, gpus) for g in jobs[j].gpus} | set(gpus):
+            on = cluster.jobs_on[node][g]
+            values = step_rate_fractions([jobs[j].duty for j in on]) if interference else (1.0,) * len(on)
+            fractions[g] = dict(zip(on, values, strict=True))
+        for j in residents(node, gpus):
+            job = jobs[j]
+            settle(j, now)
+            if any(len(cluster.jobs_on[node][g]) > 1 for g in job.gpus):
+                shared_now.add(j)
+            else:
+                shared_now.discard(j)
+            job.rate = min(fractions[g][j] for g in job.gpus)
+            job.finish_token += 1
+            if j not in doomed:
+                push(now + max(job.work_left, 0.0) / max(job.rate, 1e-9), "finish", j, job.finish_token)
+
     def start(job: Job, node: int, gpus: list[int], reserve: float, now: float) -> None:
         nonlocal ooms
+        for j in residents(node, gpus):
+            settle(j, now)
         cluster.bind(job, node, gpus, reserve)
         job.run_id += 1
         job.start = now
+        job.work_left, job.since, job.shared_s = job.duration, now, 0.0  # a (re)start begins from scratch
         strat.on_bind(job, now)
         if cluster.over_committed(job):  # the newcomer allocated last: OOM-killed after OOM_AFTER_S
             ooms += 1
             job.ooms += 1
+            doomed.add(job.idx)
             push(now + OOM_AFTER_S, "oom", job.idx, job.run_id)
-        else:
-            push(now + job.duration, "finish", job.idx, job.run_id)
-            if strat.follows_usage:  # the first report after the warm-up (see the module docstring)
-                push(now + strat.params.usage_warmup_s, "usage", job.idx, job.run_id)
+        elif strat.follows_usage:  # the first report after the warm-up (see the module docstring)
+            push(now + strat.params.usage_warmup_s, "usage", job.idx, job.run_id)
+        refresh(node, gpus, now)
 
-    def stop(job: Job) -> None:
+    def stop(job: Job, now: float) -> None:
+        node, gpus = job.node, list(job.gpus)
+        for j in residents(node, gpus):
+            settle(j, now)
         cluster.release(job)
+        doomed.discard(job.idx)
+        shared_now.discard(job.idx)
         job.run_id += 1
+        job.finish_token += 1
         job.reservation = None
+        refresh(node, gpus, now)
 
     while events:
         now = events[0][0]
@@ -530,6 +700,9 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             series_t.append(next_sample)
             series_alloc.append(float(cluster.reserved.sum()) / cluster.total_cap)
             series_mem.append(float(cluster.used.sum()) / cluster.total_cap)
+            series_busy.append(gpu_busy())
+            series_held.append(float(sum(1 for i, row in enumerate(cluster.jobs_on) for g, on in enumerate(row)
+                                         if on and cluster.present[i, g])) / n_gpus)
             next_sample += SAMPLE_EVERY_S
         freed = False
         arrived: list[int] = []
@@ -539,17 +712,20 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             if kind == "arrive":
                 job.admission_mib = strat.admission(job)
                 arrived.append(j)
-            elif run != job.run_id:
-                continue  # stale event of an earlier run (preempted or killed)
             elif kind == "finish":
-                stop(job)
+                if run != job.finish_token or job.node < 0:
+                    continue  # the job's rate changed since (a newer finish event) or it was stopped
+                job.last_run_s = now - job.start
+                stop(job, now)
                 job.completion = now
                 finished += 1
                 freed = True
+            elif run != job.run_id:
+                continue  # stale event of an earlier run (preempted or killed)
             elif kind == "usage":
                 freed |= strat.on_usage(job, now)
             elif kind == "oom":
-                stop(job)
+                stop(job, now)
                 freed = True
                 if job.ooms >= MAX_RESTARTS:
                     job.failed = True
@@ -561,13 +737,18 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         pending = [j for j in pending if j not in set(arrived)] if not freed else []
         waiting = set(pending)
         order = sorted(candidates, key=lambda j: strat.order_key(jobs[j], now))
-        failed_shapes: list[tuple[int, float, int, int, tuple[str, ...], float]] = []
+        failed_shapes: list[tuple[Any, ...]] = []
         for j in order:
             job = jobs[j]
+            # a job no easier to place than one that just failed fails too (the sharing rule: a larger
+            # duty, a longer predicted run or a high priority make joining a busy GPU no easier)
+            extra = strat.hardness(job, now)
             shape = (job.pod.num_gpu, job.admission_mib, job.pod.cpu_milli, job.pod.memory_mib, job.pod.spec,
-                     job.pod.gpu_milli)
+                     job.pod.gpu_milli, *extra)
             if any(s[0] == shape[0] and s[4] == shape[4] and shape[1] >= s[1] and shape[2] >= s[2]
-                   and shape[3] >= s[3] and shape[5] >= s[5] for s in failed_shapes):
+                   and shape[3] >= s[3] and shape[5] >= s[5] and all(a >= b for a, b in zip(shape[6:], s[6:],
+                                                                                          strict=True))
+                   for s in failed_shapes):
                 if j not in waiting:
                     pending.append(j)
                     waiting.add(j)
@@ -578,7 +759,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 if victims:
                     for v in victims:
                         victim = jobs[v]
-                        stop(victim)
+                        stop(victim, now)
                         victim.preempted += 1
                         strat.preemptions += 1
                         push(now, "arrive", v)  # back to the queue, progress lost
@@ -596,7 +777,25 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         steps += 1
         if progress is not None and steps % 2000 == 0:
             progress(f"    {strat.name}: t={now:,.0f} s, finished {finished}/{len(jobs)}, pending {len(pending)}")
-    return _outcome(strat, jobs, ooms, series_t, series_alloc, series_mem)
+    out = _outcome(strat, jobs, ooms, series_t, series_alloc, series_mem)
+    shared = [j.last_run_s / j.duration for j in jobs if not j.failed and not math.isnan(j.completion)
+              and j.shared_s > 0.0]
+    done = [j for j in jobs if not j.failed and not math.isnan(j.completion)]
+    jct = sorted(j.completion - j.arrival for j in done)
+    out.metrics.update({
+        "median_jct_s": round(float(np.median(jct)), 1) if jct else math.nan,
+        "shared_jobs": float(len(shared)),
+        "shared_slowdown_p95": round(float(np.percentile(shared, 95)), 4) if shared else 1.0,
+        "shared_slowdown_max": round(max(shared), 4) if shared else 1.0,
+        "gpu_busy": round(statistics.fmean(series_busy), 4) if series_busy else math.nan,
+        "gpu_held": round(statistics.fmean(series_held), 4) if series_held else math.nan,
+        "interference": float(interference),
+    })
+    for q, members in out.per_qos.items():
+        times = sorted(j.completion - j.arrival for j in done if j.qos == q)
+        members["median_jct_s"] = float(np.median(times)) if times else math.nan
+        members["p95_jct_s"] = _p95(times)
+    return out
 
 
 def _p95(values: Sequence[float]) -> float:

@@ -54,26 +54,32 @@ def write_report(out: Path, records: Sequence[RunRecord], replays: Sequence[Repl
     replay = replays[0] if replays else None
     reference = read_reference(fgd_dir / "fgd_analysis_allo_discrete.csv")
     table = packing_table(records)
-    doc: dict[str, Any] = {"packing": {}, "replay": {}}
+    # "replay_memory": the memory replay (no slowdown, before issue 24); "replay" belongs to the
+    # compute-aware replay (`deepres simulate --experiment compute`), kept as it is here
+    doc: dict[str, Any] = {"packing": {}, "replay_memory": {}}
     for trace, policies in table.items():
         doc["packing"][trace] = {p: {k: v[k] for k in ("alloc_ratio_100", "alloc_ratio_130", "seeds")}
                                  for p, v in policies.items() if p in JSON_POLICIES}
     if replay is not None:
         for name, outcome in replay.outcomes.items():
             if name in ("static", "request", "deepres"):
-                doc["replay"][name] = {k: outcome.metrics.get(k, 0.0) for k in REPLAY_KEYS}
+                doc["replay_memory"][name] = {k: outcome.metrics.get(k, 0.0) for k in REPLAY_KEYS}
         static = replay.outcomes.get("static")
         deepres = replay.outcomes.get("deepres")
         if static is not None and deepres is not None and static.metrics["mean_jct_s"] > 0:
             gain = 1.0 - deepres.metrics["mean_jct_s"] / static.metrics["mean_jct_s"]
-            doc["replay"]["deepres_vs_static"] = {"mean_jct_improvement": round(gain, 4)}
+            doc["replay_memory"]["deepres_vs_static"] = {"mean_jct_improvement": round(gain, 4)}
         followed = ablations_follow_usage(replays)
         if followed is not None:
-            doc["replay"]["ablations_follow_usage"] = followed
+            doc["replay_memory"]["ablations_follow_usage"] = followed
     lines = _markdown(table, records, reference, replays, doc, timings, out)
     if write_files:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "simulation.json").write_text(json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")
+        path = out / "simulation.json"
+        kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if isinstance(kept.get("replay"), dict) and "model" in kept["replay"]:
+            doc["replay"] = kept["replay"]
+        path.write_text(json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")
         _plots(out, records, reference, replay)
         (out / "simulation.md").write_text("\n".join(lines) + "\n")
     return {**doc, "_text": "\n".join(lines[: _validation_end(lines)])}
@@ -427,7 +433,7 @@ def _replay_markdown(replay: ReplayExperiment, doc: dict[str, Any]) -> list[str]
             cells.append("n/a" if row is None else f"{row['mean_jct_s']:.0f} / {row['mean_queue_s']:.0f} "
                          f"({row['jobs']:.0f} jobs)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    claim = doc["replay"].get("deepres_vs_static", {}).get("mean_jct_improvement")
+    claim = doc["replay_memory"].get("deepres_vs_static", {}).get("mean_jct_improvement")
     deepres = replay.outcomes.get("deepres")
     if claim is not None and deepres is not None:
         holds = claim >= 0.35 and deepres.metrics["oom_rate"] <= 0.005

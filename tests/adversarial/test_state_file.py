@@ -31,8 +31,9 @@ def serve(tmp: Path, state: Path, *extra: str) -> LocalServer:
 
 
 def bind(url: str, name: str, node: str = "n1") -> str:
-    """Filter then bind a 1 GiB pod on `node`; the bind's Error ("" when bound)."""
-    body = pod(name, {"deepres.io/gpu-memory": "1Gi"})
+    """Filter then bind a 1 GiB pod on `node`; the bind's Error ("" when bound). The pods declare a tiny GPU
+    share: they are many on one GPU, which the sharing rule allows only to jobs that leave it mostly idle."""
+    body = pod(name, {"deepres.io/gpu-memory": "1Gi", "deepres.io/gpu-share": "0.01"})
     post(url + "/filter", extender_args(body, names=[node]))
     status, answer = post(url + "/bind", binding_args(body, node))
     assert status == 200, answer

@@ -18,7 +18,9 @@ def test_racing_binds_never_overcommit(tmp_path: Path) -> None:
     with running_server(tmp_path, env={"DEEPRES_THREADS": "16"}) as url:
         body = report("racy", 1, time.time(), [(float(GPU_MIB), 0.0)])
         assert post(url + "/v1/telemetry", body, token=TOKEN)[0] == 200
-        pods = [pod(f"racer-{i}", {"deepres.io/gpu-memory": "1Gi"}) for i in range(PODS)]
+        # tiny declared GPU shares: the sharing rule (compute) lets all of them share; memory decides here
+        pods = [pod(f"racer-{i}", {"deepres.io/gpu-memory": "1Gi", "deepres.io/gpu-share": "0.01"})
+                for i in range(PODS)]
         for p in pods:  # kube-scheduler filters every pod before binding it
             assert post(url + "/filter", extender_args(p, names=["racy"]))[1]["NodeNames"] == ["racy"]
         barrier = threading.Barrier(PODS)

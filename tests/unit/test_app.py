@@ -42,6 +42,9 @@ def make(cluster: InMemoryCluster | None = None, clock: Clock | None = None, loc
     settings.telemetry.telemetry_token = TOKEN
     settings.server.max_body_bytes = 200_000
     settings.telemetry.telemetry_max_bytes = 50_000
+    # these tests are about memory: the compute rule (policy/sharing.py) is tested in test_sharing and
+    # in the replay; a test asks for it with sharing=True
+    settings.policy.sharing = False
     for key, value in policy.items():
         setattr(settings.kube if hasattr(settings.kube, key) else settings.policy, key, value)
     cluster = cluster if cluster is not None else InMemoryCluster()

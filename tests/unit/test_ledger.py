@@ -15,7 +15,8 @@ from extender.ledger import Ledger as ClusterState
 from extender.policy import PodRequest, PolicyParams, PriorityInputs, Reservation
 from extender.telemetry import GpuReport, NodeReport, PodUsage, ProcessReport
 
-P = PolicyParams(usage_warmup_s=60.0)
+# memory accounting: the sharing rule (compute) is off here; test_sharing and test_duty cover it
+P = PolicyParams(usage_warmup_s=60.0, sharing=False)
 NOW = 5_000.0
 
 

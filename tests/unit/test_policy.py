@@ -427,14 +427,21 @@ def test_no_single_node_moves_a_signatures_admission() -> None:
 
 # ---- preemption ----
 
+#: the strictness of the rule itself, without the minimum gap of a criticality level
+FINE = replace(P, preempt_min_gap=0.0)
+
+
 def test_preemption_evicts_only_strictly_lower_priority_and_minimal_sets() -> None:
     view = node("n", (40, 0, 35))
     low = reservation("low", mem_gib=20, level=0)
     mid = reservation("mid", mem_gib=15, level=1)
     request = pod(20, priority=priority_of(mid.priority_inputs, NOW, P))  # equal to mid: mid is no victim
-    assert plan_victims(request, view, [low, mid], NOW, P) == ("low",)
+    assert plan_victims(request, view, [low, mid], NOW, FINE) == ("low",)
+    assert plan_victims(request, view, [low, mid], NOW, P) is None  # low is less than one level below
+    assert plan_victims(pod(20, priority=priority_of(low.priority_inputs, NOW, P) + 10.5), view, [low, mid], NOW,
+                        P) == ("low",)
     request_low = pod(20, priority=0.0)
-    assert plan_victims(request_low, view, [low, mid], NOW, P) is None
+    assert plan_victims(request_low, view, [low, mid], NOW, FINE) is None
     assert plan_victims(pod(4), view, [low, mid], NOW, P) == ()
 
 
@@ -452,7 +459,7 @@ def test_preemption_victims_are_lower_priority_and_make_room(res_spec: list[tupl
         return
     by_uid = {r.pod_uid: r for r in reservations}
     for uid in victims:
-        assert priority_of(by_uid[uid].priority_inputs, NOW, P) < prio
+        assert priority_of(by_uid[uid].priority_inputs, NOW, P) <= prio - P.preempt_min_gap
     freed = [reserved[g] - sum(by_uid[u].memory_mib for u in victims if by_uid[u].gpu_uuids[0] == f"n-g{g}")
              for g in range(2)]
     assert any(40 * GIB - f >= need * GIB - 1e-6 for f in freed)

@@ -39,7 +39,7 @@ def find(pattern: str) -> re.Match[str]:
 
 
 def test_the_ablations_follow_observed_peaks_in_the_report() -> None:
-    assert REPORT["replay"]["ablations_follow_usage"] is True
+    assert REPORT["replay_memory"]["ablations_follow_usage"] is True
 
 
 def test_packing_figures_are_the_reports() -> None:
@@ -55,7 +55,7 @@ def test_packing_figures_are_the_reports() -> None:
 
 
 def test_replay_figures_are_the_reports() -> None:
-    replay = REPORT["replay"]
+    replay = REPORT["replay_memory"]
     m = find(r"DeepRes's mean JCT is ([\d.]+) % (better|worse) than static \(([\d,]+) s vs ([\d,]+) s\)")
     gain = replay["deepres_vs_static"]["mean_jct_improvement"]
     assert (number(m[1]), m[2]) == (round(abs(100 * gain), 1), "better" if gain >= 0 else "worse")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -128,7 +129,9 @@ def test_representatives_give_the_same_decision_as_scoring_every_node(
 
     replay.DeepRes.place = place_and_check  # type: ignore[method-assign]
     try:
-        replay.simulate(replay.DeepRes, jobs[:400], read_nodes(node_list_path(DEFAULT_DATA))[::32], PolicyParams())
+        # the memory packing path (the check below rebuilds the views without the sharing rule)
+        replay.simulate(replay.DeepRes, jobs[:400], read_nodes(node_list_path(DEFAULT_DATA))[::32],
+                        PolicyParams(sharing=False))
     finally:
         replay.DeepRes.place = original  # type: ignore[method-assign]
     assert checked > 100
@@ -153,7 +156,8 @@ def test_deepres_and_its_ablations_follow_observed_peaks(cls: type[replay.Strate
     fits the 16 GB GPU at once; an ablation that never followed peaks (the old replay) made it wait."""
     nodes = [Node("n0", 64_000, 256_000, 1, "V100M16")]
     jobs = [_job(0, "BE", 3, 12, 0.0, 1000.0), _job(1, "BE", 3, 12, 200.0, 1000.0)]
-    out = replay.simulate(cls, jobs, nodes, PolicySettings().params())
+    # memory only: two GPU-bound jobs on one GPU is what the sharing rule refuses (test_simulate_compute)
+    out = replay.simulate(cls, jobs, nodes, replace(PolicySettings().params(), sharing=False))
     assert out.metrics["usage_followed"] >= 1
     assert out.metrics["completed"] == 2 and out.metrics["mean_queue_s"] == 0.0
 

@@ -1,0 +1,144 @@
+"""Sharing only where it pays: may a pod join a GPU that already runs work?
+
+A GPU "runs work" when its occupied memory is above the empty slack (`GpuView.empty` false). Its
+jobs' duties are `GpuView.duties` (the pods deepres placed, `policy.duty`); work deepres did not
+place (memory without a duty) counts as one GPU-bound job. The pod may join only when
+
+1. the interference model (`policy.interference`) predicts that neither the pod nor any job already
+   there slows beyond the bound: `max_slowdown` (the admin's `sharing.maxSlowdown`, default 1.25),
+   or `max_slowdown_high` (default 1.10) when the pod is high or critical (priority >=
+   `spread_priority`) or such a pod runs there (`GpuView.strict`); and
+2. joining beats waiting for an empty GPU: with R the pod's *predicted* run time alone (the
+   predictor's estimate, never the true one) and W the predicted wait until an empty GPU frees
+   (`wait_for_empty_s`, from the predicted run times of the jobs holding GPUs; a job past its
+   predicted end is expected to run half its attained time again), its predicted
+   completion shared, R x slowdown, is below W + R. With an empty GPU free now (W = 0) a pod never
+   joins a busy one: it takes the empty GPU. A pod with no run time estimate (R = 0) joins on the
+   bound alone, and so does a pod of priority below `pack_below_priority` (off by default: see
+   PolicyParams), which would pack within the bound even when an empty GPU is free.
+
+Otherwise the pod takes an empty GPU or waits. `sharing_view` applies the rule to a node: the GPUs
+the pod may not join are shown to it as full, so the filter, the score and bind (and the replay,
+which calls the same functions) never place it there; the filter's reason then says "compute".
+Pure: no I/O, no clock (`now_s` and the estimates are arguments).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from extender.policy.filtering import PASSED, gpus_fit
+from extender.policy.interference import slowdowns
+from extender.policy.types import FilterResult, GpuView, NodeView, PodRequest, PolicyParams
+
+#: The filter's reason kind (a metric label) for nodes the sharing rule failed.
+COMPUTE = "compute"
+
+#: Duty of work on a GPU that deepres did not place (or whose duty is unknown): GPU-bound.
+UNKNOWN_DUTY = 1.0
+
+
+def slowdown_bound(pod: PodRequest, gpu: GpuView, params: PolicyParams) -> float:
+    """The slowdown allowed on `gpu` if `pod` joins it (rule 1's bound)."""
+    strict = pod.priority >= params.spread_priority or gpu.strict
+    return params.max_slowdown_high if strict else params.max_slowdown
+
+
+def resident_duties(gpu: GpuView) -> tuple[float, ...]:
+    """The duties of the jobs on `gpu`: its pods', or one GPU-bound job for work of unknown duty."""
+    if gpu.duties:
+        return gpu.duties
+    return () if gpu.empty else (UNKNOWN_DUTY,)
+
+
+def predicted_join(pod: PodRequest, gpu: GpuView) -> tuple[float, float]:
+    """(the pod's predicted slowdown, the worst predicted slowdown of the jobs already there) if
+    `pod` joins `gpu`; (1.0, 1.0) on a GPU that runs nothing."""
+    residents = resident_duties(gpu)
+    if not residents:
+        return 1.0, 1.0
+    factors = slowdowns((*residents, min(max(pod.duty, 0.0), 1.0)))
+    return factors[-1], max(factors[:-1])
+
+
+def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float) -> bool:
+    """Rules 1 and 2 for one GPU: True on a GPU that runs nothing, or where joining pays."""
+    residents = resident_duties(gpu)
+    if not residents:
+        return True
+    own, others = predicted_join(pod, gpu)
+    if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
+        return False
+    if pod.priority < params.pack_below_priority:
+        return True  # best effort packs within the bound: whole GPUs stay free for the others
+    run = max(pod.predicted_run_s, 0.0)
+    return run <= 0.0 or run * own < max(wait_s, 0.0) + run
+
+
+def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float) -> NodeView:
+    """`node` as `pod` may use it: each busy GPU it may not join (`may_join`) shown full."""
+    if not pod.gpu_job or not params.sharing:
+        return node
+    gpus = []
+    changed = False
+    for g in node.gpus:  # a GPU the pod does not fit by memory is out anyway: no need to ask
+        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s):
+            gpus.append(GpuView(g.uuid, g.index, g.capacity_mib, g.used_mib, max(g.capacity_mib, g.reserved_mib),
+                                g.utilization, g.healthy, g.foreign_mib, g.pending_mib, g.duties, g.strict, True))
+            changed = True
+        else:
+            gpus.append(g)
+    return NodeView(name=node.name, gpus=tuple(gpus), received_s=node.received_s) if changed else node
+
+
+#: A job past its predicted end is expected to run this share of its attained time again (run times
+#: are heavy-tailed: one that outlived its estimate likely runs on), not to end at once.
+OVERDUE_SHARE = 0.5
+
+
+def expected_end_s(now_s: float, start_s: float, run_s: float) -> float:
+    """When a job started at `start_s` with predicted run time `run_s` is expected to end, seen at
+    `now_s`: its predicted end, or for an overdue job now + OVERDUE_SHARE x its attained time."""
+    end = start_s + max(run_s, 0.0)
+    return end if end >= now_s else now_s + OVERDUE_SHARE * (now_s - start_s)
+
+
+def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]) -> float:
+    """The predicted wait until one of `gpus` is empty: each GPU given as its jobs' (start or bind
+    time, predicted run time alone) pairs; a GPU's jobs end when the last is expected to end
+    (`expected_end_s`); 0 when a GPU holds nothing; inf when there are no GPUs."""
+    best = math.inf
+    for jobs in gpus:
+        ends = [expected_end_s(now_s, start, run) for start, run in jobs]
+        best = min(best, max([now_s, *ends]) - now_s)
+        if best <= 0.0:
+            return 0.0
+    return best
+
+
+def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,
+                  wait_s: float) -> FilterResult:
+    """The filter's answer with the sharing rule applied to the nodes it passed (the live extender's
+    columnar filter knows memory only): a node whose fitting GPUs are all busy GPUs the pod may not
+    join (`sharing_view`) moves to the failed nodes, its reason saying so (preemption may help)."""
+    if not pod.gpu_job or not params.sharing or not result.passed:
+        return result
+    request = result.request or pod
+    passed: list[str] = []
+    failed = dict(result.failed)
+    kinds = dict(result.kinds)
+    for name in result.passed:
+        node = nodes.get(name)
+        view = sharing_view(request, node, params, wait_s) if node is not None else None
+        if view is None or view is node or gpus_fit(view.free_desc, request.gpus, request.admission_mib):
+            passed.append(name)
+            continue
+        failed[name] = ("compute: sharing a busy GPU would slow a job beyond the bound (sharing.maxSlowdown) "
+                        "or cost more than waiting for an empty one")
+        kinds[COMPUTE] = kinds.get(COMPUTE, 0) + 1
+        kinds[PASSED] = kinds.get(PASSED, 1) - 1
+    if kinds.get(PASSED) == 0:
+        kinds.pop(PASSED)
+    return replace(result, passed=tuple(passed), failed=failed, kinds=kinds)
