@@ -104,6 +104,12 @@ ACCEPTED: dict[str, Accepted] = {
 }
 
 
+#: The rule across keys that the schema states in words (a pattern cannot): with `model`, the task must be
+#: one the architecture was traced with (vision models: image-classification); the answer names them.
+TASK_ACROSS_KEYS = ("what the model is trained for; with deepres.io/model, one of the tasks that architecture was "
+                    "traced with (vision models: image-classification), else 400 naming them")
+
+
 def value_schema(key: str) -> dict[str, Any]:
     """The JSON Schema of one annotation's value (a string), from ACCEPTED. Numbers are strings in
     annotations, so a range is a pattern: exactly the range's whole numbers in plain decimal, and for
@@ -129,6 +135,8 @@ def value_schema(key: str) -> dict[str, Any]:
         from predictor import exact  # the traced table, read only when the schema is asked for
 
         return {"type": "string", "enum": exact.names(), "description": "an architecture of the traced table"}
+    if key == "task":  # the one rule across keys of the job: a named model has the heads it was traced with
+        return {"type": "string", "enum": list(rule.choices), "description": TASK_ACROSS_KEYS}
     return {"type": "string", "enum": list(rule.choices)}
 
 

@@ -125,10 +125,13 @@ class PolicySettings:
     """Observed peaks of a job signature correct its admission once this many pods ran..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
-    sharing: bool = True
+    sharing: bool = False
     """Compute is a resource (policy/sharing.py): a pod joins a GPU that runs work only when the
     interference model predicts no job there slows beyond `max_slowdown` and that beats waiting for an
-    empty GPU. False: memory alone decides (the behaviour before issue 24)."""
+    empty GPU. False (the default): memory alone decides, as before issue 24. Opt-in because it does not
+    pay yet, measured: the compute-aware replay (reports/simulation.json `replay`) ties static on the
+    GPU-bound load and loses to it on the default slice's mean JCT in every seed (README, "Compute-aware
+    replay"); `deepres simulate --experiment compute` evaluates it with the rule on."""
     max_slowdown: float = 1.25
     """`sharing.maxSlowdown`: the slowdown (alone step time x this) sharing may cause any job."""
     max_slowdown_high: float = 1.10

@@ -81,6 +81,10 @@ class MeasuredJob:
     upper_mib: float
 
 
+#: The live defaults with the sharing rule on: this experiment evaluates the compute-aware DeepRes (the live
+#: default, `policy.sharing` off, is its `deepres-memory` ablation until the rule is shown to pay).
+COMPUTE_PARAMS = replace(PolicySettings().params(), sharing=True)
+
 def load_measured(seed: int = 42) -> tuple[list[MeasuredJob], str, float]:
     """The campaign's ok rows as jobs (annotations only, as a user writes them) with the predictor's
     memory and step time; returns (jobs, description, calibration = median measured/predicted step)."""
@@ -185,7 +189,7 @@ def calibrate(trace: Sequence[Pod], pool: Sequence[MeasuredJob], calibration: fl
     `seed`'s load: the offered load's scale, corrected by what static held (a few static runs)."""
     scale, held = 1.0, []
     cap = GPU_MEMORY_GB[GPU_BOUND_MODEL] * MIB_PER_GB
-    params = PolicySettings().params()
+    params = COMPUTE_PARAMS
     for _ in range(14):
         jobs = build(gpu_bound_pods(trace, seed, scale, count), pool, calibration, seed, lambda p: cap)
         out = replay.simulate(replay.Static, jobs, gpu_bound_nodes(), params, interference=True)
@@ -216,7 +220,7 @@ def _summary(out: replay.ReplayOutcome) -> dict[str, Any]:
 
 def run_load(name: str, nodes: Sequence[Node], jobs: Sequence[replay.Job], policies: Sequence[str],
              interference: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    params = PolicySettings().params()
+    params = COMPUTE_PARAMS
     results = {}
     for policy in policies:
         started = time.monotonic()

@@ -146,6 +146,7 @@ def test_no_kube_lets_go_of_silent_nodes_and_unseen_reservations() -> None:
     settings.kube.no_kube = True
     settings.telemetry.telemetry_token = TOKEN
     settings.kube.local_expiry_s = 600.0
+    settings.policy.sharing = False  # two GPU-bound pods on one GPU: memory decides here, not compute
     app = create_app(settings, predictor=FormulaPredictor(), clock=lambda: now[0], cluster=InMemoryCluster())
     client, ext = app.test_client(), extender_of(app)
     headers = {"Authorization": f"Bearer {TOKEN}"}

@@ -24,7 +24,9 @@ from tests.fixtures.kube.server import TOKEN, get, post, running_server
 
 ROUNDS = 20
 GPU_MIB = 16_384.0
-NO_WARMUP = {"DEEPRES_USAGE_WARMUP_S": "0"}  # peaks count at once: the attack needs no waiting
+# peaks count at once: the attack needs no waiting; many pods of one signature share a GPU (memory decides,
+# the compute rule is off); the admission is asked after every round (no /v1/predict rate limit)
+NO_WARMUP = {"DEEPRES_USAGE_WARMUP_S": "0", "DEEPRES_SHARING": "false", "DEEPRES_PREDICT_RATE_PER_S": "0"}
 
 
 def telemetry(url: str, body: dict[str, Any]) -> dict[str, Any]:

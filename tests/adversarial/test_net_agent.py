@@ -17,7 +17,8 @@ from extender.agent.reporter import HttpPoster, Reporter, TokenFile
 from tests.fixtures.kube.payloads import extender_args, pod
 from tests.fixtures.kube.server import TOKEN, post
 
-DOUBLE = {"DEEPRES_PREDICTOR_FACTORY": "tests.fixtures.kube.doubles:make_predictor"}
+# memory decides here (pods share GPUs): the compute rule is off (tests/unit/test_sharing.py covers it)
+DOUBLE = {"DEEPRES_PREDICTOR_FACTORY": "tests.fixtures.kube.doubles:make_predictor", "DEEPRES_SHARING": "false"}
 NODE = "gpu-odd"
 
 

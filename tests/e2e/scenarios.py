@@ -87,6 +87,9 @@ def workload(
 ) -> dict[str, Any]:
     """A pod a data scientist would write (schedulerName, annotations, the GPU env var), running a sleep."""
     annotations = dict(annotations)
+    # the workload sleeps: it leaves the GPU idle, and says so, so memory decides where it packs (the
+    # compute rule, policy/sharing.py, keeps GPU-bound pods apart; tests/unit/test_sharing.py covers it)
+    annotations.setdefault(f"{PREFIX}gpu-share", "0.05")
     if usage_mib is not None:
         annotations[USAGE_ANNOTATION] = f"{usage_mib:.0f}"
     if sleep_s < 3600:
