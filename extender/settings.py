@@ -136,8 +136,10 @@ class PolicySettings:
     """`sharing.maxSlowdown`: the slowdown (alone step time x this) sharing may cause any job."""
     max_slowdown_high: float = 1.10
     """The bound where a high or critical pod joins or runs."""
-    preempt_min_gap: float = 10.0
-    """A preemption victim's priority is at least this far below the preemptor's (one criticality level)."""
+    preempt_min_gap: float = 0.0
+    """A preemption victim's priority is at least this far below the preemptor's. 0 (the default): any
+    strictly lower priority, as DESIGN says; the compute replay, where sharing makes waits long and
+    evictions churn, runs with one criticality level (10; `simulate.compute.COMPUTE_PARAMS`)."""
     preempt_max_loss_s: float = 1800.0
     """Preemption never throws away more than this much of a victim's progress (attained service, or the
     time since its last checkpoint with `deepres.io/checkpoint-interval`)."""

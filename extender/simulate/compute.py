@@ -82,8 +82,9 @@ class MeasuredJob:
 
 
 #: The live defaults with the sharing rule on: this experiment evaluates the compute-aware DeepRes (the live
-#: default, `policy.sharing` off, is its `deepres-memory` ablation until the rule is shown to pay).
-COMPUTE_PARAMS = replace(PolicySettings().params(), sharing=True)
+#: default, `policy.sharing` off, is its `deepres-memory` ablation until the rule is shown to pay), with
+#: victims a criticality level below their preemptor (fewer evictions that start jobs over while GPUs drain).
+COMPUTE_PARAMS = replace(PolicySettings().params(), sharing=True, preempt_min_gap=10.0)
 
 def load_measured(seed: int = 42) -> tuple[list[MeasuredJob], str, float]:
     """The campaign's ok rows as jobs (annotations only, as a user writes them) with the predictor's
