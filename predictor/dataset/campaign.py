@@ -214,13 +214,17 @@ def measure(job: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
 
 
 def _child(job: dict[str, Any], path: str, device: str) -> None:
-    """A forked child: measure, write the result, exit without running the parent's atexit hooks."""
+    """A forked child: measure, write the result, exit without running the parent's atexit hooks.
+
+    One CPU thread: a parent that already ran torch on the CPU holds an OpenMP thread pool, which a
+    forked child cannot use (its threads were not copied) and blocks on; the measurement runs on the GPU."""
+    import torch
+
+    torch.set_num_threads(1)
     code = 0
     try:
         result = {"status": "ok", **measure(job, device)}
     except Exception as err:  # an OOM, a model that does not build: recorded, never fatal
-        import torch
-
         oom = isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err)
         result = {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {str(err)[:300]}"}
         if device.startswith("cuda") and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
