@@ -1,9 +1,9 @@
 """The extender's Flask application: kube-scheduler's verbs, agent telemetry, predictions, probes.
 
-`Extender` wires the verbs' glue, one module per concern under `extender.server`: `planner` turns a pod
-into a PodRequest (annotations + prediction + observed peaks), `placing` answers filter and prioritize,
-`binding` binds, `preemption` answers /preempt and evicts for pods that fit nowhere, `intake` takes
-telemetry and the cluster's pod and node events, `readiness` says what the verbs wait for after a start.
+`Extender` wires the verbs' glue, one module per concern under `extender.server` (each a `parts.Part`):
+`planner` turns a pod into a PodRequest (annotations + prediction + observed peaks), `placing` answers
+filter and prioritize, `binding` binds, `preemption` answers /preempt and evicts for pods that fit
+nowhere, `intake` takes telemetry and the cluster's pod and node events, `readiness` says what the verbs wait for after a start.
 Each verb decodes, makes one call over the ledger (`extender.ledger`, the one home of learned state) and
 the policy (`extender.policy`, pure rules), and encodes. The API server (`extender.kube.cluster`) is the
 only truth about pods; a background worker (`extender.server.worker`) evicts and nudges off the request
@@ -41,6 +41,7 @@ from extender.server.events import PodEvents
 from extender.server.intake import Intake
 from extender.server.metrics import ExtenderMetrics, StateFileCollector
 from extender.server.openapi import openapi_document
+from extender.server.parts import Parts
 from extender.server.placing import Placer
 from extender.server.planner import Plan, Planner, PredictorUnavailable
 from extender.server.preemption import Preemptor
@@ -106,11 +107,10 @@ class Extender:
         self.planner = Planner(settings, self.ledger, self.metrics)
         self.planner.predictor = predictor
         self.ready = Readiness(settings, self.planner, cluster, self.ledger, self.mono)
-        parts = (self.settings, self.planner, self.ledger, cluster, self.metrics)
-        self.intake = Intake(*parts, self.ready, self.worker, clock, self.mono)
-        self.preemptor = Preemptor(*parts, self.ready, self.worker, clock, self.mono)
-        self.binder = Binder(*parts, self.ready, self.pod_events, clock, self.mono)
-        self.placer = Placer(*parts, self.ready, self.pod_events, self.preemptor, self.intake, clock, self.mono)
+        parts = Parts(settings, self.planner, self.ledger, cluster, self.metrics, self.ready, self.pod_events,
+                      self.worker, clock, self.mono)
+        self.intake, self.preemptor, self.binder = Intake(parts), Preemptor(parts), Binder(parts)
+        self.placer = Placer(parts, self.preemptor, self.intake)
         # the verbs and intake: one call each into their module
         self.filter, self.prioritize, self.bind = self.placer.filter, self.placer.prioritize, self.binder.bind
         self.preempt, self.telemetry = self.preemptor.preempt, self.intake.telemetry

@@ -3,33 +3,25 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError
-from extender.kube.cluster import Cluster, ClusterError, pod_meta
-from extender.ledger import Ledger
+from extender.kube.cluster import ClusterError, pod_meta
 from extender.policy import Reservation
 from extender.policy.filtering import gib
 from extender.protocol import ProtocolError, binding_result, parse_binding_args
-from extender.server.events import PodEvents
-from extender.server.metrics import ExtenderMetrics
-from extender.server.planner import Plan, Planner, PredictorUnavailable
-from extender.server.readiness import Readiness
+from extender.server.parts import Part
+from extender.server.planner import Plan, PredictorUnavailable
 from extender.server.trust import confirmed_pod
-from extender.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class Binder:
-    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
-                 metrics: ExtenderMetrics, readiness: Readiness, events: PodEvents,
-                 clock: Callable[[], float], mono: Callable[[], float]) -> None:
-        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
-        self.metrics, self.readiness, self.events, self.clock, self.mono = metrics, readiness, events, clock, mono
+class Binder(Part):
+    """/bind (`Part`: the shared pieces)."""
 
     def bind(self, body: Any) -> dict[str, str]:
         """Reserve GPUs on the node, annotate the pod, create its Binding.

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError
-from extender.kube.cluster import TERMINAL_PHASES, Cluster, ClusterError
+from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
-from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE, Ledger
+from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
 from extender.policy import PriorityInputs, Reservation
 from extender.protocol import PodInfo, ProtocolError, parse_pod
-from extender.server.metrics import ExtenderMetrics
-from extender.server.planner import Planner, PredictorUnavailable
-from extender.server.readiness import Readiness
-from extender.server.worker import Worker
-from extender.settings import Settings
+from extender.server.parts import Part, Parts
+from extender.server.planner import PredictorUnavailable
 from extender.telemetry import NodeReport, ReportError, parse_report
 
 log = logging.getLogger(__name__)
@@ -35,14 +31,10 @@ TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
 EXPIRY_EVERY_S = 10.0
 
 
-class Intake:
-    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
-                 metrics: ExtenderMetrics, readiness: Readiness, worker: Worker,
-                 clock: Callable[[], float], mono: Callable[[], float]) -> None:
-        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
-        self.metrics, self.readiness, self.worker, self.clock, self.mono = metrics, readiness, worker, clock, mono
-        self.params = planner.params
-        self.local = settings.kube.no_kube
+class Intake(Part):
+    def __init__(self, parts: Parts) -> None:
+        super().__init__(parts)
+        self.local = self.settings.kube.no_kube
         self.telemetry_wanted_s = -math.inf  # mono time a filter last failed nodes for missing telemetry
         self._last_expiry_s = -math.inf
 

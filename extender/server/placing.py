@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from extender.annotations import AnnotationError
-from extender.kube.cluster import Cluster
-from extender.ledger import Ledger
 from extender.policy.columnar import filter_matrix
 from extender.policy.filtering import NO_REPORT, STALE
 from extender.policy.sharing import apply_sharing
@@ -26,25 +23,18 @@ from extender.protocol import (
     parse_extender_args,
     soft_preferences,
 )
-from extender.server.events import PodEvents
 from extender.server.intake import Intake
-from extender.server.metrics import ExtenderMetrics
-from extender.server.planner import Planner, PredictorUnavailable
+from extender.server.parts import Part, Parts
+from extender.server.planner import PredictorUnavailable
 from extender.server.preemption import Preemptor
-from extender.server.readiness import Readiness
-from extender.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class Placer:
-    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
-                 metrics: ExtenderMetrics, readiness: Readiness, events: PodEvents, preemptor: Preemptor,
-                 intake: Intake, clock: Callable[[], float], mono: Callable[[], float]) -> None:
-        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
-        self.metrics, self.readiness, self.events = metrics, readiness, events
-        self.preemptor, self.intake, self.clock, self.mono = preemptor, intake, clock, mono
-        self.params = planner.params
+class Placer(Part):
+    def __init__(self, parts: Parts, preemptor: Preemptor, intake: Intake) -> None:
+        super().__init__(parts)
+        self.preemptor, self.intake = preemptor, intake
 
     def filter(self, body: Any) -> dict[str, Any]:
         """`body`: the decoded JSON, or ExtenderArgs already read from the bytes (`decode_extender_args`)."""

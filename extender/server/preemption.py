@@ -7,21 +7,16 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from extender.annotations import AnnotationError
-from extender.kube.cluster import Cluster, ClusterError, pod_meta
-from extender.ledger import Ledger
+from extender.kube.cluster import ClusterError, pod_meta
 from extender.policy import choose_preemption, plan_victims, priority_of
 from extender.policy.filtering import gib, is_fresh
 from extender.protocol import PodInfo, ProtocolError, parse_preemption_args, preemption_result
-from extender.server.metrics import ExtenderMetrics
-from extender.server.planner import Planner, PredictorUnavailable
-from extender.server.readiness import Readiness
+from extender.server.parts import Part, Parts
+from extender.server.planner import PredictorUnavailable
 from extender.server.trust import confirmed_pod
-from extender.server.worker import Worker
-from extender.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +24,9 @@ log = logging.getLogger(__name__)
 PREEMPTING_MAX = 10_000
 
 
-class Preemptor:
-    def __init__(self, settings: Settings, planner: Planner, ledger: Ledger, cluster: Cluster,
-                 metrics: ExtenderMetrics, readiness: Readiness, worker: Worker,
-                 clock: Callable[[], float], mono: Callable[[], float]) -> None:
-        self.settings, self.planner, self.ledger, self.cluster = settings, planner, ledger, cluster
-        self.metrics, self.readiness, self.worker, self.clock, self.mono = metrics, readiness, worker, clock, mono
-        self.params = planner.params
+class Preemptor(Part):
+    def __init__(self, parts: Parts) -> None:
+        super().__init__(parts)
         self.preempting: OrderedDict[str, float] = OrderedDict()  # pod uid -> wait until (mono)
         self._lock = threading.Lock()
 
