@@ -3,7 +3,8 @@
 `Extender` wires the verbs' glue, one module per concern under `extender.server` (each a `parts.Part`):
 `planner` turns a pod into a PodRequest (annotations + prediction + observed peaks), `placing` answers
 filter and prioritize, `binding` binds, `preemption` answers /preempt and evicts for pods that fit
-nowhere, `intake` takes telemetry and the cluster's pod and node events, `readiness` says what the verbs wait for after a start.
+nowhere, `intake` takes telemetry and the cluster's pod and node events, `readiness` says what the
+verbs wait for after a start.
 Each verb decodes, makes one call over the ledger (`extender.ledger`, the one home of learned state) and
 the policy (`extender.policy`, pure rules), and encodes. The API server (`extender.kube.cluster`) is the
 only truth about pods; a background worker (`extender.server.worker`) evicts and nudges off the request
