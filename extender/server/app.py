@@ -40,7 +40,7 @@ from extender.server.auth import TelemetryAuth
 from extender.server.binding import Binder
 from extender.server.events import PodEvents
 from extender.server.intake import Intake
-from extender.server.metrics import ExtenderMetrics, StateFileCollector
+from extender.server.metrics import CachedExposition, ExtenderMetrics, StateFileCollector
 from extender.server.openapi import openapi_document
 from extender.server.parts import Parts
 from extender.server.placing import Placer
@@ -48,7 +48,15 @@ from extender.server.planner import Plan, Planner, PredictorUnavailable
 from extender.server.preemption import Preemptor
 from extender.server.readiness import Readiness
 from extender.server.worker import Worker
-from extender.server.wsgi_verbs import BadRequest, BodyTooLarge, VerbRoutes, decode_json, encode_json, read_body
+from extender.server.wsgi_verbs import (
+    BadRequest,
+    BodyTooLarge,
+    VerbRoutes,
+    decode_json,
+    encode_json,
+    read_body,
+    stop_reading,
+)
 from extender.settings import Settings, describe, load_settings
 from predictor.spec import DemandPredictor
 
@@ -177,6 +185,9 @@ class Extender:
         if not isinstance(raw_annotations, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in raw_annotations.items()):
             return 400, {"error": "annotations must be an object of strings"}
+        too_many = predict_annotations_refused(raw_annotations, self.settings.server.predict_max_annotations)
+        if too_many:
+            return 400, {"error": too_many}
         # a Pod is read as the extender reads it (other tools' annotations ignored); JobSpec keys may omit the prefix
         annotations = raw_annotations if is_pod else {
             k if k.startswith(ann.PREFIX) else ann.PREFIX + k: v for k, v in raw_annotations.items()}
@@ -198,6 +209,29 @@ class Extender:
             "criticality": plan.job.criticality,
             "predictor_version": self.predictor_version,
         }
+
+
+#: Longest annotation key /v1/predict takes: Kubernetes' own bound (a 253-character DNS prefix, "/",
+#: a 63-character name).
+MAX_ANNOTATION_KEY_CHARS = 253 + 1 + 63
+#: Longest value of a deepres.io/ annotation /v1/predict takes (the longest real one, a job's
+#: description, is a few hundred characters); other tools' annotations are not read.
+MAX_ANNOTATION_VALUE_CHARS = 4096
+
+
+def predict_annotations_refused(annotations: dict[str, str], max_count: int) -> str:
+    """Why this annotation map is refused by /v1/predict (too many keys, a key or a deepres.io/ value
+    too long), naming the field; "" when it is taken. Checked before any value is parsed."""
+    if len(annotations) > max_count:
+        return (f"annotations: {len(annotations)} keys, at most {max_count} are taken "
+                f"(server.predict_max_annotations)")
+    for key, value in annotations.items():
+        if len(key) > MAX_ANNOTATION_KEY_CHARS:
+            return f"annotations: key {key[:40]!r}... is {len(key)} characters, at most {MAX_ANNOTATION_KEY_CHARS}"
+        if len(value) > MAX_ANNOTATION_VALUE_CHARS and (key.startswith(ann.PREFIX) or "/" not in key):
+            return (f"annotations.{key[:80]}: the value is {len(value)} characters, "
+                    f"at most {MAX_ANNOTATION_VALUE_CHARS}")
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,19 +268,23 @@ def create_app(
     app.extensions["deepres"] = ext
     metrics = ext.metrics
 
-    def respond(payload: Any, status: int = 200) -> Response:
-        return Response(encode_json(payload), status=status, mimetype="application/json")
+    def respond(payload: Any, status: int = 200, close: bool = False) -> Response:
+        answer = Response(encode_json(payload), status=status, mimetype="application/json")
+        if close:  # the rest of the body is not read: the connection cannot carry another request
+            stop_reading(request.environ)
+            answer.headers["Connection"] = "close"
+        return answer
 
     @app.post("/v1/predict")
     def predict_route() -> Response:
         started = time.perf_counter()
         try:
             try:
-                body = decode_json(read_body(request.environ, settings.server.max_body_bytes))
+                body = decode_json(read_body(request.environ, settings.server.predict_max_bytes))
             except BadRequest as err:
                 return respond({"error": str(err)}, 400)
             except BodyTooLarge as err:
-                return respond({"error": str(err)}, 413)
+                return respond({"error": str(err)}, 413, close=True)
             status, payload = ext.predict(body)
             return respond(payload, status)
         finally:
@@ -264,11 +302,13 @@ def create_app(
             waiting = [*waiting, write_error]
         return respond({"ready": not waiting, "waiting_for": waiting}, 200 if not waiting else 503)
 
+    exposition = CachedExposition(metrics.registry)
+
     @app.get("/metrics")
     def metrics_route() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
+        return Response(exposition.render(), mimetype=CONTENT_TYPE_LATEST.split(";")[0],
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @app.get("/openapi.json")

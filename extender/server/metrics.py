@@ -7,10 +7,12 @@ state by a collector, so a telemetry report costs no metric update at all.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -132,3 +134,30 @@ class StateFileCollector(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())
+
+
+#: Seconds a rendered /metrics page is served again before the registry is walked anew.
+EXPOSITION_CACHE_S = 1.0
+
+
+class CachedExposition:
+    """The registry's text exposition, rendered at most once per `max_age_s`: a scrape walks every
+    node's and GPU's figures, and one scraper in a loop took 86% of a core (issue 34). Prometheus
+    scrapes every 15-60 s, so a page up to a second old changes nothing it sees."""
+
+    def __init__(self, registry: CollectorRegistry, max_age_s: float = EXPOSITION_CACHE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._page = b""
+        self._rendered_at = -math.inf
+
+    def render(self) -> bytes:
+        with self._lock:  # concurrent scrapes wait for one rendering instead of each making their own
+            now = self.clock()
+            if now - self._rendered_at >= self.max_age_s:
+                self._page = generate_latest(self.registry)
+                self._rendered_at = now
+            return self._page

@@ -172,12 +172,17 @@ def refuse(environ: dict[str, Any], start_response: StartResponse, status: str, 
     Under gunicorn the client's socket stops reading too: gunicorn's graceful close otherwise
     lingers up to 2 s in its main thread draining what a stalled client never sends, and 64 such
     clients stalled every other connection."""
+    stop_reading(environ)
+    return send(start_response, status, body, (*extra, *CLOSE))
+
+
+def stop_reading(environ: dict[str, Any]) -> None:
+    """Under gunicorn, stop reading the client's socket (the answer then closes the connection)."""
     sock = environ.get("gunicorn.socket")
     if isinstance(sock, socket.socket):
         with contextlib.suppress(OSError):
             # the plain socket's shutdown: an SSLSocket's own would unwrap TLS before the answer is sent
             socket.socket.shutdown(sock, socket.SHUT_RD)
-    return send(start_response, status, body, (*extra, *CLOSE))
 
 
 STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "403 FORBIDDEN",
@@ -204,6 +209,7 @@ class VerbRoutes:
         self.fallback = fallback
         self.max_body = ext.settings.server.max_body_bytes
         self.telemetry_max = ext.settings.telemetry.telemetry_max_bytes
+        self.predict_max = ext.settings.server.predict_max_bytes
         self.body_timeout_s = ext.settings.server.body_timeout_s
         self.verbs_access = ext.settings.server.verbs_access
         self._refused, self._refusal_logged_s = 0, -REFUSAL_LOG_S
@@ -244,6 +250,8 @@ class VerbRoutes:
 
     def body_limit(self, path: str) -> int:
         """Largest body this path takes (413 above)."""
+        if path == "/v1/predict":
+            return self.predict_max
         return self.telemetry_max if path == "/v1/telemetry" else self.max_body
 
     def may_block(self, environ: dict[str, Any]) -> bool:
@@ -260,6 +268,10 @@ class VerbRoutes:
         route = self.routes.get(path)
         if route is None:
             if path == "/v1/predict":
+                declared = str(environ.get("CONTENT_LENGTH") or "")
+                if declared.isdigit() and int(declared) > self.predict_max:  # before anything is read
+                    return refuse(environ, start_response, STATUS[413], encode_json(
+                        {"error": f"request body larger than {self.predict_max} bytes (server.predict_max_bytes)"}))
                 wait = self.predict_limit.take(str(environ.get("REMOTE_ADDR", "")), time.monotonic())
                 if wait:
                     self._predict_limited.inc()
