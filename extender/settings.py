@@ -74,8 +74,9 @@ class ServerSettings:
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body (413 above): 100 full Node objects take ~0.5 MiB, 5,000 names ~100 KiB."""
     predict_max_bytes: int = 64 * 1024
-    """Largest /v1/predict body (413 above, refused before it is read): a real pod's annotation map is a
-    few KiB, and a 15 MiB body of a million keys took 3.5-4.1 GB of the worker (issue 34)."""
+    """Largest /v1/predict body (413 above, refused before it is read; at most max_body_bytes): a real
+    pod's annotation map is a few KiB, and a 15 MiB body of a million keys took 3.5-4.1 GB of the
+    worker (issue 34)."""
     predict_max_annotations: int = 256
     """Most annotations a /v1/predict body may carry (400 above, before any is read)."""
     body_buffer_bytes: int = 256 * 1024 * 1024
@@ -270,7 +271,7 @@ class Settings:
             p.append(f"server.body_buffer_bytes must be >= server.max_body_bytes ({s.max_body_bytes}), "
                      f"got {s.body_buffer_bytes}")
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
-        _within(p, "server.predict_max_bytes", s.predict_max_bytes, 1024, s.max_body_bytes)
+        _within(p, "server.predict_max_bytes", s.predict_max_bytes, 1024, 1 << 30)
         _within(p, "server.predict_max_annotations", s.predict_max_annotations, 1, 100_000)
         if s.verbs_access not in VERBS_ACCESS:
             p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")

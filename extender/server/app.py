@@ -280,7 +280,8 @@ def create_app(
         started = time.perf_counter()
         try:
             try:
-                body = decode_json(read_body(request.environ, settings.server.predict_max_bytes))
+                body = decode_json(read_body(request.environ, min(settings.server.predict_max_bytes,
+                                                                  settings.server.max_body_bytes)))
             except BadRequest as err:
                 return respond({"error": str(err)}, 400)
             except BodyTooLarge as err:

@@ -209,7 +209,7 @@ class VerbRoutes:
         self.fallback = fallback
         self.max_body = ext.settings.server.max_body_bytes
         self.telemetry_max = ext.settings.telemetry.telemetry_max_bytes
-        self.predict_max = ext.settings.server.predict_max_bytes
+        self.predict_max = min(ext.settings.server.predict_max_bytes, self.max_body)
         self.body_timeout_s = ext.settings.server.body_timeout_s
         self.verbs_access = ext.settings.server.verbs_access
         self._refused, self._refusal_logged_s = 0, -REFUSAL_LOG_S
