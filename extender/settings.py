@@ -94,7 +94,19 @@ class ServerSettings:
     verbs_access: str = "loopback"
     """Who may call /filter, /prioritize, /preempt and /bind (extender/server/auth.py): `loopback` (sidecar
     mode: callers on 127.0.0.1/::1 only), `mtls` (a client certificate signed by tls_client_ca; needs
-    tls_cert and engine gunicorn) or `any` (no check: only behind a guard of your own)."""
+    scheduler_bind, or tls_cert and engine gunicorn) or `any` (no check: only behind a guard of your own)."""
+    scheduler_bind: str = ""
+    """HOST:PORT of the scheduler's own listener (extender/server/scheduler_listener.py): the verbs are
+    then answered there only, with `verbs_access` checked at the connection (mtls: in the TLS
+    handshake) and `scheduler_max_connections` no other caller can take; the main port (`bind`)
+    refuses them. Empty: the verbs on the main port, as before issue 34."""
+    scheduler_max_connections: int = 64
+    """Connections the scheduler's listener holds at once (kube-scheduler keeps a few per replica);
+    one more closes the connection idle longest, those that never completed a request first."""
+    scheduler_tls_cert: str = ""
+    """PEM certificate of the scheduler's listener (with scheduler_tls_key); empty: tls_cert."""
+    scheduler_tls_key: str = ""
+    """PEM private key for scheduler_tls_cert."""
     log_level: str = "info"
     """debug, info, warning or error."""
 
@@ -275,17 +287,29 @@ class Settings:
         _within(p, "server.predict_max_annotations", s.predict_max_annotations, 1, 100_000)
         if s.verbs_access not in VERBS_ACCESS:
             p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")
+        any_cert = s.tls_cert or (s.scheduler_tls_cert if s.scheduler_bind else "")
         if s.verbs_access == "mtls":
-            if not (s.tls_cert and s.tls_client_ca):
-                p.append("server.verbs_access=mtls needs server.tls_cert, server.tls_key and server.tls_client_ca")
-            if s.engine != "gunicorn":
-                p.append("server.verbs_access=mtls needs server.engine=gunicorn (granian verifies client "
-                         "certificates for the whole port and cannot tell the verbs which caller presented one)")
-        if s.tls_client_ca and not s.tls_cert:
+            if not (any_cert and s.tls_client_ca):
+                p.append("server.verbs_access=mtls needs server.tls_client_ca and a certificate "
+                         "(server.scheduler_tls_cert/scheduler_tls_key or server.tls_cert/tls_key)")
+            if s.engine != "gunicorn" and not s.scheduler_bind:
+                p.append("server.verbs_access=mtls needs server.scheduler_bind (the scheduler's own listener "
+                         "checks the client certificate under any engine) or server.engine=gunicorn")
+        if s.tls_client_ca and not any_cert:
             p.append("server.tls_client_ca needs server.tls_cert and server.tls_key (client certificates need TLS)")
         if bool(s.tls_cert) != bool(s.tls_key):
             p.append("server.tls_cert and server.tls_key must be given together")
-        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        if bool(s.scheduler_tls_cert) != bool(s.scheduler_tls_key):
+            p.append("server.scheduler_tls_cert and server.scheduler_tls_key must be given together")
+        if s.scheduler_bind:
+            host, _, port = s.scheduler_bind.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                p.append(f"server.scheduler_bind must be HOST:PORT with a port in 1..65535 (or empty), "
+                         f"got {s.scheduler_bind!r}")
+            elif s.scheduler_bind == s.bind:
+                p.append(f"server.scheduler_bind must differ from server.bind, both are {s.bind!r}")
+        _within(p, "server.scheduler_max_connections", s.scheduler_max_connections, 1, 65_536)
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "scheduler_tls_cert", "scheduler_tls_key"):
             value = getattr(s, name)
             if value and not Path(value).is_file():
                 p.append(f"server.{name} must be a readable file, got {value!r}")

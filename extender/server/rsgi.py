@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Answer = tuple[int, list[tuple[str, str]], bytes]
-JSON_HEADERS = [("content-type", "application/json"), ("connection", "close")]
+CLOSE = ("connection", "close")
+JSON_HEADERS = [("content-type", "application/json"), CLOSE]
 #: A declared body up to this size is awaited whole and counted once received (a filter with 500
 #: names is ~20 KB); larger ones are counted piece by piece as they arrive.
 SMALL_BODY_BYTES = 64 * 1024
@@ -83,8 +84,10 @@ class RsgiBridge:
                  buffer_budget_bytes: int | None = None,
                  may_block: Callable[[dict[str, Any]], bool] = lambda environ: True,
                  body_limit: Callable[[str], int] | None = None,
-                 refusal: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda environ: None) -> None:
+                 refusal: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda environ: None,
+                 keeps_connection: Callable[[str, int], bool] = lambda path, status: True) -> None:
         self.app = app
+        self.keeps_connection = keeps_connection
         self.may_block = may_block
         self.refusal = refusal
         self.body_timeout_s = body_timeout_s
@@ -109,6 +112,8 @@ class RsgiBridge:
         if scope.proto != "http":  # websockets are off; nothing else is served
             return
         status, headers, body = await self._answer(scope, protocol)
+        if not self.keeps_connection(scope.path, status) and not any(k.lower() == "connection" for k, _ in headers):
+            headers.append(CLOSE)
         protocol.response_bytes(status, headers, body)
 
     async def _answer(self, scope: Any, protocol: Any) -> Answer:

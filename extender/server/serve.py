@@ -142,6 +142,8 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
         die_with_parent(main_pid)
     keep_freed_memory()
     app = create_app(settings)
+    if settings.server.scheduler_bind:
+        start_scheduler_listener(settings, app)
     if settings.server.engine != "granian":
         return app
     from extender.server.rsgi import RsgiBridge
@@ -154,7 +156,21 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
     return RsgiBridge(app, threads=s.threads, body_timeout_s=s.body_timeout_s,
                       max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes),
                       buffer_budget_bytes=s.body_buffer_bytes, may_block=routes.may_block,
-                      body_limit=routes.body_limit, refusal=routes.refusal)
+                      body_limit=routes.body_limit, refusal=routes.refusal,
+                      keeps_connection=routes.keeps_connection)
+
+
+def start_scheduler_listener(settings: Settings, app: Any) -> Any:
+    """The scheduler's own listener (`server.scheduler_bind`) in this worker, beside the engine's port."""
+    from extender.server.scheduler_listener import SchedulerListener, server_context
+
+    s = settings.server
+    cert, key = (s.scheduler_tls_cert, s.scheduler_tls_key) if s.scheduler_tls_cert else (s.tls_cert, s.tls_key)
+    context = server_context(cert, key, s.tls_client_ca if s.verbs_access == "mtls" else "") if cert else None
+    return SchedulerListener(app, bind=s.scheduler_bind, ssl_context=context, access=s.verbs_access,
+                             max_connections=s.scheduler_max_connections, header_timeout_s=s.header_timeout_s,
+                             body_timeout_s=s.body_timeout_s, max_body_bytes=s.max_body_bytes,
+                             threads=max(2, min(s.threads, 8))).start()
 
 
 #: How often a worker checks that the process that started it is still there (die_with_parent).

@@ -73,6 +73,8 @@ class BodyTooLarge(ValueError):
 #: environ key: True once `VerbRoutes.refusal` has admitted this request's caller (the RSGI bridge asks it
 #: before reading the body; the check parses the caller's address, so it is not repeated).
 CALLER_ADMITTED_KEY = "deepres.caller_admitted"
+#: environ key: True when the request came through the scheduler's own listener (scheduler_listener.py).
+SCHEDULER_PORT_KEY = "deepres.scheduler_port"
 #: environ key: seconds a client has to send the body (set by VerbRoutes from server.body_timeout_s).
 BODY_TIMEOUT_KEY = "deepres.body_timeout_s"
 
@@ -212,6 +214,7 @@ class VerbRoutes:
         self.predict_max = min(ext.settings.server.predict_max_bytes, self.max_body)
         self.body_timeout_s = ext.settings.server.body_timeout_s
         self.verbs_access = ext.settings.server.verbs_access
+        self.scheduler_bind = ext.settings.server.scheduler_bind
         self._refused, self._refusal_logged_s = 0, -REFUSAL_LOG_S
         server = ext.settings.server
         self.predict_limit = TokenBuckets(server.predict_rate_per_s, server.predict_burst, server.predict_clients)
@@ -227,12 +230,29 @@ class VerbRoutes:
         self._telemetry_latency = metrics.latency.labels("telemetry")
         self._reports = {outcome: metrics.telemetry_reports.labels(outcome) for outcome in ("unauthorized", "invalid")}
 
+    def _verb_refused(self, environ: dict[str, Any]) -> str:
+        """Why this caller may not call a verb here, "" when it may: with a scheduler's listener
+        (`server.scheduler_bind`) the main port answers no verb at all."""
+        if environ.get(SCHEDULER_PORT_KEY):
+            return ""
+        if self.scheduler_bind:
+            return (f"the verbs are answered on the scheduler's own port only "
+                    f"(server.scheduler_bind={self.scheduler_bind})")
+        return verb_caller_refused(environ, self.verbs_access)
+
+    def keeps_connection(self, path: str, status: int) -> bool:
+        """Whether the connection stays open after this answer: only for the callers that use it
+        again at once (the scheduler's verbs, the agents' accepted reports). Probes, scrapes,
+        predictions and refusals close theirs, so kept-alive connections that only poll cannot hold
+        the main port's `server.max_connections` (issue 34)."""
+        return status < 400 and (path in VERBS or path == "/v1/telemetry")
+
     def refusal(self, environ: dict[str, Any]) -> tuple[int, str] | None:
         """(status, why) when this request is refused whatever its body (the RSGI bridge asks before
         reading it): a verb from a caller that `server.verbs_access` does not admit. An admitted
         caller is marked in `environ`, so that `__call__` does not check it a second time."""
         if environ.get("PATH_INFO", "") in VERBS and environ.get("REQUEST_METHOD") == "POST":
-            refused = verb_caller_refused(environ, self.verbs_access)
+            refused = self._verb_refused(environ)
             if refused:
                 self._log_refusal(str(environ.get("PATH_INFO")), refused)
                 return 403, refused
@@ -267,29 +287,35 @@ class VerbRoutes:
         path = environ.get("PATH_INFO", "")
         route = self.routes.get(path)
         if route is None:
-            if path == "/v1/predict":
-                declared = str(environ.get("CONTENT_LENGTH") or "")
-                if declared.isdigit() and int(declared) > self.predict_max:  # before anything is read
-                    return refuse(environ, start_response, STATUS[413], encode_json(
-                        {"error": f"request body larger than {self.predict_max} bytes (server.predict_max_bytes)"}))
-                wait = self.predict_limit.take(str(environ.get("REMOTE_ADDR", "")), time.monotonic())
-                if wait:
-                    self._predict_limited.inc()
-                    return send(start_response, STATUS[429], encode_json(
-                        {"error": f"too many /v1/predict requests from this address (at most "
-                                  f"{self.predict_limit.rate_per_s:g} a second); retry later"}),
-                        (("Retry-After", retry_after(wait)),))
-            return self.fallback(environ, start_response)
+            answer = self._other(environ, start_response, path)
+            stop_reading(environ)  # gunicorn: the connection closes after this answer (keeps_connection)
+            return answer
         if environ.get("REQUEST_METHOD") != "POST":
             method = str(environ.get("REQUEST_METHOD"))[:16]
             return send(start_response, STATUS[405], encode_json({"error": f"{method} not allowed; use POST"}),
                         (("Allow", "POST"),))
         if path in VERBS and not environ.get(CALLER_ADMITTED_KEY):  # gunicorn: not asked before the body
-            refused = verb_caller_refused(environ, self.verbs_access)
+            refused = self._verb_refused(environ)
             if refused:
                 self._log_refusal(path, refused)
                 return refuse(environ, start_response, STATUS[403], encode_json({"error": refused}))
         return route(environ, start_response)
+
+    def _other(self, environ: dict[str, Any], start_response: StartResponse, path: str) -> Iterable[bytes]:
+        """Every route but the verbs and telemetry: Flask's, /v1/predict's limits checked first."""
+        if path == "/v1/predict":
+            declared = str(environ.get("CONTENT_LENGTH") or "")
+            if declared.isdigit() and int(declared) > self.predict_max:  # before anything is read
+                return refuse(environ, start_response, STATUS[413], encode_json(
+                    {"error": f"request body larger than {self.predict_max} bytes (server.predict_max_bytes)"}))
+            wait = self.predict_limit.take(str(environ.get("REMOTE_ADDR", "")), time.monotonic())
+            if wait:
+                self._predict_limited.inc()
+                return send(start_response, STATUS[429], encode_json(
+                    {"error": f"too many /v1/predict requests from this address (at most "
+                              f"{self.predict_limit.rate_per_s:g} a second); retry later"}),
+                    (("Retry-After", retry_after(wait)),))
+        return self.fallback(environ, start_response)
 
     def _verb(self, name: str, handler: Callable[[Any], Any], error_shape: Callable[[str], Any],
               decode: Callable[[bytes], Any] = decode_json) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:

@@ -125,11 +125,11 @@ def test_granian_runs_one_worker_with_the_configured_threads_and_tls(tmp_path: P
     assert not isinstance(make_server(gunicorn), GranianServer)
 
 
-def test_mtls_verbs_need_a_client_ca_tls_and_gunicorn(tmp_path: Path) -> None:
+def test_mtls_verbs_need_a_client_ca_a_certificate_and_a_listener_that_checks_it(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as info:
         load_settings(None, env={"DEEPRES_VERBS_ACCESS": "mtls"})
-    assert any("needs server.tls_cert, server.tls_key and server.tls_client_ca" in p for p in info.value.problems)
-    assert any("needs server.engine=gunicorn" in p for p in info.value.problems)
+    assert any("needs server.tls_client_ca and a certificate" in p for p in info.value.problems)
+    assert any("needs server.scheduler_bind" in p and "engine=gunicorn" in p for p in info.value.problems)
     with pytest.raises(SettingsError, match="verbs_access must be one of loopback, mtls, any"):
         load_settings(None, env={"DEEPRES_VERBS_ACCESS": "everyone"})
     pem = tmp_path / "x.pem"
@@ -141,6 +141,13 @@ def test_mtls_verbs_need_a_client_ca_tls_and_gunicorn(tmp_path: Path) -> None:
 
     assert gunicorn_options(ok)["ca_certs"] == str(pem) and gunicorn_options(ok)["cert_reqs"] == ssl.CERT_OPTIONAL
     assert Settings().server.verbs_access == "loopback"
+    # granian with the scheduler's own listener, which checks the certificate in its handshake (issue 34)
+    listener = load_settings(None, env={"DEEPRES_VERBS_ACCESS": "mtls", "DEEPRES_SCHEDULER_BIND": "127.0.0.1:8889",
+                                        "DEEPRES_SCHEDULER_TLS_CERT": str(pem), "DEEPRES_SCHEDULER_TLS_KEY": str(pem),
+                                        "DEEPRES_TLS_CLIENT_CA": str(pem)})
+    assert listener.server.engine == "granian" and not listener.server.tls_cert
+    with pytest.raises(SettingsError, match=r"scheduler_bind must differ from server\.bind"):
+        load_settings(None, env={"DEEPRES_SCHEDULER_BIND": "0.0.0.0:8888"})
 
 
 def test_an_unknown_engine_is_refused_with_the_choices() -> None:
