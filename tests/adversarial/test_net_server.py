@@ -168,7 +168,8 @@ def test_granian_bounds_the_bytes_of_bodies_it_holds(tmp_path: Path) -> None:
     """Many senders of large bodies take at most `body_buffer_bytes` between them (503 beyond), a
     caller the verbs refuse is answered before it sends anything, and small requests go on."""
     env = {**DOUBLE, "DEEPRES_ENGINE": "granian", "DEEPRES_BODY_TIMEOUT_S": "4",
-           "DEEPRES_MAX_BODY_BYTES": str(1 << 20), "DEEPRES_BODY_BUFFER_BYTES": str(2 << 20)}
+           "DEEPRES_MAX_BODY_BYTES": str(1 << 20), "DEEPRES_BODY_BUFFER_BYTES": str(2 << 20),
+           "DEEPRES_PREDICT_MAX_BYTES": str(1 << 20)}  # /v1/predict's own 64 KiB limit would refuse them first
     with LocalServer(tmp_path, token=TOKEN, env=env, bind_host="0.0.0.0") as server:
         assert post(server.url + "/v1/telemetry", report("n1", 1, time.time(), [(40960.0, 0.0)]), token=TOKEN)[0] == 200
         senders = []
