@@ -21,7 +21,7 @@ from predictor.errors import UsageError as UsageError
 # subcommand -> (module, one-line help). Bench targets dispatch inside `devtools.bench`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("extender.server.serve", "run the scheduler extender (granian or gunicorn) with the embedded predictor"),
-    "pod-certs": ("extender.server.podcerts", "make a per-pod CA and the scheduler's client certificate (sidecar mTLS)"),
+    "pod-certs": ("extender.server.podcerts", "make the per-pod certificates of the scheduler mTLS"),
     "agent": ("extender.agent.main", "run the node agent: sample GPUs, report to the extender, /metrics"),
     "predict": ("predictor.predict_cli", "predict the GPU demand of an annotated pod or JobSpec"),
     "dataset": ("predictor.dataset.generate", "generate the traced, calibrated training-job dataset"),
