@@ -295,25 +295,28 @@ def test_scheduler_configuration_matches_the_extender(tmp_path: Path) -> None:
     assert config["leaderElection"]["resourceName"] == "deepres-scheduler"
     (ext,) = config["extenders"]
     assert {ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]} == set(VERBS)
-    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["enableHTTPS"] is False
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["enableHTTPS"] is True
     assert isinstance(ext["weight"], int) and ext["weight"] > 0
     assert re.fullmatch(r"[0-9]+(ms|s)", ext["httpTimeout"])
 
     url = re.fullmatch(r"(https?)://([^:/]+):(\d+)", ext["urlPrefix"])
     assert url, f"urlPrefix {ext['urlPrefix']!r} is not scheme://host:port (the extender serves at its root)"
     scheme, host, port = url.group(1), url.group(2), int(url.group(3))
-    assert scheme == "http" and host == "127.0.0.1", "sidecar mode calls the extender over loopback, TLS off"
-    assert port == default_extender_port()
+    # sidecar mode calls the extender's own listener for the scheduler over loopback, with mTLS (issue 34)
+    assert scheme == "https" and host == "127.0.0.1"
+    main_port = default_extender_port()
+    assert port != main_port
 
     served, source = served_extender_paths()
     for verb in VERBS:
         assert f"/{verb}" in served, f"kube-scheduler will POST /{verb}; {source} serves {sorted(served)}"
 
     extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
-    assert f"--bind=0.0.0.0:{port}" in extender["args"]
-    assert [p["containerPort"] for p in extender["ports"]] == [port]
+    assert f"--bind=0.0.0.0:{main_port}" in extender["args"]
+    assert {"name": "DEEPRES_SCHEDULER_BIND", "value": f"127.0.0.1:{port}"} in extender["env"]
+    assert [p["containerPort"] for p in extender["ports"]] == [main_port]  # the scheduler's port: loopback only
     service = find(objs, "Service", "deepres-extender")
-    assert service["spec"]["ports"][0]["port"] == port
+    assert [p["port"] for p in service["spec"]["ports"]] == [main_port]
 
 
 # Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1/types.go). kube-scheduler
@@ -385,7 +388,7 @@ def test_agent_probe_and_scrape_paths_are_served(tmp_path: Path) -> None:
 def test_separate_extender_is_called_through_its_service(tmp_path: Path) -> None:
     objs = render(tmp_path, VALUE_SETS["separate-extender"])
     (ext,) = scheduler_config(objs)["extenders"]
-    assert ext["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8888"
+    assert ext["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8889"
     scheduler = find(objs, "Deployment", "deepres-scheduler")
     assert [c["name"] for c in containers(scheduler)] == ["kube-scheduler"]
     extender = find(objs, "Deployment", "deepres-extender")
@@ -400,19 +403,46 @@ def test_without_the_second_scheduler_only_the_extender_block_remains(tmp_path: 
     assert not [o for o in objs if o["metadata"]["name"].startswith("deepres-scheduler") and o["kind"] != "ConfigMap"]
     config = scheduler_config(objs)
     assert config["profiles"][0]["schedulerName"] == "default-scheduler"
-    assert config["extenders"][0]["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8888"
+    assert config["extenders"][0]["urlPrefix"] == f"https://deepres-extender.{NAMESPACE}.svc:8889"
     extender = container(find(objs, "Deployment", "deepres-extender"), "extender")
     assert {"name": "DEEPRES_SCHEDULER_NAME", "value": "default-scheduler"} in extender["env"]
 
 
-def test_sidecar_verbs_answer_only_loopback(tmp_path: Path) -> None:
-    """Issue 13 item 2: in the scheduler's pod the verbs take callers on loopback only; the agents'
-    telemetry still arrives over the pod network (and the NetworkPolicy admits only the agents)."""
+def test_sidecar_verbs_need_the_per_pod_client_certificate(tmp_path: Path) -> None:
+    """Issue 34 row 13 (before, issue 13 item 2: any caller on loopback, which a port-forward and a
+    sibling container are too): the verbs answer only kube-scheduler's client certificate, made in
+    the pod at its start by an init container into two emptyDirs, each mounted into one container
+    (no Secret); the agents' telemetry still arrives over the pod network (the NetworkPolicy admits
+    only the agents, on the main port)."""
     objs = render(tmp_path, VALUE_SETS["defaults"])
-    extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
+    scheduler = find(objs, "Deployment", "deepres-scheduler")
+    extender = container(scheduler, "extender")
     args = cli_parser("serve").parse_args(extender["args"])
-    assert args.verbs_access == "loopback" and args.bind.startswith("0.0.0.0:")
-    assert scheduler_config(objs)["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+    assert args.verbs_access == "mtls" and args.bind.startswith("0.0.0.0:")
+    env = {e["name"]: e.get("value") for e in extender["env"]}
+    assert env["DEEPRES_SCHEDULER_BIND"] == "127.0.0.1:8889" and "DEEPRES_ENGINE" not in env  # granian
+    (ext,) = scheduler_config(objs)["extenders"]
+    assert ext["urlPrefix"] == "https://127.0.0.1:8889" and ext["enableHTTPS"] is True
+    (init,) = scheduler["spec"]["template"]["spec"]["initContainers"]
+    assert cli_parser("pod-certs").parse_args(init["args"]).command == "pod-certs"
+    init_args = dict(a.split("=", 1) for a in init["args"][1:])
+    init_dirs = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in containers(scheduler)}
+    # the scheduler's half (client key) only in kube-scheduler, the listener's half only in the extender
+    assert init_dirs["pod-tls-scheduler"] == init_args["--client-dir"]
+    assert init_dirs["pod-tls-extender"] == init_args["--server-dir"]
+    assert "pod-tls-extender" not in mounts["kube-scheduler"] and "pod-tls-scheduler" not in mounts["extender"]
+    client_dir = mounts["kube-scheduler"]["pod-tls-scheduler"]
+    assert ext["tlsConfig"] == {"caFile": f"{client_dir}/ca.crt", "certFile": f"{client_dir}/client.crt",
+                                "keyFile": f"{client_dir}/client.key"}
+    server_dir = mounts["extender"]["pod-tls-extender"]
+    assert args.tls_client_ca == f"{server_dir}/ca.crt" and env["DEEPRES_SCHEDULER_TLS_KEY"] == f"{server_dir}/tls.key"
+    volumes = {v["name"]: v for v in scheduler["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["pod-tls-extender"] and "emptyDir" in volumes["pod-tls-scheduler"]
+    assert not [o for o in objs if o["kind"] == "Secret"]  # nothing of the keys leaves the pod
+    # extender.verbsAccess=loopback keeps the old trust in any caller on loopback, on the main port
+    loopback = scheduler_config(render(tmp_path, {"extender": {"verbsAccess": "loopback"}}))
+    assert loopback["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
     policy = find(objs, "NetworkPolicy", "deepres-extender")
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
     (rule,) = policy["spec"]["ingress"]
@@ -446,13 +476,17 @@ def test_deployment_mode_verbs_need_the_schedulers_client_certificate(tmp_path: 
     extender = container(deployment, "extender")
     args = cli_parser("serve").parse_args(extender["args"])
     assert args.verbs_access == "mtls" and args.tls_client_ca == "/etc/deepres/client-ca/ca.crt"
-    assert {"name": "DEEPRES_ENGINE", "value": "gunicorn"} in extender["env"]
+    # granian (issue 34 row 14): the scheduler's own listener checks the certificate in its handshake
+    assert not [e for e in extender["env"] if e["name"] == "DEEPRES_ENGINE"]
+    assert {"name": "DEEPRES_SCHEDULER_BIND", "value": "0.0.0.0:8889"} in extender["env"]
+    assert {"name": "scheduler", "containerPort": 8889, "protocol": "TCP"} in extender["ports"]
     ca_volume = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}["scheduler-client-ca"]
     assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never the client's key
     policy = find(objs, "NetworkPolicy", "deepres-extender")
     components = [r["from"][0].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
                   for r in policy["spec"]["ingress"]]
     assert components == ["agent", "scheduler", None]
+    assert policy["spec"]["ingress"][1]["ports"] == [{"port": 8889, "protocol": "TCP"}]
     assert policy["spec"]["ingress"][2]["from"] == monitoring
     scheduler_policy = find(objs, "NetworkPolicy", "deepres-scheduler")
     assert scheduler_policy["spec"]["ingress"] == [{"from": monitoring, "ports": [{"port": 10259, "protocol": "TCP"}]}]
@@ -504,6 +538,10 @@ def test_extender_environment_and_settings_file_load(tmp_path: Path) -> None:
     assert not unknown, f"the extender ignores these variables (no such setting): {unknown}"
     settings_file = tmp_path / "settings.yaml"
     settings_file.write_text(find(objs, "ConfigMap", "deepres-extender")["data"]["settings.yaml"])
+    for name, value in env.items():  # files the pod mounts (the per-pod certificates) stand in here
+        if value.startswith("/etc/deepres/"):
+            env[name] = str(tmp_path / Path(value).name)
+            Path(env[name]).write_text("x")
     settings = load_settings(str(settings_file), env=env)
     assert settings.policy.telemetry_ttl_s == 40 and settings.policy.usage_margin == 1.2
     assert settings.kube.scheduler_name == "deepres-scheduler"
@@ -689,8 +727,8 @@ CONFLICTS = [
     ({"extender": {"tls": {"enabled": True}}}, "extender.tls.secretName"),
     ({"extender": {"mode": "deployment"}, "scheduler": {"replicas": 2}}, "extender.tls.clientSecretName to a"),
     ({"extender": {"mode": "deployment", "verbsAccess": "loopback"}}, "leave extender.verbsAccess empty"),
-    ({"extender": {"mode": "deployment", "settings": {"engine": "granian"}, "tls": {
-        "enabled": True, "secretName": "s", "clientSecretName": "c"}}}, "remove engine from extender.settings"),
+    ({"extender": {"schedulerPort": 8888}}, "set extender.schedulerPort to another port"),
+    ({"extender": {"settings": {"scheduler_bind": "0.0.0.0:9000"}}}, "set extender.schedulerPort instead"),
     ({"extender": {"settings": {"verbs_access": "any"}}}, "set extender.verbsAccess instead"),
     ({"agent": {"source": "simulated", "simulated": {"default": "", "nodes": {}}}}, "agent.simulated.default"),
     ({"agent": {"source": "simulated", "privileged": True}}, "agent.privileged=false"),

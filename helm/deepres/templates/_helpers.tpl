@@ -85,24 +85,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.extender.tls.enabled }}https{{ else }}http{{ end }}
 {{- end }}
 
-{{/* URL kube-scheduler calls: loopback in sidecar mode (with TLS the certificate is checked against tls.serverName), the Service otherwise. */}}
+{{/* URL kube-scheduler calls. With mtls (the default): the extender's own listener for the scheduler
+(extender.schedulerPort, server.scheduler_bind), on 127.0.0.1 with the per-pod certificates in sidecar
+mode, through the Service otherwise. Without: the main port, on loopback in sidecar mode (with TLS the
+certificate is checked against tls.serverName), through the Service otherwise. */}}
 {{- define "deepres.extenderUrlPrefix" -}}
-{{- if eq .Values.extender.mode "sidecar" }}
-{{- printf "%s://127.0.0.1:%d" (include "deepres.extenderScheme" .) (int .Values.extender.port) }}
+{{- $mtls := eq (include "deepres.verbsAccess" .) "mtls" -}}
+{{- $port := ternary (int .Values.extender.schedulerPort) (int .Values.extender.port) $mtls -}}
+{{- if and $mtls (eq .Values.extender.mode "sidecar") }}
+{{- printf "https://127.0.0.1:%d" $port }}
+{{- else if eq .Values.extender.mode "sidecar" }}
+{{- printf "%s://127.0.0.1:%d" (include "deepres.extenderScheme" .) $port }}
 {{- else }}
-{{- printf "%s://%s:%d" (include "deepres.extenderScheme" .) (include "deepres.extenderHost" .) (int .Values.extender.port) }}
+{{- printf "%s://%s:%d" (include "deepres.extenderScheme" .) (include "deepres.extenderHost" .) $port }}
 {{- end }}
 {{- end }}
 
-{{/* Who may call the verbs (extender/auth.py): extender.verbsAccess, else loopback in sidecar mode and mtls in deployment mode. */}}
+{{/* Who may call the verbs (extender/server/auth.py): extender.verbsAccess, else mtls (sidecar mode:
+per-pod certificates made by the init container; deployment mode: extender.tls.clientSecretName). */}}
 {{- define "deepres.verbsAccess" -}}
 {{- if .Values.extender.verbsAccess }}
 {{- .Values.extender.verbsAccess }}
-{{- else if eq .Values.extender.mode "sidecar" -}}
-loopback
 {{- else -}}
 mtls
 {{- end }}
+{{- end }}
+
+{{/* "true" when the scheduler's mTLS uses the per-pod certificates (sidecar mode with mtls). */}}
+{{- define "deepres.podCerts" -}}
+{{- if and (eq .Values.extender.mode "sidecar") (eq (include "deepres.verbsAccess" .) "mtls") }}true{{ end }}
 {{- end }}
 
 {{/* URL agents post telemetry to. */}}
@@ -138,14 +149,25 @@ mtls
     - --tls-key=/etc/deepres/tls/tls.key
     {{- end }}
     - --verbs-access={{ include "deepres.verbsAccess" . }}
-    {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+    {{- if include "deepres.podCerts" . }}
+    - --tls-client-ca=/etc/deepres/pod-tls/ca.crt
+    {{- else if eq (include "deepres.verbsAccess" .) "mtls" }}
     - --tls-client-ca=/etc/deepres/client-ca/ca.crt
     {{- end }}
   env:
     {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
-    # gunicorn: it lets the verbs see the client certificate (granian verifies it for the whole port)
-    - name: DEEPRES_ENGINE
-      value: gunicorn
+    # the verbs on a listener of their own: the scheduler's client certificate is checked in its TLS
+    # handshake, and its connections are never taken by other callers (docs/network-hardening.md)
+    - name: DEEPRES_SCHEDULER_BIND
+      value: {{ printf "%s:%d" (ternary "127.0.0.1" "0.0.0.0" (eq .Values.extender.mode "sidecar")) (int .Values.extender.schedulerPort) | quote }}
+    - name: DEEPRES_SCHEDULER_MAX_CONNECTIONS
+      value: {{ .Values.extender.schedulerMaxConnections | quote }}
+    {{- if include "deepres.podCerts" . }}
+    - name: DEEPRES_SCHEDULER_TLS_CERT
+      value: /etc/deepres/pod-tls/tls.crt
+    - name: DEEPRES_SCHEDULER_TLS_KEY
+      value: /etc/deepres/pod-tls/tls.key
+    {{- end }}
     {{- end }}
     - name: DEEPRES_SCHEDULER_NAME
       value: {{ .Values.scheduler.name | quote }}
@@ -171,6 +193,11 @@ mtls
     - name: http
       containerPort: {{ .Values.extender.port }}
       protocol: TCP
+    {{- if and (eq (include "deepres.verbsAccess" .) "mtls") (ne .Values.extender.mode "sidecar") }}
+    - name: scheduler
+      containerPort: {{ .Values.extender.schedulerPort }}
+      protocol: TCP
+    {{- end }}
   startupProbe:
     httpGet:
       path: /healthz
@@ -208,11 +235,40 @@ mtls
       mountPath: /etc/deepres/tls
       readOnly: true
     {{- end }}
-    {{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+    {{- if include "deepres.podCerts" . }}
+    - name: pod-tls-extender
+      mountPath: /etc/deepres/pod-tls
+      readOnly: true
+    {{- else if eq (include "deepres.verbsAccess" .) "mtls" }}
     - name: scheduler-client-ca
       mountPath: /etc/deepres/client-ca
       readOnly: true
     {{- end }}
+{{- end }}
+
+{{/* Sidecar mode with mtls: the init container that makes the per-pod CA, the listener's certificate
+and the scheduler's client certificate (deepres pod-certs), each half into its own emptyDir. */}}
+{{- define "deepres.podCertsInit" -}}
+- name: pod-certs
+  image: {{ include "deepres.extenderImage" . | quote }}
+  imagePullPolicy: {{ .Values.extender.image.pullPolicy }}
+  args:
+    - pod-certs
+    - --server-dir=/pod-tls/extender
+    - --client-dir=/pod-tls/scheduler
+  resources:
+    requests:
+      cpu: 10m
+      memory: 32Mi
+    limits:
+      memory: 128Mi
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: pod-tls-extender
+      mountPath: /pod-tls/extender
+    - name: pod-tls-scheduler
+      mountPath: /pod-tls/scheduler
 {{- end }}
 
 {{/* Volumes the extender container mounts. */}}
@@ -229,7 +285,17 @@ mtls
     secretName: {{ .Values.extender.tls.secretName }}
     defaultMode: 0440
 {{- end }}
-{{- if eq (include "deepres.verbsAccess" .) "mtls" }}
+{{- if include "deepres.podCerts" . }}
+# the per-pod certificates (deepres pod-certs): never in a Secret, gone with the pod
+- name: pod-tls-extender
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: pod-tls-scheduler
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- else if eq (include "deepres.verbsAccess" .) "mtls" }}
 - name: scheduler-client-ca
   secret:
     secretName: {{ .Values.extender.tls.clientSecretName }}
