@@ -20,7 +20,7 @@ import base64
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,14 @@ class LocalContainer:
     argv: list[str]
     env: dict[str, str]
     root: Path
+    #: mountPath in the pod -> the local folder standing for it
+    mounts: dict[str, str] = field(default_factory=dict)
+
+    def localize(self, text: str) -> str:
+        """`text` with every path under one of the container's mountPaths pointing into its local folder."""
+        for mount in sorted(self.mounts, key=len, reverse=True):
+            text = re.sub(r"(?<![\w/.-])" + re.escape(mount) + r"(?=/|$|[\"'\s])", self.mounts[mount], text)
+        return text
 
 
 def image_programs(bin_dir: Path) -> dict[str, list[str]]:
@@ -133,14 +141,19 @@ def prepare(
 ) -> LocalContainer:
     """Everything needed to start `container` of `pod` locally; volumes and tokens are written now."""
     spec = pod["spec"]
-    (c,) = [c for c in spec["containers"] if c["name"] == container]
+    # an init container too (the kubelet runs those first, to the end: the caller does the same)
+    (c,) = [c for c in [*(spec.get("initContainers") or []), *spec["containers"]] if c["name"] == container]
     here = root / f"{pod['metadata']['name']}-{container}"
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     mounts: dict[str, str] = {}
     for mount in c.get("volumeMounts") or []:
         if mount.get("subPath"):
             raise ValueError(f"volumeMount {mount['name']}: subPath is not supported by the local runner")
-        local = here / "volumes" / mount["name"]
+        # an emptyDir that several containers mount (e.g. one an init container fills) is the pod's, shared
+        shared = "emptyDir" in volumes[mount["name"]] and sum(
+            any(m["name"] == mount["name"] for m in other.get("volumeMounts") or [])
+            for other in [*(spec.get("initContainers") or []), *spec["containers"]]) > 1
+        local = (root / f"{pod['metadata']['name']}-emptydir" if shared else here / "volumes") / mount["name"]
         _write_volume(core, pod, volumes[mount["name"]], local)
         mounts[mount["mountPath"].rstrip("/")] = str(local)
 
@@ -191,4 +204,4 @@ def prepare(
     full_env = env_for(api_kubeconfig)
     full_env.update(env)
     full_env["PATH"] = f"{shims}:{full_env.get('PATH', '/usr/bin:/bin')}"
-    return LocalContainer(pod["metadata"]["name"], container, argv, full_env, here)
+    return LocalContainer(pod["metadata"]["name"], container, argv, full_env, here, mounts)

@@ -77,6 +77,9 @@ class ServerSettings:
     """Largest /v1/predict body (413 above, refused before it is read; at most max_body_bytes): a real
     pod's annotation map is a few KiB, and a 15 MiB body of a million keys took 3.5-4.1 GB of the
     worker (issue 34)."""
+    metrics_render_share: float = 0.1
+    """Share of a core /metrics rendering may take (extender/server/metrics.py, CachedExposition): past it
+    within a second, the page last rendered (at most a second old) is served again."""
     predict_max_annotations: int = 256
     """Most annotations a /v1/predict body may carry (400 above, before any is read)."""
     body_buffer_bytes: int = 256 * 1024 * 1024
@@ -284,6 +287,7 @@ class Settings:
                      f"got {s.body_buffer_bytes}")
         _positive(p, "server.max_body_bytes", s.max_body_bytes)
         _within(p, "server.predict_max_bytes", s.predict_max_bytes, 1024, 1 << 30)
+        _within(p, "server.metrics_render_share", s.metrics_render_share, 0.0001, 1.0)
         _within(p, "server.predict_max_annotations", s.predict_max_annotations, 1, 100_000)
         if s.verbs_access not in VERBS_ACCESS:
             p.append(f"server.verbs_access must be one of {', '.join(VERBS_ACCESS)}, got {s.verbs_access!r}")

@@ -303,7 +303,7 @@ def create_app(
             waiting = [*waiting, write_error]
         return respond({"ready": not waiting, "waiting_for": waiting}, 200 if not waiting else 503)
 
-    exposition = CachedExposition(metrics.registry)
+    exposition = CachedExposition(metrics.registry, share=settings.server.metrics_render_share)
 
     @app.get("/metrics")
     def metrics_route() -> Response:

@@ -66,14 +66,15 @@ def node_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
                        "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"}}}
 
 
-def with_kubeconfig(argv: list[str], kubeconfig: str) -> list[str]:
+def with_kubeconfig(argv: list[str], kubeconfig: str, localize: Callable[[str], str] = lambda text: text) -> list[str]:
     """kube-scheduler ignores --kubeconfig when it has --config: the chart's configuration gets
-    `clientConnection.kubeconfig` (in the pod it uses the in-cluster config), in a copy next to it."""
+    `clientConnection.kubeconfig` (in the pod it uses the in-cluster config), in a copy next to it,
+    with the files it names under the container's mounts (the extender's client certificate) local."""
     out = []
     for arg in argv:
         if arg.startswith("--config="):
             original = Path(arg.split("=", 1)[1])
-            config = yaml.safe_load(original.read_text())
+            config = yaml.safe_load(localize(original.read_text()))
             config.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
             local = original.parent.parent / "scheduler-config-local.yaml"
             local.write_text(yaml.safe_dump(config))
@@ -180,12 +181,15 @@ class LocalCluster(PodReads):
         local = LocalPod(pod["metadata"]["name"], self.plane.logs)
         local.ports["scheduler"] = free_port()
         root, plane = self.plane.root / "pods", self.plane
+        for init in pod["spec"].get("initContainers") or []:  # as the kubelet: each to its end, first
+            first = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, init["name"], root, plane.bin_dir)
+            subprocess.run(first.argv, env=first.env, cwd=REPO, check=True, capture_output=True, timeout=120)
         extender = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "extender", root, plane.bin_dir,
                            rewrite={"--bind=0.0.0.0:": "--bind=127.0.0.1:"})
         local.run("extender", extender.argv, extender.env)
         scheduler = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "kube-scheduler", root,
                             plane.bin_dir)
-        argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"]),
+        argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"], scheduler.localize),
                 f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
         local.run("kube-scheduler", argv, scheduler.env)
         with self.lock:
@@ -284,6 +288,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         result = subprocess.run(
             [helm(), "install", RELEASE, str(REPO / "helm" / "deepres"), "--namespace", NAMESPACE,
              "--create-namespace", *values, "--set", f"extender.port={port}",
+             "--set", f"extender.schedulerPort={free_port()}",
              "--set", f"agent.extenderUrl=http://127.0.0.1:{port}", *extra_values, "--wait", "--timeout", "3m"],
             capture_output=True, text=True, env=env, timeout=300)
         assert result.returncode == 0, f"helm install failed:\n{result.stdout}\n{result.stderr}"

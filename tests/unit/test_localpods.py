@@ -110,6 +110,7 @@ def test_the_local_program_is_never_rewritten_even_under_a_mounted_path(
     extender["args"].append("--cache=/tmp/cache")
     local = prepare(Core(), "https://127.0.0.1:1", tmp_path / "ca.crt", spec, "extender", tmp_path, tmp_path)
     assert local.argv[0] == "/tmp/trial/.venv/bin/python"
-    assert local.argv[-1] == f"--cache={tmp_path}/p-1-extender/volumes/tmp/cache"
+    # the emptyDir both containers mount is the pod's, one folder for both (as the kubelet has it)
+    assert local.argv[-1] == f"--cache={tmp_path}/p-1-emptydir/tmp/cache"
     shim = (tmp_path / "p-1-extender" / "bin" / "deepres").read_text()
     assert "exec /tmp/trial/.venv/bin/python -m extender.cli" in shim
