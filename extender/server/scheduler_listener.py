@@ -9,8 +9,9 @@ of their own, served in the worker process (one ledger) by an asyncio server on 
   `mtls` requires a client certificate signed by `server.tls_client_ca` in the TLS handshake (a
   port-forward or a sibling container on loopback has no such key), `loopback` closes any peer not
   on 127.0.0.1/::1 at once, `any` checks nothing;
-- `server.scheduler_max_connections` connections at most; a new one beyond it closes the one idle
-  longest, and connections still in their TLS handshake or sending their first request come first
+- `server.scheduler_max_connections` connections at most, counted from the accept (before the TLS
+  handshake); a new one beyond it closes the one idle longest, and connections still in their TLS
+  handshake or sending their first request come first
   (the scheduler's own kept-alive connections, busy or recently used, are kept);
 - every wait has a deadline: the TLS handshake and each request's headers `server.header_timeout_s`,
   the body `server.body_timeout_s`, an idle kept-alive connection `server.header_timeout_s` too (Go's
@@ -127,10 +128,10 @@ class SchedulerListener:
         loop = asyncio.new_event_loop()
         self.loop = loop
         try:
+            # TLS is started per connection (_serve), after the connection has a slot under the cap: a
+            # flood of handshakes that never finish is bounded like any other, not only by its deadline
             self.server = loop.run_until_complete(asyncio.start_server(
-                self._serve, self.host, self.port, ssl=self.ssl_context, limit=MAX_HEADER_BYTES, backlog=1024,
-                ssl_handshake_timeout=self.header_timeout_s if self.ssl_context else None,
-                reuse_address=True))
+                self._serve, self.host, self.port, limit=MAX_HEADER_BYTES, backlog=1024, reuse_address=True))
         except BaseException as err:  # the port is taken, a bad address: start() says so
             self.error = err
             self.started.set()
@@ -184,6 +185,8 @@ class SchedulerListener:
         conn = _Conn(writer, now)
         self.conns[writer] = conn
         try:
+            if self.ssl_context is not None:  # with mtls, a caller without the scheduler's certificate stops here
+                await writer.start_tls(self.ssl_context, ssl_handshake_timeout=self.header_timeout_s)
             while await self._one_request(reader, writer, conn, host, peer):
                 pass
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, asyncio.LimitOverrunError,
