@@ -12,8 +12,10 @@ the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread
 most of the difference between the two in `deepres bench extender` (README, "Benchmark"). granian
 runs the app through its RSGI interface and `extender/server/rsgi.py`, which reads bodies on the event
 loop with a deadline (granian's WSGI interface reads them in request threads without one).
-gunicorn stays available (`--engine gunicorn`) for sites that standardise on it, and is the engine
-for `verbs_access: mtls` (the verbs see the client certificate through its socket).
+gunicorn stays available (`--engine gunicorn`) for sites that standardise on it. `verbs_access: mtls`
+works under either engine with the scheduler's own listener (`scheduler_bind`, scheduler_listener.py),
+which checks the client certificate in its handshake; without it only gunicorn can (the verbs see the
+certificate through its socket).
 """
 
 from __future__ import annotations
