@@ -73,5 +73,6 @@ def test_pending_pages_leave_the_nav_only_while_absent(tmp_path: Path) -> None:
     (tmp_path / "here.md").write_text("# here\n")
     absent = pending_absent(["here.md", "later.md"], tmp_path)
     assert absent == {"later.md"}
-    nav = [{"Home": "index.md"}, {"Section": [{"Here": "here.md"}, {"Later": "later.md"}]}, {"Only": [{"L": "later.md"}]}]
+    nav = [{"Home": "index.md"}, {"Section": [{"Here": "here.md"}, {"Later": "later.md"}]},
+           {"Only": [{"L": "later.md"}]}]
     assert prune_nav(nav, absent) == [{"Home": "index.md"}, {"Section": [{"Here": "here.md"}]}]
