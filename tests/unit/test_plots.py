@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib is the train extra")
 
-from devtools import plots  # noqa: E402
+from devtools import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG"
@@ -35,7 +35,8 @@ def test_rows_without_a_slowdown_column_are_refused_by_name() -> None:
 def test_the_shipped_reports_draw(tmp_path: Path) -> None:
     simulation = json.loads((ROOT / "reports" / "simulation.json").read_text())
     plots.plot_load(tmp_path / "load.png", simulation)
-    plots.plot_interference(tmp_path / "interference.png", json.loads((ROOT / "reports" / "interference.json").read_text()))
+    interference = json.loads((ROOT / "reports" / "interference.json").read_text())
+    plots.plot_interference(tmp_path / "interference.png", interference)
     assert (tmp_path / "load.png").read_bytes().startswith(PNG)
     assert (tmp_path / "interference.png").read_bytes().startswith(PNG)
 
