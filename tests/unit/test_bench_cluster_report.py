@@ -36,3 +36,8 @@ def test_the_readme_table_shows_the_report_figures() -> None:
                    f"{run['gpu_latency_p50_s']} / {run['gpu_latency_p99_s']} | "
                    f"{run['plain_latency_p50_s']} / {run['plain_latency_p99_s']} | {run['extender_cpu_ms_per_pod']} |")
             assert row in readme, f"docs/benchmarks.md lacks the row {row}"
+    calls = report["nodes_1000"]["default_limits"]["extender_ms_per_call"]
+    said = (f"filter {calls['filter']} ms", f"prioritize {calls['prioritize']} ms", f"bind {calls['bind']} ms",
+            f"telemetry {calls['telemetry']} ms")
+    flat = " ".join(readme.split())
+    assert all(s in flat for s in said), f"docs/benchmarks.md's per-call figures are not {said}"

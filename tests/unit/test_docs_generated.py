@@ -86,3 +86,16 @@ def test_a_flag_that_does_not_exist_is_caught(parsers: dict[str, argparse.Argume
     text = "Run `deepres simulate --experiment compute --no-such-flag` then deepres bench extender --nodes 10 --nope"
     assert docsgen.unknown_flags(text, parsers) == ["deepres simulate --no-such-flag", "deepres bench extender --nope"]
     assert docsgen.unknown_flags("deepres simulate --experiment compute --json", parsers) == []
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """A full `deepres_*` metric name in the docs (alerts, dashboard, agent table) is one the code exports
+    (counters may be declared without `_total`, histograms are queried by `_bucket`/`_count`/`_sum`)."""
+    code = " ".join(p.read_text() for p in (ROOT / "extender").rglob("*.py"))
+    missing = []
+    for page in PAGES:
+        for name in set(re.findall(r"\bdeepres_[a-z0-9_]*[a-z0-9]\b", page.read_text())):
+            base = re.sub(r"_(bucket|count|sum)$", "", name)
+            if not any(f'"{n}"' in code for n in (base, base.removesuffix("_total"))):
+                missing.append(f"{page.name}: {name}")
+    assert not missing, missing

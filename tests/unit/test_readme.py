@@ -39,4 +39,4 @@ def test_every_link_of_the_readme_resolves() -> None:
 
 
 def test_the_headline_figures_are_the_reports() -> None:
-    assert README == docsgen.render_readme(README), "README's figures differ from reports/: run `deepres report docs`"
+    assert docsgen.render_readme(README) == README, "README's figures differ from reports/: run `deepres report docs`"
