@@ -26,7 +26,7 @@ PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 FOREIGN_FLAGS = {
     "--all", "--build-arg", "--create-namespace", "--field-selector", "--include", "--index-url",
     "--isolation", "--kube-api-qps", "--namespace", "--raw", "--reuse-values", "--set", "--set-json", "--v",
-    "--variant",
+    "--variant", "--strict",
 }
 
 
