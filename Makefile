@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv serve-venv tools test lint imports typecheck unit run predict images e2e cluster cluster-bins cluster-down clean
+.PHONY: venv serve-venv tools test lint imports typecheck unit docs run predict images e2e cluster cluster-bins cluster-down clean
 
 venv: $(STAMP)
 
@@ -36,7 +36,12 @@ typecheck: $(STAMP)
 unit: $(STAMP) $(TOOLS_STAMP) cluster-bins
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q
 
-test: lint imports typecheck unit
+# The docs site (mkdocs.yml): strict, so a broken link, a missing anchor or a nav entry without its page
+# fails. Never -q: mkdocs counts the warnings that strict mode refuses only when they are logged.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint imports typecheck docs unit
 
 # The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Serving needs
 # no torch and no training extras: `make run` installs deepres alone (`pip install -e .`, numpy

@@ -45,6 +45,7 @@ import yaml
 from devtools import bench_api
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
+from predictor.progress import progress
 
 GPU_MODEL, GPU_MEMORY_MIB, GPUS_PER_NODE = "NVIDIA A100-SXM4-80GB", 81920.0, 8
 BENCH_NS = "deepres-bench"
@@ -622,7 +623,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists():
         report = json.loads(out.read_text())
     limits = [name for name in LIMITS if name in args.limits]
-    for nodes in args.nodes:
+    for nodes in progress(args.nodes, "cluster sizes", unit="size"):
         root = Path(args.keep) / f"nodes-{nodes}" if args.keep else Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         if args.keep:
             shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)

@@ -44,6 +44,7 @@ from typing import Any
 
 from devtools.localserver import LocalServer
 from extender.cli import UsageError
+from predictor.progress import progress
 
 GPU_MODELS = (("NVIDIA A100-SXM4-40GB", 40960.0), ("NVIDIA A100-SXM4-80GB", 81920.0), ("Tesla V100-SXM2-32GB", 32768.0),
               ("Tesla T4", 15360.0))
@@ -131,7 +132,7 @@ def _measure(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
         _bind_pods(server, names, args.candidates, rng)
         rounds: dict[str, list[dict[str, float]]] = {"names": [], "nodes": [], "under_telemetry": []}
         achieved = []
-        for k in range(args.repeats):
+        for k in progress(range(args.repeats), "rounds", unit="round"):
             _progress(f"round {k + 1}/{args.repeats}: names mode: {args.clients} clients, {args.candidates} names "
                       f"per request, {args.duration_s:g} s")
             rounds["names"].append(_scheduler_load(server, _names_bodies(names, args.candidates, rng), args))

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("predictor.evaluate", "compare the predictor with the baselines; write reports/predictor.*"),
     "simulate": ("extender.simulate.main", "replay public GPU cluster traces through the policies"),
     "bench": ("devtools.bench", "run a benchmark (predictor, extender, agent) and write reports/bench-*.json"),
+    "report": ("devtools.report", "draw the docs' plots from reports/ and regenerate their generated pages"),
 }
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -58,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(selected)
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose, args.quiet)
+    if getattr(args, "json", False):
+        from predictor.progress import silence
+
+        silence()  # machine output only: no progress bars (they are drawn only on a terminal anyway)
     try:
         code: int = _load(args._module).run(args)
     except UsageError as err:

@@ -12,7 +12,8 @@ the reservation to record and whether the pod packs, and it applies the GPU choi
 What it refuses to learn (issue #13): a report older than the last in its agent's boot (ordering is
 by sequence within a boot id, never by the agent's clock), a report of a node the cluster does not
 have (cluster mode), a GPU UUID another node reports (an agent speaks only for its own node), a pod
-peak of 0 (NVML without per-process memory) or above the GPU's capacity.
+peak of 0 (NVML without per-process memory). A peak above the GPU's capacity is not refused but
+clamped to the capacity (`policy.usage.observed_peak`).
 """
 
 from __future__ import annotations

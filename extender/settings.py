@@ -151,10 +151,11 @@ class PolicySettings:
     interference model predicts no job there slows beyond `max_slowdown` and that beats waiting for an
     empty GPU. False (the default): memory alone decides, as before issue 24. Opt-in because it does not
     pay yet, measured: the compute-aware replay (reports/simulation.json `replay`) ties static on the
-    GPU-bound load and loses to it on the default slice's mean JCT in every seed (README, "Compute-aware
-    replay"); `deepres simulate --experiment compute` evaluates it with the rule on."""
+    GPU-bound load and loses to it on the default slice's mean JCT in every seed (docs/evaluation.md,
+    "Compute-aware replay"); `deepres simulate --experiment compute` evaluates it with the rule on."""
     max_slowdown: float = 1.25
-    """`sharing.maxSlowdown`: the slowdown (alone step time x this) sharing may cause any job."""
+    """The slowdown (alone step time x this) sharing may cause any job (`policy.max_slowdown`; in the chart
+    under `extender.settings`)."""
     max_slowdown_high: float = 1.10
     """The bound where a high or critical pod joins or runs."""
     preempt_min_gap: float = 0.0
@@ -198,7 +199,8 @@ class KubeSettings:
     scheduler_name: str = "deepres-scheduler"
     """Pods of this scheduler are watched; their reservations rebuilt from annotations at start."""
     resync_s: float = 300.0
-    """Watches are restarted with a full list at least this often."""
+    """The API server ends each watch after about this long; it is resumed from the last version it
+    showed (with bookmarks), not relisted (a relist only after 410 Gone)."""
     token_audience: str = "deepres-extender"
     """Audience the agents' projected ServiceAccount tokens must carry (TokenReview)."""
     token_cache_s: float = 120.0

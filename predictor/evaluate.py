@@ -29,6 +29,7 @@ import numpy.typing as npt
 from predictor.baselines import BASELINES, tune
 from predictor.metrics import bound_figures, over_reservation, regression_metrics, under_rate
 from predictor.predictions import CURVE_COVERAGES, Predictions
+from predictor.progress import Bar
 from predictor.splits import Split, family_splits, grouped_calibration_split, grouped_split, random_split
 from predictor.train import (
     CALIBRATION_FRACTION,
@@ -176,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
           f"groups ({data.path.name} sha256 {data.sha256[:12]}), {total} fits", flush=True)
     bare = data.without_shapes()
     predictions_bare: dict[str, dict[str, Predictions]] = {}
+    bar = Bar(total, "fitting", unit="fit").open()
     for split_name, splits, scale, names, cv_folds in plan:
         predictions[split_name] = {m: Predictions() for m in names}
         predictions_bare[split_name] = {m: Predictions() for m in names}
@@ -202,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
                 predictions[split_name][model_name].add(split.test, points, upper, curve)
                 predictions_bare[split_name][model_name].add(split.test, bare_points, bare_upper)
                 done += 1
+                bar.advance(note=f"{split_name} {model_name}")
                 one = Predictions()
                 one.add(split.test, points, upper)
                 fold = metrics_of(data, one)["memory"]
@@ -214,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         by_family[split_name] = {m: family_metrics(data, predictions[split_name][m]) for m in names}
         results_bare[split_name] = {m: metrics_of(data, predictions_bare[split_name][m]) for m in names}
         by_family_bare[split_name] = {m: family_metrics(data, predictions_bare[split_name][m]) for m in names}
+    bar.close()
 
     runtime: dict[str, Any] | None = None
     if not args.no_runtime:

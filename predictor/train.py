@@ -33,6 +33,7 @@ from predictor import features as feats
 from predictor.baselines import BASELINES, BaselineRegressor
 from predictor.metrics import conformal_quantile, over_reservation, regression_metrics, under_rate
 from predictor.model import TransformerBiGRURegressor, paper_config, tuned_config
+from predictor.progress import Bar
 from predictor.runtime import (
     ADABOOST_PREFIX,
     INPUT_RANGE_COLUMNS,
@@ -621,11 +622,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     def progress(epoch: int, loss: float) -> None:
-        if epoch % 10 == 0 or epoch == epochs:
+        bar.advance(note=f"loss {loss:.4f}")
+        if not bar.drawn and (epoch % 10 == 0 or epoch == epochs):
             print(f"  epoch {epoch}/{epochs}  loss {loss:.4f}  {time.perf_counter() - started:.0f}s", flush=True)
 
-    model = fit_model("transformer_bigru_tuned", data, split, args.seed, epochs_scale=args.epochs_scale,
-                      progress=progress, cv_folds=args.cv_folds, coverage=args.coverage)
+    with Bar(epochs, "training", unit="epoch") as bar:
+        model = fit_model("transformer_bigru_tuned", data, split, args.seed, epochs_scale=args.epochs_scale,
+                          progress=progress, cv_folds=args.cv_folds, coverage=args.coverage)
     seconds = time.perf_counter() - started
     metrics = score(model, data, split.test) if len(split.test) else {}
     path = save_artifact(model, data, args.out, args.seed, metrics, seconds, train_rows=split.train, split=args.split)

@@ -12,7 +12,7 @@ memory, posts an `extender.telemetry.NodeReport` to the extender and exposes the
 - `reporter`: the sender thread (auth, retries, newest-wins queue);
 - `kube`: the only module here that talks to the API server (pods on this node, node annotation);
 - `metrics`: the Prometheus registry, /metrics and /healthz;
-- `main`: `deepres agent`; `bench`: `deepres bench agent`;
+- `main`: `deepres agent` (its benchmark, `deepres bench agent`, is devtools/bench_agent.py);
 - `fakenvml`: a pynvml-shaped fake for tests and the benchmark, never selectable by `--source`.
 """
 

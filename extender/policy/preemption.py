@@ -71,7 +71,8 @@ def plan_victims(
 
 def outranks(priority: float, victim_priority: float, params: PolicyParams) -> bool:
     """Whether a pod of `priority` may evict one of `victim_priority`: strictly lower, and by at least
-    `preempt_min_gap` (default one criticality level, 10 points: size points alone never evict)."""
+    `preempt_min_gap` (the live setting's default is 0: any strictly lower priority; `PolicyParams`'
+    own default and the compute replay keep one criticality level, 10 points)."""
     return victim_priority < priority and victim_priority <= priority - params.preempt_min_gap
 
 

@@ -5,7 +5,7 @@ jobs' duties are `GpuView.duties` (the pods deepres placed, `policy.duty`); work
 place (memory without a duty) counts as one GPU-bound job. The pod may join only when
 
 1. the interference model (`policy.interference`) predicts that neither the pod nor any job already
-   there slows beyond the bound: `max_slowdown` (the admin's `sharing.maxSlowdown`, default 1.25),
+   there slows beyond the bound: `max_slowdown` (the admin's setting `policy.max_slowdown`, default 1.25),
    or `max_slowdown_high` (default 1.10) when the pod is high or critical (priority >=
    `spread_priority`) or such a pod runs there (`GpuView.strict`); and
 2. joining beats waiting for an empty GPU: with R the pod's *predicted* run time alone (the

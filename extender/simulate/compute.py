@@ -55,6 +55,7 @@ from extender.simulate import replay
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import REPO, PoolJob, load_predictor
 from extender.simulate.traces import MILLI, Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods
+from predictor.progress import progress
 
 MEASURED = REPO / "predictor" / "data" / "measured"
 DUTY_BETA = (2.0, 1.85)
@@ -305,12 +306,12 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False,
     # on its own, so that static holds its GPUs TARGET_BUSY of the time on every seed
     bases: dict[int, float] = {}
     helds: dict[int, list[float]] = {}
-    for seed in seeds:
+    for seed in progress(seeds, "calibrating the load", unit="seed"):
         bases[seed], helds[seed] = calibrate(trace, pool, calibration, seed, count, log)
     sweep: dict[str, Any] = {}
     for scale in SWEEP:
         per_seed = {}
-        for seed in seeds:
+        for seed in progress(seeds, f"gpu-bound x{scale:g}", unit="seed"):
             pods = gpu_bound_pods(trace, seed, bases[seed] * scale, count)
             jobs = build(pods, pool, calibration, seed, lambda p: cap)
             chosen = policies if scale == 1.0 else ["static", "static-sjf", "request", "deepres"]
@@ -332,7 +333,7 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False,
                                                 ("gpu_bound_no_slowdown", "published", False,
                                                  ["static", "request", "deepres", "deepres-memory"])):
         per_seed = {}
-        for seed in seeds:
+        for seed in progress(seeds, label, unit="seed"):
             pods = gpu_bound_pods(trace, seed, bases[seed], count)
             jobs = build(pods, pool, calibration, seed, lambda p: cap, duties=duties)
             per_seed[seed] = run_load(label, gb_nodes, jobs, chosen, interference, log)
@@ -346,7 +347,7 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False,
         return min(caps[m] for m in models)
 
     per_seed = {}
-    for seed in seeds:
+    for seed in progress(seeds, "default slice", unit="seed"):
         pods = trace[:500] if quick else trace[:DEFAULT_PODS]
         jobs = build(pods, pool, calibration, seed, min_cap)
         log(f"default slice seed {seed}: {len(jobs)} jobs on {len(nodes)} nodes")

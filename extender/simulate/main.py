@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         from extender.simulate.compute import readme_section
         from extender.simulate.compute import run as run_compute
 
-        result = run_compute(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick)
-        print("README (scheduling results):\n" + readme_section(result), file=sys.stderr)
+        quiet = {"log": lambda line: None} if args.json else {}  # --json: the JSON alone, no log lines
+        result = run_compute(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick, **quiet)
+        if not args.json:
+            print("docs/evaluation.md (scheduling results):\n" + readme_section(result), file=sys.stderr)
         keys = ("deepres_vs_static", "deepres_vs_request", "deepres_vs_static_sjf")
         print(json.dumps({load: {k: result[load].get(k) for k in keys} for load in ("gpu_bound", "default")},
                          indent=2))

@@ -33,10 +33,10 @@ from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from predictor.dataset import calibration, templates, tracing
 from predictor.dataset.schema import COLUMNS, UNBOUNDED_BATCH_SHARE
+from predictor.progress import progress
 from predictor.spec import MODEL_FAMILIES, JobSpec
 
 log = logging.getLogger(__name__)
@@ -232,39 +232,6 @@ def read_rows(path: Path) -> dict[int, dict[str, str]]:
     return rows
 
 
-class Progress:
-    """A one-line progress bar on stderr (a line per 2% when stderr is not a terminal)."""
-
-    def __init__(self, total: int, done: int, stream: Any = sys.stderr) -> None:
-        self.total, self.done, self.stream = total, done, stream
-        self.started = time.monotonic()
-        self.new = 0
-        self.errors = 0
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self._last_pct = -1
-
-    def update(self, ok: bool) -> None:
-        self.done += 1
-        self.new += 1
-        self.errors += 0 if ok else 1
-        pct = int(100 * self.done / max(1, self.total))
-        if not self.tty and pct // 2 == self._last_pct // 2 and self.done != self.total:
-            return
-        self._last_pct = pct
-        elapsed = time.monotonic() - self.started
-        rate = self.new / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
-        text = (f"[{bar}] {self.done}/{self.total} {pct}% errors={self.errors} "
-                f"{rate:.2f} jobs/s eta {eta / 60:.1f} min")
-        self.stream.write(("\r" + text) if self.tty else (text + "\n"))
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-
-
 def generate(n: int, seed: int, work: Path, jobs: int, timeout_s: float,
              limits: SamplerLimits = SamplerLimits(), trace_fn: TraceFn | None = None,
              stop_after: int | None = None) -> dict[int, dict[str, str]]:
@@ -279,17 +246,14 @@ def generate(n: int, seed: int, work: Path, jobs: int, timeout_s: float,
         todo = todo[:stop_after]
     work.parent.mkdir(parents=True, exist_ok=True)
     new_file = not work.exists() or work.stat().st_size == 0
-    progress = Progress(n, n - len([i for i in range(n) if i not in done]))
     with open(work, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, lineterminator="\n")
         if new_file:
             writer.writeheader()
-        for row in _results(todo, seed, limits, timeout_s, jobs, trace_fn):
+        for row in progress(_results(todo, seed, limits, timeout_s, jobs, trace_fn), "tracing", len(todo), "job"):
             writer.writerow(row)
             handle.flush()
             done[int(row["job_id"])] = row
-            progress.update(row["status"] == "ok")
-    progress.close()
     return done
 
 

@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import signal
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -53,6 +52,7 @@ from predictor.dataset import calibration, tracing
 from predictor.dataset.attention import gpu_attention
 from predictor.dataset.paths import DATA_DIR, EXACT_OUT, JOBS_OUT, STORE, TRACES_OUT
 from predictor.dataset.schema import COLUMNS
+from predictor.progress import progress, shown
 from predictor.spec import MODEL_ALIASES
 
 log = logging.getLogger(__name__)
@@ -243,16 +243,18 @@ def generate(arch_list: list[A.Arch], work: Path, workers: int, tiers: tuple[int
     work.parent.mkdir(parents=True, exist_ok=True)
     total, start_done, started = len(units), len(units) - len(todo), time.monotonic()
     n = 0
+    bar = shown()  # a bar with the time left on a terminal; one log line per unit otherwise
     with open(work, "a") as handle:
-        for record in _results(todo, workers, timeout_s):
+        for record in progress(_results(todo, workers, timeout_s), "tracing", total=len(todo), unit="unit"):
             handle.write(json.dumps(record, separators=(",", ":")) + "\n")
             handle.flush()
             done[record["key"]] = record
             n += 1
             rate = n / max(1e-9, time.monotonic() - started)
-            print(f"[{start_done + n}/{total}] {record['key']} {record['seconds']:.1f}s "
-                  f"errors={len(record['errors'])} rate={rate * 60:.1f} units/min "
-                  f"eta={(len(todo) - n) / max(rate, 1e-9) / 60:.0f} min", file=sys.stderr, flush=True)
+            if not bar:
+                log.info("[%d/%d] %s %.1fs errors=%d rate=%.1f units/min eta=%.0f min", start_done + n, total,
+                         record["key"], record["seconds"], len(record["errors"]), rate * 60,
+                         (len(todo) - n) / max(rate, 1e-9) / 60)
     return done
 
 

@@ -136,7 +136,7 @@ def test_predict_command_answers_for_a_model_only_pod(tmp_path: Path) -> None:
 
 
 def test_readme_exact_example_is_what_the_table_answers(repo_root: Path) -> None:
-    readme = (repo_root / "README.md").read_text()
+    readme = (repo_root / "docs" / "data-scientist.md").read_text()
     block = readme[readme.index("$ deepres predict -f bert-finetune.yaml"):]
     point = float(block.split("predicted peak GPU memory: ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
     upper = float(block.split("admission bound (upper):   ", 1)[1].split(" MiB", 1)[0].replace(",", ""))
