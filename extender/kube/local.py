@@ -54,6 +54,8 @@ class InMemoryCluster:
         (copied aside) and `state_problem` keeps the extender not ready, unless `reset` (the admin's
         `--state-file-reset`) moves it aside and starts empty. No file: written empty at once, so an
         unwritable place shows at start (`state_write_error`), not at the first bind."""
+        for tmp in statefile.remove_temporaries(path):  # a write killed midway (kill -9 during a bind)
+            log.warning("state file %s: removed %s, left by an interrupted write", path, tmp.name)
         try:
             pods = statefile.read(path)
         except statefile.StateFileDamaged as err:
