@@ -137,7 +137,8 @@ def read(path: Path) -> list[dict[str, Any]] | None:
     """The bound pods in the file; None when there is no file (a first start). Raises StateFileDamaged
     for anything else that is not a good state file (a directory, unreadable, damaged)."""
     if path.is_symlink():
-        raise StateFileDamaged(path, f"is a symbolic link (to {os.readlink(path)}): each write replaces the file, "
+        to = "to nothing (" if not path.exists() else "(to "
+        raise StateFileDamaged(path, f"is a symbolic link {to}{os.readlink(path)}): each write replaces the file, "
                                      "which would turn the link into a file and leave its target behind; give "
                                      "--state-file the real path")
     try:
