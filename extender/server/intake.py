@@ -204,8 +204,9 @@ class Intake(Part):
 
     def _bound_mono(self, pod: PodInfo, now: float, mono: float, problems: list[tuple[str, str]]) -> float:
         """The bind time on the monotonic clock: `bound-at` (wall) is turned into an age, never more than
-        the pod's age (the API server sets creationTimestamp; a user cannot backdate it) nor below 0.
-        Without `bound-at` (bound before it was written) or unreadable: now."""
+        the pod's age nor the time since its PodScheduled condition (both set by the API server: a user
+        who rewrites `bound-at` cannot backdate the bind), nor below 0. Without `bound-at` (bound before it
+        was written) or unreadable: now."""
         text = pod.annotations.get(ann.PREFIX + ann.BOUND_AT)
         if text is None:
             return mono
@@ -215,6 +216,7 @@ class Intake(Part):
             problems.append(("bound_at", f"{ann.PREFIX}{ann.BOUND_AT}={ann.shown(text)} is not an RFC 3339 time; "
                                          "its attained service counts from the restart"))
             return mono
-        if pod.created_s is not None:
-            age = min(age, now - pod.created_s)
+        for since in (pod.created_s, pod.scheduled_s):
+            if since is not None:
+                age = min(age, now - since)
         return mono - max(age, 0.0)

@@ -155,3 +155,23 @@ def test_restart_keeps_attained_service_and_checkpoint_interval(interval: str | 
         out = post(url + "/preempt", preemption_args(urgent, {"n1": []}))[1]["NodeNameToMetaVictims"]
         chosen = [v["UID"] for v in out.get("n1", {}).get("Pods", [])]
         assert chosen == ([long_job["metadata"]["uid"]] if victim else []), out
+
+
+def test_a_rewritten_bound_at_cannot_backdate_the_bind() -> None:
+    """A user who rewrites `deepres.io/bound-at` to hours ago gains nothing: the restore never counts
+    more than the time since the API server's PodScheduled condition (and the pod's creation)."""
+    wall = (CREATED + timedelta(hours=12)).timestamp()
+    cluster = api_server()
+    forged = bound_pod("forged", "n1", "n1-gpu0", 12 * GIB,
+                       **{"criticality": "low", "bound-at": "2026-11-21T12:30:00Z"})
+    scheduled_at = (CREATED + timedelta(hours=11, minutes=50)).strftime("%Y-%m-%dT%H:%M:%SZ")  # 10 min ago
+    forged["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled_at}]
+    cluster.add_pod(forged)
+    urgent = pod("urgent", {"deepres.io/gpu-memory": "12Gi", "deepres.io/criticality": "high"})
+    cluster.add_pod(urgent)
+    settings = Settings()
+    settings.kube.telemetry_grace_s = 0.0
+    with cluster_mode(cluster, settings=settings, clock=lambda: wall) as (url, _ext):
+        post(url + "/v1/telemetry", report("n1", 1, [gpu("n1-gpu0", GPU_MIB)], timestamp_s=wall), token="token-n1")
+        out = post(url + "/preempt", preemption_args(urgent, {"n1": []}))[1]["NodeNameToMetaVictims"]
+        assert [v["UID"] for v in out.get("n1", {}).get("Pods", [])] == [forged["metadata"]["uid"]], out
