@@ -152,8 +152,9 @@ def read(path: Path) -> list[dict[str, Any]] | None:
     return decode(path, data)
 
 
-def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> None:
-    """Replace the file with `pods`, atomically and durably; raises OSError (nothing replaced)."""
+def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> int:
+    """Replace the file with `pods`, atomically and durably; its size in bytes. Raises OSError (nothing
+    replaced)."""
     data = encode(pods)
     directory = path.parent
     # mkstemp opens with O_CREAT | O_EXCL (a link planted at the name fails the open, never is followed)
@@ -169,6 +170,7 @@ def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(directory)
+    return len(data)
 
 
 def fsync_directory(directory: Path) -> None:

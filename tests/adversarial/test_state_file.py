@@ -52,7 +52,11 @@ def readyz(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def bound_in(state: Path) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in json.loads(state.read_text())["pods"])
+    """The pods a restart would read: the file and its journal (extender/kube/journal.py)."""
+    from extender.kube import journal, statefile
+
+    pods, _ = journal.replay(state, statefile.read(state) or [])
+    return sorted(p["metadata"]["name"] for p in pods)
 
 
 @pytest.fixture
@@ -66,6 +70,10 @@ def bound_file(tmp_path: Path) -> Iterator[Path]:
     finally:
         server.stop()
     assert bound_in(state) == ["p0", "p1", "p2", "p3"]
+    from extender.kube import journal
+
+    journal.fold(state)  # the binds are in the journal: the attacks below are on the file itself
+    assert [p["metadata"]["name"] for p in json.loads(state.read_text())["pods"]] == ["p0", "p1", "p2", "p3"]
     yield state
 
 
