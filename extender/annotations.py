@@ -12,11 +12,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from extender.policy.priority import cap_criticality, criticality_from_priority_class
 from extender.policy.types import CRITICALITIES
+from predictor.parsing import SPELLING, read_number, read_whole
 from predictor.spec import (
     ACTIVATIONS_MILLIONS_RANGE,
     BATCH_SIZE_RANGE,
@@ -43,6 +44,9 @@ DEFAULT_CRITICALITY = "normal"
 GPU_MEMORY_RANGE_MIB = (64.0, 4.0 * 1024 * 1024)
 #: deadline durations longer than this (a year) are typos.
 MAX_DEADLINE_S = 366 * 86400.0
+#: Longest value of a key this module parses (characters): the longest real one (an RFC 3339 time, a
+#: model name) is far shorter; numbers are held to `predictor.parsing.NUMBER_MAX_CHARS`.
+VALUE_MAX_CHARS = 256
 
 SCHEDULING_KEYS: tuple[str, ...] = ("gpus", "deadline", "criticality", "gpu-memory", "gpu-share",
                                     "checkpoint-interval")
@@ -57,8 +61,10 @@ PREDICTOR_VERSION = "predictor-version"
 ASSIGNED_NODE = "assigned-node"
 #: the placement in words (prediction, GPU indexes): what a `Placed` Event said, at no extra API write
 PLACEMENT = "placement"
+#: the wall time of the bind (RFC 3339, UTC): a restart rebuilds the attained service preemption protects
+BOUND_AT = "bound-at"
 WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE,
-                                 PLACEMENT)
+                                 PLACEMENT, BOUND_AT)
 KNOWN_KEYS: frozenset[str] = frozenset((*JOB_KEYS, *SCHEDULING_KEYS, *WRITTEN_KEYS))
 
 @dataclass(frozen=True)
@@ -266,6 +272,8 @@ def parse_job(
         if key not in KNOWN_KEYS:
             raise AnnotationError(PREFIX + key, value, "one of the keys " + ", ".join(
                 PREFIX + k for k in (*JOB_KEYS, *SCHEDULING_KEYS)))
+        if key in ACCEPTED and len(value) > VALUE_MAX_CHARS:
+            raise AnnotationError(PREFIX + key, value, f"a value of at most {VALUE_MAX_CHARS} characters")
     override = _memory(ours["gpu-memory"]) if "gpu-memory" in ours else None
     described = "model-type" in ours or "model" in ours  # `model` (exact architecture) implies its type
     if not described and override is None:
@@ -296,9 +304,28 @@ def parse_job(
     return JobRequest(True, spec, gpus, override, deadline, level, source, share, checkpoint)
 
 
+def format_time(wall_s: float) -> str:
+    """Unix seconds -> RFC 3339 in UTC with a `Z` (what `deepres.io/bound-at` holds)."""
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """An RFC 3339 time with a zone -> Unix seconds; raises ValueError for anything else."""
+    value = text.strip()
+    if len(value) > VALUE_MAX_CHARS or "T" not in value.upper() or not value.isascii():
+        raise ValueError(text)
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(text)
+    stamp = moment.timestamp()
+    if not math.isfinite(stamp):
+        raise ValueError(text)
+    return stamp
+
+
 def parse_memory_quantity(text: str) -> float:
     """`24Gi`, `24576Mi`, `25G` -> MiB; raises ValueError for anything else."""
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.match(text) if len(text) <= VALUE_MAX_CHARS else None
     if not match:
         raise ValueError(text)
     number, unit = float(match.group(1)), match.group(2)
@@ -308,14 +335,14 @@ def parse_memory_quantity(text: str) -> float:
 def parse_duration_s(text: str) -> float:
     """`6h`, `1h30m`, `2d`, `90s` -> seconds; raises ValueError for anything else."""
     compact = text.strip()
-    if not _DURATION.match(compact):
+    if len(compact) > VALUE_MAX_CHARS or not _DURATION.match(compact):
         raise ValueError(text)
     return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(compact))
 
 
 def _is_zero(text: str) -> bool:
     try:
-        return float(text.strip()) == 0.0
+        return read_number(text) == 0.0
     except ValueError:
         return False  # not a number: JobSpec's parser names the problem
 
@@ -333,12 +360,15 @@ def _memory(text: str) -> float:
 
 
 def _gpus(text: str) -> int:
-    accepted = f"a whole number from 1 to {MAX_GPUS}"
-    value = text.strip()
+    accepted = f"a whole number from 1 to {MAX_GPUS} (ASCII digits)"
     rule = ACCEPTED["gpus"]
-    if not value.isdigit() or not rule.low <= int(value) <= rule.high:
+    try:  # not str.isdigit(): "²" and "①" pass it and int() refuses them (predictor/parsing.py)
+        value = read_whole(text)
+    except ValueError:
+        raise AnnotationError(PREFIX + "gpus", text, accepted) from None
+    if not rule.low <= value <= rule.high:
         raise AnnotationError(PREFIX + "gpus", text, accepted)
-    return int(value)
+    return value
 
 
 def _deadline(text: str, anchor_s: float) -> float:
@@ -353,15 +383,9 @@ def _deadline(text: str, anchor_s: float) -> float:
             raise AnnotationError(PREFIX + "deadline", text, accepted)
         return anchor_s + seconds
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+        return parse_time(value)
+    except (ValueError, OverflowError, OSError):
         raise AnnotationError(PREFIX + "deadline", text, accepted) from None
-    if moment.tzinfo is None or "T" not in value.upper():
-        raise AnnotationError(PREFIX + "deadline", text, accepted)
-    stamp = moment.timestamp()
-    if not math.isfinite(stamp):
-        raise AnnotationError(PREFIX + "deadline", text, accepted)
-    return stamp
 
 
 def _criticality(text: str) -> int:
@@ -372,9 +396,9 @@ def _criticality(text: str) -> int:
 
 
 def _gpu_share(text: str) -> float:
-    accepted = "a number from 0 to 1 (the share of time the job keeps the GPU busy, e.g. 0.3)"
+    accepted = f"a number from 0 to 1 (the share of time the job keeps the GPU busy, e.g. 0.3; {SPELLING})"
     try:
-        value = float(text.strip())
+        value = read_number(text)
     except ValueError:
         raise AnnotationError(PREFIX + "gpu-share", text, accepted) from None
     if not 0.0 <= value <= 1.0:  # NaN fails too

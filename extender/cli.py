@@ -56,7 +56,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in args_list if a in COMMANDS), None)
-    parser = build_parser(selected)
+    try:
+        parser = build_parser(selected)
+    except UsageError as err:  # the subcommand's module needs what this install lacks
+        print(f"deepres {selected}: {err}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose, args.quiet)
     if getattr(args, "json", False):
@@ -74,8 +78,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+#: Top-level modules only the `train` extra installs (pyproject.toml): the serving install (and image)
+#: has none of them, so a subcommand that needs one names the extra instead of a traceback.
+TRAIN_EXTRA_MODULES = frozenset({"torch", "pandas", "timm", "transformers", "torchvision", "sklearn", "xgboost",
+                                 "lightgbm", "catboost", "matplotlib"})
+
+
 def _load(module_name: str) -> Any:
-    return importlib.import_module(module_name)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in TRAIN_EXTRA_MODULES:
+            raise
+        raise UsageError(f"needs the training extra, not in this install (no module {missing!r}): "
+                         "pip install 'deepres[train]'") from None
 
 
 def _configure_logging(verbose: int, quiet: bool) -> None:

@@ -53,6 +53,7 @@ class PodInfo:
     node_name: str = ""
     phase: str = ""
     scheduler_name: str = ""
+    scheduled_s: float | None = None  # the PodScheduled condition's time (Unix s): when it was bound
 
     @property
     def key(self) -> str:
@@ -114,6 +115,8 @@ class PodSpec(msgspec.Struct):
 
 class PodStatus(msgspec.Struct):
     phase: str | None = None
+    # read leniently (`_scheduled_s`): a condition the extender cannot read never makes the pod unreadable
+    conditions: list[Any] | None = None
 
 
 class Pod(msgspec.Struct):
@@ -228,7 +231,21 @@ def parse_pod(raw: Any, path: str = "Pod") -> PodInfo:
         node_name=spec.nodeName or "",
         phase=status.phase or "",
         scheduler_name=spec.schedulerName or "",
+        scheduled_s=_scheduled_s(status.conditions),
     )
+
+
+def _scheduled_s(conditions: list[Any] | None) -> float | None:
+    """When the pod was bound: its `PodScheduled` condition's lastTransitionTime (set by the API server
+    with the Binding; users cannot change a pod's status). None when absent or unreadable."""
+    for condition in conditions or ():
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled" and \
+                condition.get("status") == "True":
+            try:
+                return _timestamp(condition.get("lastTransitionTime"), "status.conditions")
+            except ProtocolError:
+                return None
+    return None
 
 
 _NO_SPEC = PodSpec()

@@ -232,7 +232,9 @@ class KubeSettings:
     """...or this long after the first pod list, whichever comes first."""
     state_file: str = ""
     """Local mode: a JSON file keeping the bound pods across restarts (empty: a restart forgets them).
-    Written atomically with a checksum; a bind whose write fails fails (extender/kube/statefile.py)."""
+    Each change is one fsync'ed line of `<file>.journal`, folded into the file (written atomically with a
+    checksum) once the journal outgrows it; a bind whose write fails fails (extender/kube/statefile.py,
+    journal.py)."""
     state_file_reset: bool = False
     """Local mode: when the state file is damaged (truncated, malformed, unreadable, a directory), move
     it aside and start with no bound pods. Off (the default): the extender stays not ready and binds

@@ -21,6 +21,7 @@ at receipt, so clock skew between nodes cannot make telemetry look fresh.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Any
@@ -167,7 +168,7 @@ def parse_report(body: Any) -> NodeReport:
         problem = "is required" if gpus_raw is None else f"must be a list, got {_kind(gpus_raw)}"
         raise ReportError("report.gpus", problem)
     try:
-        report = msgspec.convert({**obj, "gpus": []}, NodeReport)
+        report = msgspec.convert({**obj, "gpus": [], **_duties_clamped(obj.get("pods"))}, NodeReport)
     except msgspec.ValidationError as err:
         raise _report_error(err, "report") from None
     if len(gpus_raw) > MAX_GPUS_PER_NODE:
@@ -179,6 +180,24 @@ def parse_report(body: Any) -> NodeReport:
         seen.add(gpu.uuid)
         gpus.append(gpu)
     return replace(report, gpus=tuple(gpus))
+
+
+def _duties_clamped(pods: Any) -> dict[str, Any]:
+    """`{"pods": ...}` with each pod's numeric `gpu_duty` clamped into [0, 1], or {} when none is out
+    of it. Device utilisation is sampled and rounded: a duty of 1.02 or 1.5 is "busy all the time", and
+    one pod's figure must not refuse its node's report (the agent clamps too; an older one may not).
+    A duty that is not a number is still refused, by its field's name."""
+    if not isinstance(pods, list):
+        return {}
+    out, changed = [], False
+    for pod in pods:
+        duty = pod.get("gpu_duty") if isinstance(pod, dict) else None
+        if isinstance(duty, (int, float)) and not isinstance(duty, bool) and math.isfinite(duty) and \
+                not 0.0 <= duty <= 1.0:
+            pod = {**pod, "gpu_duty": min(max(float(duty), 0.0), 1.0)}
+            changed = True
+        out.append(pod)
+    return {"pods": out} if changed else {}
 
 
 def checked(report: NodeReport) -> NodeReport:

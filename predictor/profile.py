@@ -284,6 +284,12 @@ def render(target: str, prof: Profile, annotations: dict[str, str] | None = None
     return "\n".join(lines)
 
 
+#: The largest per-GPU batch and input (image side or sequence length, seq2seq target) `profile` traces: far
+#: above any training job's, small enough that the traced shapes' byte counts stay exact integers.
+PROFILE_BATCH_MAX = 65_536
+PROFILE_INPUT_DIM_MAX = 1_048_576
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="a named model (timm/NAME, torchvision/NAME, hf/CONFIG: no code to write) "
                                        "or your own pkg.module:build / file.py:build; build() returns "
@@ -336,8 +342,9 @@ def profile_named(name: str, batch_size: int, input_dim: int, precision: str, op
             model, batch_of, loss = A.build(arch, want)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = tracing.make_optimizer(optimizer, params, 1e-3, 0.0)
+        batch = batch_of(batch_size)(torch.float32)  # on the meta device too: a big batch allocates nothing
     traced_as = TRACED_AS.get(precision, precision)
-    prof = replace(profile_step(model, opt, batch_of(batch_size)(torch.float32), loss, precision=traced_as,
+    prof = replace(profile_step(model, opt, batch, loss, precision=traced_as,
                                 model_type=e["family"]), precision=precision)
     raw = {"model": resolved, "batch-size": str(batch_size), "input-dim": str(want),
            "precision": annotation_precision(precision), "optimizer": optimizer,
@@ -363,8 +370,13 @@ def run(args: argparse.Namespace) -> int:
     if is_named(args.target):
         if args.optimizer not in OPTIMIZERS:
             raise UsageError(f"--optimizer {args.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
-        if args.batch_size < 1 or args.input_dim < 0 or args.target_dim < 0:
-            raise UsageError("--batch-size must be >= 1, --input-dim and --target-dim >= 0")
+        bounds = (("--batch-size", args.batch_size, 1, PROFILE_BATCH_MAX),
+                  ("--input-dim", args.input_dim, 0, PROFILE_INPUT_DIM_MAX),
+                  ("--target-dim", args.target_dim, 0, PROFILE_INPUT_DIM_MAX))
+        for flag, value, low, high in bounds:
+            if not low <= value <= high:
+                raise UsageError(f"{flag} {value}: expected a whole number from {low} to {high:,}"
+                                 + (" (0: the model's default)" if low == 0 else ""))
         try:
             prof, annotations = profile_named(args.target, args.batch_size, args.input_dim, precision,
                                               args.optimizer, args.task, args.target_dim)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from predictor.errors import SpecError as SpecError  # re-exported: its home is one floor down (the table uses it)
+from predictor.parsing import SPELLING, read_number, read_whole
 
 #: Architecture families the predictor has templates for.
 MODEL_FAMILIES: tuple[str, ...] = ("mlp", "cnn", "resnet", "rnn", "lstm", "gru", "transformer", "gpt", "vit")
@@ -281,23 +282,17 @@ def _check_range(
 
 
 def _parse_int(key: str, text: str) -> int:
-    try:
-        number = float(text.strip())
+    try:  # the one strict reader (predictor/parsing.py): ASCII digits, bounded length, finite
+        return read_whole(text)
     except ValueError:
-        raise SpecError(key, text, "a whole number") from None
-    if not math.isfinite(number) or number != int(number):
-        raise SpecError(key, text, "a whole number")
-    return int(number)
+        raise SpecError(key, text, f"a whole number ({SPELLING})") from None
 
 
 def _parse_float(key: str, text: str) -> float:
     try:
-        number = float(text.strip())
+        return read_number(text)
     except ValueError:
-        raise SpecError(key, text, "a number (e.g. 67.9 or 3e-4)") from None
-    if not math.isfinite(number):
-        raise SpecError(key, text, "a finite number")
-    return number
+        raise SpecError(key, text, f"a number ({SPELLING})") from None
 
 
 def _parse_choice(options: tuple[str, ...]) -> Any:

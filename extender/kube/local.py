@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from extender.kube import statefile
+from extender.kube import journal, statefile
 from extender.kube.cluster import LEARNED_MAX, ClusterError, ClusterHandlers, TokenIdentity, pod_meta
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class InMemoryCluster:
         self.state_problem = ""  # the state file is damaged: nothing may be bound (extender/kube/statefile.py)
         self.state_write_error = ""  # the last write of the state file failed (cleared by the next good one)
         self.state_write_failures = 0
+        self._journal: journal.Journal | None = None  # each change one appended line (extender/kube/journal.py)
+        self._state_bytes = 0  # the state file's size when last written (the journal is folded in past it)
         if state_file:
             self._load(Path(state_file), state_file_reset)
 
@@ -54,12 +56,21 @@ class InMemoryCluster:
         (copied aside) and `state_problem` keeps the extender not ready, unless `reset` (the admin's
         `--state-file-reset`) moves it aside and starts empty. No file: written empty at once, so an
         unwritable place shows at start (`state_write_error`), not at the first bind."""
+        for tmp in statefile.remove_temporaries(path):  # a write killed midway (kill -9 during a bind)
+            log.warning("state file %s: removed %s, left by an interrupted write", path, tmp.name)
         try:
             pods = statefile.read(path)
+            if pods is None and journal.path_of(path).exists():
+                raise statefile.StateFileDamaged(path, f"is missing but its journal {journal.path_of(path).name} "
+                                                       "is there: restore the file, or remove both to start empty")
+            replayed, journal_bytes = journal.replay(path, pods or [])
+            pods = None if pods is None else replayed
         except statefile.StateFileDamaged as err:
             if reset:
                 try:
-                    moved = statefile.move_aside(path)
+                    if journal.path_of(path).exists() or journal.path_of(path).is_symlink():
+                        statefile.move_aside(journal.path_of(path))  # its changes are to the damaged file
+                    moved = statefile.move_aside(path) if path.exists() or path.is_symlink() else path
                 except OSError as move_err:
                     self.state_problem = (f"state file {path} is damaged ({err.reason}) and could not be moved "
                                           f"aside for --state-file-reset: {move_err}")
@@ -67,10 +78,10 @@ class InMemoryCluster:
                     return
                 log.warning("state file %s damaged (%s): moved to %s, starting empty (--state-file-reset)",
                             path, err.reason, moved)
-                pods = None
+                pods, journal_bytes = None, 0
             else:
                 try:
-                    kept = statefile.keep_aside(path)
+                    kept = statefile.keep_aside(err.path)
                     where = f"a copy is kept as {kept}" if kept else "left as it is"
                 except OSError as copy_err:
                     where = f"not copied aside ({copy_err}); left in place"
@@ -80,22 +91,31 @@ class InMemoryCluster:
                     "to move it aside and start with no bound pods")
                 log.error("%s", self.state_problem)
                 return
-        if pods is None:
-            with self._lock:
-                self._save()
-            return
-        for pod in pods:
+        self._journal = journal.Journal(path, journal_bytes)
+        self._state_bytes = path.stat().st_size if pods is not None and path.is_file() else 0
+        for pod in pods or []:
             self.pods[pod_meta(pod)[:2]] = pod
-        log.info("state file %s: %d bound pods", path, len(pods))
+        with self._lock:
+            if pods is None or self._journal.wants_compaction(self._state_bytes):  # a first start, or fold it in
+                self._save()
+        if pods is not None:
+            log.info("state file %s: %d bound pods (%d journal bytes folded in)", path, len(pods), journal_bytes)
 
-    def _save(self) -> str:
-        """Write the bound pods (lock held), atomically and durably (extender/kube/statefile.py); the
-        error, or "" once written. A damaged state file is never written over."""
-        if not self.state_file or self.state_problem:
+    def _save(self, key: tuple[str, str] | None = None) -> str:
+        """Record the change to the pod at `key` (lock held), durably: one line appended to the journal,
+        or the whole file rewritten (`key` None, or the journal grown past the file: extender/kube/journal.py);
+        the error, or "" once written. A damaged state file is never written over."""
+        if not self.state_file or self.state_problem or self._journal is None:
             return ""
-        bound = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName")]
         try:
-            statefile.write(Path(self.state_file), bound)
+            if key is not None and not self._journal.wants_compaction(self._state_bytes):
+                pod = self.pods.get(key)
+                bound = pod is not None and bool((pod.get("spec") or {}).get("nodeName"))
+                self._journal.append(journal.record(pod if bound else None, key))
+            else:
+                bound_pods = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName")]
+                self._state_bytes = statefile.write(Path(self.state_file), bound_pods)
+                self._journal.emptied()
         except OSError as err:
             self.state_write_failures += 1
             self.state_write_error = f"state file {self.state_file} not written: {err}"
@@ -189,7 +209,7 @@ class InMemoryCluster:
             if annotations:
                 meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             stored.setdefault("status", {})["phase"] = "Running"
-            failed = self._save()
+            failed = self._save(key)
             if failed:  # in local mode the file is the Binding's only record: no record, no Binding
                 if before is not None:
                     self.pods[key] = before
@@ -206,7 +226,7 @@ class InMemoryCluster:
         with self._lock:
             pod = self.pods.pop((namespace, name), None)
             self._learned.pop((namespace, name), None)
-            self._save()
+            self._save((namespace, name))
         if pod is not None and self._handlers is not None:
             self._handlers.pod_changed(pod, True)
 
@@ -215,7 +235,7 @@ class InMemoryCluster:
             pod = self.pods[(namespace, name)]
             pod.setdefault("status", {})["phase"] = phase
             snapshot = copy.deepcopy(pod)
-            self._save()
+            self._save((namespace, name))
         if self._handlers is not None:
             self._handlers.pod_changed(snapshot, False)
 
@@ -224,7 +244,7 @@ class InMemoryCluster:
         with self._lock:
             self.pods.pop((namespace, name), None)
             self._learned.pop((namespace, name), None)
-            self._save()
+            self._save((namespace, name))
 
     def delete_node(self, name: str) -> None:
         self.deleted_nodes.append(name)

@@ -1,7 +1,7 @@
 """The local-mode state file (`--no-kube --state-file`): the only record of what is bound there.
 
 In local mode no API server keeps the pods' Bindings, so this file is what a restarted extender
-rebuilds its reservations from. Hence three rules:
+rebuilds its reservations from. Hence four rules:
 
 - Written atomically: the whole file is written to a temporary file in the same directory, flushed
   and fsync'ed, renamed over the old one, and the directory fsync'ed. A crash or a full disk leaves
@@ -14,6 +14,10 @@ rebuilds its reservations from. Hence three rules:
 - Never silently replaced: a damaged file is copied aside (`keep_aside`, content-addressed so a
   crash loop does not fill the disk) and left in place; only the admin's `state_file_reset` moves it
   aside (`move_aside`) so that the extender starts empty.
+- Never through a link: a state file that is a symbolic link is refused at start (a write replaces
+  the link with a file and the target keeps none of the binds); temporaries are created with O_EXCL
+  (and O_NOFOLLOW), so a link planted at their name is never followed; temporaries a killed write left
+  are removed at start (`remove_temporaries`). The version is an integer (`true` is not 1).
 
 Version 1 files (`{"pods": [...]}`, before the checksum) are read when every pod checks out.
 """
@@ -24,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -74,6 +77,8 @@ def decode(path: Path, data: bytes) -> list[dict[str, Any]]:
     if not isinstance(pods, list):
         raise StateFileDamaged(path, f"'pods' must be a list, got {type(pods).__name__}")
     version = saved.get("version", 1)
+    if type(version) is not int:  # not isinstance: `true` is a bool, and a bool is an int
+        raise StateFileDamaged(path, f"'version' must be an integer (1 or {VERSION}), got {json.dumps(version)[:40]}")
     if version == VERSION:
         if saved.get("format") != FORMAT:
             raise StateFileDamaged(path, f"'format' must be {FORMAT!r}, got {saved.get('format')!r}")
@@ -131,11 +136,14 @@ def pod_problem(pod: Any) -> str:
 def read(path: Path) -> list[dict[str, Any]] | None:
     """The bound pods in the file; None when there is no file (a first start). Raises StateFileDamaged
     for anything else that is not a good state file (a directory, unreadable, damaged)."""
+    if path.is_symlink():
+        to = "to nothing (" if not path.exists() else "(to "
+        raise StateFileDamaged(path, f"is a symbolic link {to}{os.readlink(path)}): each write replaces the file, "
+                                     "which would turn the link into a file and leave its target behind; give "
+                                     "--state-file the real path")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        if path.is_symlink():
-            raise StateFileDamaged(path, "is a symbolic link to nothing") from None
         return None
     except IsADirectoryError:
         raise StateFileDamaged(path, "is a directory, not a file") from None
@@ -144,10 +152,12 @@ def read(path: Path) -> list[dict[str, Any]] | None:
     return decode(path, data)
 
 
-def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> None:
-    """Replace the file with `pods`, atomically and durably; raises OSError (nothing replaced)."""
+def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> int:
+    """Replace the file with `pods`, atomically and durably; its size in bytes. Raises OSError (nothing
+    replaced)."""
     data = encode(pods)
     directory = path.parent
+    # mkstemp opens with O_CREAT | O_EXCL (a link planted at the name fails the open, never is followed)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
@@ -160,6 +170,7 @@ def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(directory)
+    return len(data)
 
 
 def fsync_directory(directory: Path) -> None:
@@ -181,9 +192,33 @@ def keep_aside(path: Path) -> Path | None:
     copy = path.with_name(path.name + DAMAGED_SUFFIX + digest)
     if not copy.exists():
         tmp = copy.with_name("." + copy.name + ".tmp")
-        shutil.copyfile(path, tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a stale one, or a link planted there: unlink removes the name, never its target
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(path.read_bytes())
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, copy)
     return copy
+
+
+def remove_temporaries(path: Path) -> list[Path]:
+    """Delete what a killed write left beside `path` (`.<name>.*.tmp`, from `write` and `keep_aside`); the
+    names removed. Links are removed as names, never followed. Raises nothing: what cannot be removed stays."""
+    removed = []
+    for tmp in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            continue
+        removed.append(tmp)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """`name` with the glob metacharacters escaped."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def move_aside(path: Path, now: datetime | None = None) -> Path:

@@ -96,6 +96,8 @@ class Binder(Part):
             ann.PREFIX + ann.PREDICTOR_VERSION: version or "none",
             ann.PREFIX + ann.ASSIGNED_NODE: args.node,
             ann.PREFIX + ann.PLACEMENT: placement,
+            # wall time: a restart turns it back into attained service on its own monotonic clock
+            ann.PREFIX + ann.BOUND_AT: ann.format_time(now),
         }
         try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
             self.cluster.bind(raw, args.node, written)

@@ -17,6 +17,7 @@ from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
 from extender.telemetry import NodeReport, ReportError, parse_report
+from predictor.parsing import read_number
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ NUDGE_WINDOW_S = 600.0
 TELEMETRY_ANNOTATION = "deepres.io/telemetry-since"
 #: Local mode checks for silent nodes and unseen reservations at most this often.
 EXPIRY_EVERY_S = 10.0
+#: A restored pod whose recorded memory figures do not parse holds its GPUs whole: more than any GPU has
+#: (the largest `gpu-memory` accepted), so nothing else is admitted there until the usage rule follows it.
+UNREADABLE_BOOKING_MIB = ann.GPU_MEMORY_RANGE_MIB[1]
 
 
 class Intake(Part):
@@ -119,7 +123,10 @@ class Intake(Part):
             if pod.phase in TERMINAL_PHASES:
                 continue
             alive.add(pod.uid)
-            self._restore(pod)
+            try:
+                self._restore(pod)
+            except Exception:  # one pod never keeps the others from being rebuilt, nor the extender unready
+                log.exception("pod=%s: restore failed", pod.key)
         recent = self.mono() - RELIST_GRACE_S
         for res in self.ledger.reservations():
             if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
@@ -133,32 +140,83 @@ class Intake(Part):
             log.info("forgot node=%s (not in the cluster's node list)", node)
 
     def _restore(self, pod: PodInfo) -> None:
-        """Rebuild a bound pod's reservation from the annotations written at bind."""
+        """Rebuild a bound pod's reservation from the annotations written at bind.
+
+        Never fatal and never frees what the pod holds: the GPUs in `assigned-gpus` are booked whatever
+        else the annotations say (a user may have changed them since the bind). Job annotations that no
+        longer parse give the default priority; recorded memory figures that do not parse book the GPUs
+        whole; an unreadable `bound-at` counts attained service from now. Each is a Warning Event on the
+        pod and `deepres_extender_restore_unparsable_pods_total{part}`."""
         gpus = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
         if not gpus or not pod.node_name or self.ledger.reservation(pod.uid) is not None:
             return
-        try:
-            admission = float(pod.annotations[ann.PREFIX + ann.ADMISSION_MEMORY])
-            predicted = float(pod.annotations.get(ann.PREFIX + ann.PREDICTED_MEMORY, admission))
-        except (KeyError, ValueError):
-            log.warning("pod=%s has %s but no usable %s: not restored", pod.key, ann.ASSIGNED_GPUS,
-                        ann.ADMISSION_MEMORY)
-            return
-        if not (math.isfinite(admission) and admission >= 0 and math.isfinite(predicted)):
-            log.warning("pod=%s: %s=%r is not a memory figure: not restored", pod.key, ann.ADMISSION_MEMORY,
-                        admission)
-            return
         now, mono = self.clock(), self.mono()
+        problems: list[tuple[str, str]] = []  # (metric part, what the Event says)
+        admission, predicted = self._recorded_memory(pod, problems)
+        bound_s = self._bound_mono(pod, now, mono, problems)
         inputs = PriorityInputs()
-        signature = ""
+        signature, checkpoint = "", None
         try:
             plan = self.planner.plan(pod, now)
-            inputs, signature = plan.inputs, plan.job.signature
-        except (AnnotationError, PredictorUnavailable) as err:
+            inputs, signature, checkpoint = plan.inputs, plan.job.signature, plan.job.checkpoint_interval_s
+        except AnnotationError as err:
+            problems.append(("annotations", f"{err}; restored at the default priority"))
+        except PredictorUnavailable as err:
             log.info("pod=%s restored with default priority: %s", pod.key, err)
+        except Exception:  # never fatal: a restore that raised kept the extender from ever becoming ready
+            log.exception("pod=%s: planning at restore failed; restored at the default priority", pod.key)
+            problems.append(("annotations", "its annotations could not be read; restored at the default priority"))
         res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, tuple(gpus.split(",")), admission,
-                          admission, predicted, inputs, mono, signature,
-                          pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
+                          admission, predicted, inputs, bound_s, signature,
+                          pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""),
+                          checkpoint_interval_s=checkpoint)
         if self.ledger.restore(res):
-            log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
-                     gpus, admission)
+            log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f attained_s=%.0f", pod.key,
+                     pod.node_name, gpus, admission, mono - bound_s)
+            for part, what in problems:
+                self.metrics.restore_unparsable.labels(part).inc()
+                log.warning("pod=%s restored after a restart, its GPUs %s kept booked: %s", pod.key, gpus, what)
+                target = {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid}}
+                self.events.record(target, "RestoredUnparsable",
+                                   f"GPUs {ann.shown(gpus, quoted=False)} kept booked after an extender restart: "
+                                   f"{what}", warning=True)
+
+    def _recorded_memory(self, pod: PodInfo, problems: list[tuple[str, str]]) -> tuple[float, float]:
+        """(admission, predicted) MiB per GPU from the annotations bind wrote. One that does not parse
+        takes the other; neither: the GPUs are booked whole (UNREADABLE_BOOKING_MIB)."""
+        figures: list[float | None] = []
+        for key in (ann.ADMISSION_MEMORY, ann.PREDICTED_MEMORY):
+            text = pod.annotations.get(ann.PREFIX + key)
+            try:
+                mib = read_number(text) if text is not None else None
+            except ValueError:
+                mib = None
+            figures.append(mib if mib is not None and 0.0 <= mib <= ann.GPU_MEMORY_RANGE_MIB[1] else None)
+        admission, predicted = figures
+        if admission is None:
+            admission = predicted
+        if admission is None:
+            problems.append(("memory", f"{ann.PREFIX}{ann.ADMISSION_MEMORY}="
+                                       f"{ann.shown(pod.annotations.get(ann.PREFIX + ann.ADMISSION_MEMORY))} is not a "
+                                       "memory figure in MiB; each GPU is booked whole"))
+            return UNREADABLE_BOOKING_MIB, UNREADABLE_BOOKING_MIB
+        return admission, predicted if predicted is not None else admission
+
+    def _bound_mono(self, pod: PodInfo, now: float, mono: float, problems: list[tuple[str, str]]) -> float:
+        """The bind time on the monotonic clock: `bound-at` (wall) is turned into an age, never more than
+        the pod's age nor the time since its PodScheduled condition (both set by the API server: a user
+        who rewrites `bound-at` cannot backdate the bind), nor below 0. Without `bound-at` (bound before it
+        was written) or unreadable: now."""
+        text = pod.annotations.get(ann.PREFIX + ann.BOUND_AT)
+        if text is None:
+            return mono
+        try:
+            age = now - ann.parse_time(text)
+        except (ValueError, OverflowError, OSError):
+            problems.append(("bound_at", f"{ann.PREFIX}{ann.BOUND_AT}={ann.shown(text)} is not an RFC 3339 time; "
+                                         "its attained service counts from the restart"))
+            return mono
+        for since in (pod.created_s, pod.scheduled_s):
+            if since is not None:
+                age = min(age, now - since)
+        return mono - max(age, 0.0)

@@ -58,6 +58,12 @@ class ExtenderMetrics:
                                        registry=r)
         self.preemptions = Counter("deepres_extender_preemption_victims_total",
                                    "Victims returned by preempt.", registry=r)
+        self.restore_unparsable = Counter(
+            "deepres_extender_restore_unparsable_pods_total",
+            "Bound pods rebuilt after a restart whose annotations no longer parse, by what did not (annotations: "
+            "the job, restored at default priority; memory: the recorded figures, the GPUs booked whole; bound_at: "
+            "the bind time, attained service counted from the restart). Their GPUs stay booked.", ["part"],
+            registry=r)
         r.register(_StateCollector(state, clock))
         if merits is not None:
             r.register(_MeritsCollector(merits))

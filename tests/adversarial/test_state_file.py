@@ -52,7 +52,11 @@ def readyz(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def bound_in(state: Path) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in json.loads(state.read_text())["pods"])
+    """The pods a restart would read: the file and its journal (extender/kube/journal.py)."""
+    from extender.kube import journal, statefile
+
+    pods, _ = journal.replay(state, statefile.read(state) or [])
+    return sorted(p["metadata"]["name"] for p in pods)
 
 
 @pytest.fixture
@@ -66,6 +70,10 @@ def bound_file(tmp_path: Path) -> Iterator[Path]:
     finally:
         server.stop()
     assert bound_in(state) == ["p0", "p1", "p2", "p3"]
+    from extender.kube import journal
+
+    journal.fold(state)  # the binds are in the journal: the attacks below are on the file itself
+    assert [p["metadata"]["name"] for p in json.loads(state.read_text())["pods"]] == ["p0", "p1", "p2", "p3"]
     yield state
 
 
@@ -188,3 +196,55 @@ def test_no_bind_is_reported_done_unless_persisted_on_a_full_disk(tmp_path: Path
     finally:
         restarted.stop()
     assert bound_in(state) == done  # exactly the binds answered done, nothing else
+
+
+# ---- #34 row 8: links, stale temporaries, the version's type ----
+
+def test_a_symlinked_state_file_is_refused_and_its_target_untouched(tmp_path: Path, bound_file: Path) -> None:
+    target = tmp_path / "real" / "bound.json"
+    target.parent.mkdir()
+    os.replace(bound_file, target)
+    bound_file.symlink_to(target)  # the admin's (or an attacker's) link: a write would replace it
+    before = target.read_bytes()
+    assert_refuses(tmp_path, bound_file, "is a symbolic link")
+    assert bound_file.is_symlink() and target.read_bytes() == before
+
+
+def test_a_link_planted_at_the_keep_aside_temporary_is_never_followed(tmp_path: Path) -> None:
+    from extender.kube import statefile
+
+    state = tmp_path / "bound.json"
+    state.write_bytes(b'{"pods": [')  # damaged: it will be copied aside
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    digest = hashlib.sha256(state.read_bytes()).hexdigest()[:16]
+    (tmp_path / f".bound.json.damaged-{digest}.tmp").symlink_to(victim)
+    kept = statefile.keep_aside(state)
+    assert kept is not None and kept.read_bytes() == state.read_bytes()
+    assert victim.read_bytes() == b"precious"
+
+
+def test_temporaries_a_killed_write_left_are_removed_at_start(tmp_path: Path) -> None:
+    from extender.kube import statefile
+    from extender.kube.local import InMemoryCluster
+
+    state = tmp_path / "bound.json"
+    statefile.write(state, [])
+    left = [tmp_path / ".bound.json.k1l9ed.tmp", tmp_path / ".bound.json.damaged-0123456789abcdef.tmp"]
+    for tmp in left:
+        tmp.write_bytes(b"x" * 100_000)  # a full-size copy a kill -9 mid-bind leaves
+    other = tmp_path / ".other.json.k1l9ed.tmp"  # another file's: not ours to remove
+    other.write_bytes(b"y")
+    InMemoryCluster(state_file=str(state))
+    assert [p for p in left if p.exists()] == [] and other.exists()
+
+
+@pytest.mark.parametrize("version", ["true", '"2"', "2.0", "null"])
+def test_only_an_integer_version_is_read(tmp_path: Path, version: str) -> None:
+    from extender.kube import statefile
+
+    state = tmp_path / "bound.json"
+    statefile.write(state, [])
+    saved = state.read_text().replace('"version": 2', f'"version": {version}')
+    with pytest.raises(statefile.StateFileDamaged, match="'version' must be an integer"):
+        statefile.decode(state, saved.encode())

@@ -376,3 +376,29 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
 def _not_shortlisted(cluster: LocalCluster) -> float:
     return sum(value for labels, value in s.samples(cluster.extender_metrics(), "deepres_extender_filter_nodes_total")
                if labels.get("reason") == "not_shortlisted")
+
+
+def test_17_a_bound_pod_annotated_unparsably_keeps_its_gpu_through_a_restart(clean: LocalCluster) -> None:
+    """#34 row 1 against the real API server: a user patches a bound pod's `deepres.io/gpus` to "²"
+    (`str.isdigit()` takes it, `int()` does not); the restarted extender becomes ready, keeps that pod's
+    GPU booked, and says so by an Event on the pod and a metric."""
+    cluster = clean
+    create(cluster, sized("tampered", 70))  # only an 80 GB A100 holds it
+    node = scheduled(cluster, "tampered")
+    tampered_gpu = cluster.pod("tampered").metadata.annotations[f"{PREFIX}assigned-gpus"]
+    cluster.core.patch_namespaced_pod("tampered", JOBS_NAMESPACE, {"metadata": {"annotations": {f"{PREFIX}gpus": "²"}}})
+    cluster.restart_scheduler_pod()  # returns once the restarted extender is ready (fails after 120 s)
+    metrics = cluster.extender_metrics()
+    restored = [v for labels, v in s.samples(metrics, "deepres_extender_restore_unparsable_pods_total")
+                if labels.get("part") == "annotations"]
+    assert restored == [1.0], restored
+    reserved = {labels["node"]: v for labels, v in s.samples(metrics, "deepres_extender_reserved_memory_mib")}
+    # its admission (70 GiB), or after the usage rule's warm-up what it uses (63 GiB) times the margin
+    assert reserved.get(node, 0.0) >= 60 * 1024, f"the tampered pod's GPU is no longer booked: {reserved}"
+    events = wait_for("a RestoredUnparsable event", lambda: [
+        e for e in cluster.events("tampered") if e.reason == "RestoredUnparsable"], 60, 0.5)
+    assert events[0].type == "Warning" and f"{PREFIX}gpus" in events[0].message, events[0].message
+    create(cluster, sized("after-restart", 70))  # the other 80 GB GPU, never the tampered pod's
+    scheduled(cluster, "after-restart")
+    assert cluster.pod("after-restart").metadata.annotations[f"{PREFIX}assigned-gpus"] != tampered_gpu
+    s.assert_no_gpu_overcommitted(cluster)
