@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from extender.policy.types import CRITICALITIES, PolicyParams
+from predictor.parsing import ascii_digits
 
 #: Who may call the verbs (server.verbs_access); extender/server/auth.py enforces each.
 VERBS_ACCESS = ("loopback", "mtls", "any")
@@ -274,7 +275,7 @@ class Settings:
         p: list[str] = []
         s, pol, k, t = self.server, self.policy, self.kube, self.telemetry
         host, _, port = s.bind.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
             p.append(f"server.bind must be HOST:PORT with a port in 1..65535, got {s.bind!r}")
         _positive(p, "server.threads", s.threads)
         if s.engine not in ENGINES:
@@ -311,7 +312,7 @@ class Settings:
             p.append("server.scheduler_tls_cert and server.scheduler_tls_key must be given together")
         if s.scheduler_bind:
             host, _, port = s.scheduler_bind.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
                 p.append(f"server.scheduler_bind must be HOST:PORT with a port in 1..65535 (or empty), "
                          f"got {s.scheduler_bind!r}")
             elif s.scheduler_bind == s.bind:
@@ -488,7 +489,7 @@ def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
             raise ValueError(f"must be a whole number, got {value!r}")
         if isinstance(value, int):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and ascii_digits(value.strip().lstrip("-")):
             return int(value.strip())
         raise ValueError(f"must be a whole number, got {value!r}")
     if hint is float:

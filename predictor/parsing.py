@@ -46,3 +46,9 @@ def read_whole(text: str) -> int:
     if number != math.floor(number):
         raise ValueError(f"not a whole number: {text.strip(_BLANKS)!r}")
     return int(number)
+
+
+def ascii_digits(text: str, max_chars: int = 19) -> bool:
+    """True when `text` is 1..max_chars ASCII digits and nothing else: the check for a header value or
+    a port before `int()` (`str.isdigit()` alone passes "²", on which `int()` then raises)."""
+    return 0 < len(text) <= max_chars and text.isascii() and text.isdigit()

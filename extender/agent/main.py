@@ -48,6 +48,7 @@ from extender.agent.tracking import (
 )
 from extender.cli import EXIT_FAILURE, EXIT_OK, UsageError
 from extender.telemetry import NodeReport
+from predictor.parsing import ascii_digits
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class AgentSettings:
 def parse_listen(text: str) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 as `[::]:9400`) -> (host, port)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from predictor.parsing import ascii_digits
+
 log = logging.getLogger(__name__)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -71,7 +73,7 @@ def _error(status: int, message: str, extra: tuple[tuple[str, str], ...] = ()) -
 
 def _host_port(address: str, default_port: str) -> tuple[str, str]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not ascii_digits(port):
         return address.strip("[]"), default_port
     return host.strip("[]"), port
 
@@ -124,7 +126,7 @@ class RsgiBridge:
         limit = self.body_limit(scope.path)
         declared = scope.headers.get("content-length")
         if declared is not None:
-            if not declared.strip().isdigit():
+            if not ascii_digits(declared.strip()):
                 return _error(400, f"Content-Length {declared[:40]!r} is not a number")
             if int(declared) > limit:
                 return _error(413, f"request body larger than {limit} bytes")

@@ -36,6 +36,8 @@ from typing import Any
 
 import orjson
 
+from predictor.parsing import ascii_digits
+
 log = logging.getLogger(__name__)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -226,7 +228,7 @@ class SchedulerListener:
             await self._answer(writer, 411, {"error": "send a Content-Length"}, close=True)
             return False
         declared = headers.get("content-length", "0")
-        if not declared.isdigit():
+        if not ascii_digits(declared):
             await self._answer(writer, 400, {"error": "Content-Length is not a number"}, close=True)
             return False
         length = int(declared)

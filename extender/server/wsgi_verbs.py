@@ -31,6 +31,7 @@ from extender.server.metrics import ExtenderMetrics
 from extender.server.ratelimit import TokenBuckets, retry_after
 from extender.server.report_fastpath import decode_report
 from extender.settings import Settings
+from predictor.parsing import ascii_digits
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ class VerbRoutes:
         """Every route but the verbs and telemetry: Flask's, /v1/predict's limits checked first."""
         if path == "/v1/predict":
             declared = str(environ.get("CONTENT_LENGTH") or "")
-            if declared.isdigit() and int(declared) > self.predict_max:  # before anything is read
+            if ascii_digits(declared) and int(declared) > self.predict_max:  # before anything is read
                 return refuse(environ, start_response, STATUS[413], encode_json(
                     {"error": f"request body larger than {self.predict_max} bytes (server.predict_max_bytes)"}))
             wait = self.predict_limit.take(str(environ.get("REMOTE_ADDR", "")), time.monotonic())
