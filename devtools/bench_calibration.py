@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "a running `deepres serve --no-kube` (devtools.bench_calibration): 6 nodes of a GPU model with no per-GPU "
         f"line ({GPU}) carrying the H100 campaign's measured NVML peaks (predictor/data/measured); per path, "
         f"{TRAIN} pods (after_more: {MORE}) of seeded-random rows bound through /filter and /bind and their peaks "
-        "reported through /v1/telemetry; then /v1/predict with `gpu` scored on the path's rows never bound; `uncalibrated`: the "
+        "reported through /v1/telemetry; then /v1/predict with `gpu` scored on the path's rows never bound; "
+        "`uncalibrated`: the "
         "same answers before any pod was observed; pods_to_calibrate: pods observed when /v1/predict first "
         "answered calibrated (the larger of the two paths)")
     data = json.loads(args.report.read_text()) if args.report.exists() else {}

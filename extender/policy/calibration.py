@@ -22,8 +22,9 @@ to what that GPU shows, and how wide the bound must be there:
   observations went above it (an additive shift loosened loose bounds further). It replaces the
   offline bound only where the observations say so: when more of the pods than TARGET_UNDER (and
   at least 2) went above their offline bound; while the offline bound holds it is kept, and from
-  TIGHTEN_MIN_PODS pods on the tighter of the two is used (a loose offline bound is tightened only
-  once enough pods show the calibrated one is sound);
+  TIGHTEN_MIN_PODS pods on the tighter of the two, itself widened by the conformal quantile of
+  peak / (that tighter bound) (a loose offline bound is tightened only once enough pods show by
+  how much, and the under-rate of the combination stays at TARGET_UNDER);
 - never from few pods: nothing below MIN_PODS pods; the most recent WINDOW pods per key.
 
 Pure functions over a snapshot (no I/O, no clock): `learn(observations) -> {Key: Shift}`,
@@ -104,6 +105,7 @@ class Shift:
     left_out: tuple[str, ...] = ()
     offline_holds: bool = False
     tighten: bool = False
+    tighten_factor: float = 1.0  # the combination's widening (conformal over the pods)
 
     def point(self, point_mib: float) -> float:
         return max(0.0, self.intercept_mib + self.slope * point_mib)
@@ -114,7 +116,7 @@ class Shift:
         calibrated = point * self.bound_factor
         if not self.offline_holds:
             return calibrated
-        return max(point, min(upper_mib, calibrated) if self.tighten else upper_mib)
+        return max(point, min(upper_mib, calibrated) * self.tighten_factor if self.tighten else upper_mib)
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,10 @@ def learn(observations: Iterable[Observation], min_pods: int = MIN_PODS, min_nod
         shift = Shift(round(intercept, 1), round(slope, 5), round(factor, 4), len(kept), len({o.node for o in kept}),
                       0.0, round(max(intercept + slope * centre, 0.0) / centre, 4), left_out, holds,
                       holds and len(kept) >= TIGHTEN_MIN_PODS)
+        if shift.tighten:
+            tighter = [min(o.upper_mib, f * factor) for o, f in zip(kept, fitted, strict=True)]
+            shift = replace(shift, tighten_factor=round(conformal_factor([o.peak_mib / t for o, t in zip(
+                kept, tighter, strict=True)]), 4))
         under = sum(o.peak_mib > shift.bound(o.point_mib, o.upper_mib) for o in kept) / len(kept)
         out[key] = replace(shift, under_rate=round(under, 4))
     return out

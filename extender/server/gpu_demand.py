@@ -101,17 +101,26 @@ class ModelDemands:
             if key is not None:
                 model = self.on(req, demand, precision, signature_correction, *key)
                 if model is not None and abs(model.admission_mib - req.admission_mib) > 0.05:
-                    variant = replace(req, admission_mib=model.admission_mib)
+                    variant = on_request(req, model)
             out.append((variant, tuple(members)))
         if all(variant is req for variant, _ in out):
             return None
         return out
 
 
+def on_request(req: PodRequest, model: OnModel) -> PodRequest:
+    """`req` admitted on the GPU model: its admission and its point there (the whole-GPU fallback's)."""
+    return replace(req, admission_mib=model.admission_mib, predicted_mib=model.memory_mib)
+
+
 def merged(results: list[FilterResult], names: Iterable[str]) -> FilterResult:
-    """The filter results of the GPU-model groups as one: passed names in the input order."""
-    passed = {n for r in results for n in r.passed}
-    failed: dict[str, str] = {}
+    """The filter results of the GPU-model groups as one: passed names in the input order. The
+    whole-GPU fallback applies when no node of any group passed without it (as for one group): the
+    nodes a group passed by it fail when another group's nodes pass plainly."""
+    plain = any(r.passed and r.request is None for r in results)
+    passed = {n for r in results if not (plain and r.request is not None) for n in r.passed}
+    failed: dict[str, str] = {n: "fits only as a whole GPU, and other nodes fit the pod" for r in results
+                              if plain and r.request is not None for n in r.passed}
     unresolvable: dict[str, str] = {}
     kinds: dict[str, int] = {}
     for r in results:
@@ -120,7 +129,6 @@ def merged(results: list[FilterResult], names: Iterable[str]) -> FilterResult:
         for kind, count in r.kinds.items():
             kinds[kind] = kinds.get(kind, 0) + count
     fallback = [r.request for r in results if r.passed and r.request is not None]
-    plain = any(r.passed and r.request is None for r in results)
     order = tuple(dict.fromkeys(n for n in names if n in passed))
     return FilterResult(order, failed, unresolvable, kinds, None if plain or not fallback else fallback[0])
 

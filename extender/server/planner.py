@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import PodInfo
-from extender.server.gpu_demand import ModelDemands, OnModel, node_model
+from extender.server.gpu_demand import ModelDemands, OnModel, node_model, on_request
 from extender.server.metrics import ExtenderMetrics
 from extender.settings import Settings
 from predictor.gpucal import path_of
@@ -157,7 +157,7 @@ class Planner:
         model = self.on_model(plan, *key) if key is not None else None
         if model is None or abs(model.admission_mib - plan.request.admission_mib) <= 0.05:
             return plan.request
-        return replace(plan.request, admission_mib=model.admission_mib)
+        return on_request(plan.request, model)
 
     def placed(self, plan: Plan, res: Reservation) -> None:
         """Record a bound pod's offline point on its node's GPU model for the online calibration."""
