@@ -1,7 +1,7 @@
 """`live_calibration` of reports/predictor.json, measured through a running `deepres serve --no-kube`.
 
 A GPU model the shipped predictor has no line for ("NVIDIA Unseen-GPU 80GB", carrying the real H100
-campaign's peaks: predictor/data/measured/h100-*.csv, so no per-GPU line applies) on 6 nodes. Per
+campaign's peaks: predictor/data/measured/h100-*.csv, so no per-GPU line applies) on 8 nodes. Per
 path (exact: `deepres.io/model`; family: the family annotations by the README's rules), pods of
 seeded-random campaign rows are filtered and bound through the verbs, one at a time over the nodes,
 and their measured NVML peaks reported through /v1/telemetry as the agent does; after each pod,
@@ -31,10 +31,10 @@ from devtools.localserver import LocalServer
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "predictor.json"
 GPU = "NVIDIA Unseen-GPU 80GB"
 DRIVER, CUDA = "580.159.04", "13.0"
-NODES, GPUS_PER_NODE, CAPACITY_MIB = 6, 16, 81559.0
+NODES, GPUS_PER_NODE, CAPACITY_MIB = 8, 16, 81559.0
 TRAIN = 20
 #: Pods per path observed for the second figure (`after_more`): how the bound tightens with pods.
-MORE = 60
+MORE = 100
 TOKEN = "bench-calibration"
 
 
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     result["gpu"] = GPU
     result["seed"] = args.seed
     result["method"] = (
-        "a running `deepres serve --no-kube` (devtools.bench_calibration): 6 nodes of a GPU model with no per-GPU "
+        "a running `deepres serve --no-kube` (devtools.bench_calibration): 8 nodes of a GPU model with no per-GPU "
         f"line ({GPU}) carrying the H100 campaign's measured NVML peaks (predictor/data/measured); per path, "
         f"{TRAIN} pods (after_more: {MORE}) of seeded-random rows bound through /filter and /bind and their peaks "
         "reported through /v1/telemetry; then /v1/predict with `gpu` scored on the path's rows never bound; "
