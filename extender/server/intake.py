@@ -59,6 +59,8 @@ class Intake(Part):
             why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
                 f"would be one more than the {NODES_MAX} nodes with telemetry"
             return 400, {"error": f"node {report.node} {why}"}
+        if outcome == ACCEPTED:
+            self.planner.place_restored(report.node)
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
@@ -151,6 +153,7 @@ class Intake(Part):
         now, mono = self.clock(), self.mono()
         inputs = PriorityInputs()
         signature = ""
+        plan = None
         try:
             plan = self.planner.plan(pod, now)
             inputs, signature = plan.inputs, plan.job.signature
@@ -160,5 +163,7 @@ class Intake(Part):
                           admission, predicted, inputs, mono, signature,
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""))
         if self.ledger.restore(res):
+            if plan is not None:  # the online calibration learns from its peaks again
+                self.planner.placed(plan, res, later=True)
             log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f", pod.key, pod.node_name,
                      gpus, admission)

@@ -94,6 +94,9 @@ class Planner:
         self._holds: dict[str, tuple[str, float, float]] = {}
         self._lock = threading.Lock()
         self.models = ModelDemands(ledger, self.params)
+        #: node -> pods restored after a restart that wait for the node's report (its GPU model) to be
+        #: recorded for the online calibration (`placed(..., later=True)`)
+        self._unplaced: dict[str, list[tuple[Plan, Reservation]]] = {}
 
     @property
     def predictor_version(self) -> str:
@@ -159,13 +162,29 @@ class Planner:
             return plan.request
         return on_request(plan.request, model)
 
-    def placed(self, plan: Plan, res: Reservation) -> None:
-        """Record a bound pod's offline point on its node's GPU model for the online calibration."""
+    def placed(self, plan: Plan, res: Reservation, *, later: bool = False) -> None:
+        """Record a bound pod's offline point on its node's GPU model for the online calibration; a pod
+        restored before its node reported (`later`) is recorded at the node's next report
+        (`place_restored`): the agent reports its peak again, so the calibration is learned anew from
+        the pods still running, wherever it is not kept in a file."""
         key = node_model(self.ledger, res.node)
+        if key is None and later:
+            with self._lock:
+                self._unplaced.setdefault(res.node, []).append((plan, res))
+            return
         model = self.on_model(plan, *key) if key is not None else None
         if model is not None:
             self.ledger.calibration.placed(res.pod_uid, res.node, model.gpu, model.software, model.path,
                                            model.offline_mib, model.offline_upper_mib)
+
+    def place_restored(self, node: str) -> None:
+        """`node` reported: record the pods restored on it before (`placed(..., later=True)`)."""
+        if not self._unplaced:
+            return
+        with self._lock:
+            waiting = self._unplaced.pop(node, [])
+        for plan, res in waiting:
+            self.placed(plan, res)
 
     def by_model(self, plan: Plan, names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
         """`names` grouped by GPU model, each with the request admitted there (None: one request for all)."""

@@ -32,13 +32,16 @@ def truth(point_mib: float) -> float:
 
 
 @contextmanager
-def serving(state_file: Path) -> Iterator[str]:
+def serving(state_file: Path | None, cluster: InMemoryCluster | None = None) -> Iterator[str]:
+    """The extender in-process on a loopback port; `state_file` None: nothing kept in a file (as with
+    an API server), `cluster` the cluster that outlives it."""
     settings = Settings()
     settings.kube.no_kube = True
-    settings.kube.state_file = str(state_file)
+    settings.kube.state_file = str(state_file or "")
     settings.telemetry.telemetry_token = TOKEN
     settings.server.predict_rate_per_s = 0.0
-    app = create_app(settings, predictor=FormulaPredictor(), cluster=InMemoryCluster(state_file=str(state_file)))
+    cluster = cluster or InMemoryCluster(state_file=str(state_file or ""))
+    app = create_app(settings, predictor=FormulaPredictor(), cluster=cluster)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -155,3 +158,28 @@ def test_one_node_cannot_steer_the_calibration(tmp_path: Path, factor: float) ->
         assert poisoned["calibrated"] is True
         assert poisoned["memory_mib"] == pytest.approx(clean["memory_mib"], rel=0.01)
         assert poisoned["memory_mib_upper"] == pytest.approx(clean["memory_mib_upper"], rel=0.01)
+
+
+def test_without_a_file_a_restart_relearns_from_the_pods_still_running() -> None:
+    """As with an API server (no calibration file): the restarted extender restores the bound pods
+    from their annotations and learns again from the peaks the agents report for them."""
+    cluster = InMemoryCluster()  # outlives both extenders, as the API server does
+    probe = job(3)
+    with serving(None, cluster) as url:
+        fleet = Fleet(url, TOKEN, GPU, nodes=4, gpus=8, capacity_mib=81920.0)
+        fleet.report_all()
+        learn_honest(url, fleet, 16)
+        learned = wait_for(lambda: (a := predict(url, probe, GPU))["calibrated"] and a)
+        assert learned
+    with serving(None, cluster) as url:
+        assert predict(url, probe, GPU)["calibrated"] is False  # nothing kept in memory
+        fleet.url = url
+        fleet.boot = "restarted-agents"
+
+        def relearned() -> Any:
+            fleet.report_all()  # the agents keep reporting the running pods' peaks
+            answer = predict(url, probe, GPU)
+            return answer["calibrated"] and answer
+        again = wait_for(relearned)
+        assert again and again["pods"] == 16
+        assert again["memory_mib"] == pytest.approx(learned["memory_mib"], rel=0.001)
