@@ -176,7 +176,7 @@ class Extender:
         gpu, software = body.get("gpu"), body.get("software")
         if gpu is not None or software is not None:  # the GPU model to answer for (docs/calibration.md)
             body = {k: v for k, v in body.items() if k not in ("gpu", "software")}
-            if not isinstance(gpu, str) or not 0 < len(gpu) <= MAX_GPU_NAME:
+            if gpu is not None and (not isinstance(gpu, str) or not 0 < len(gpu) <= MAX_GPU_NAME):
                 return 400, {"error": f"gpu must be the GPU model's NVML name (1-{MAX_GPU_NAME} characters, e.g. "
                                       f"\"NVIDIA A100-SXM4-40GB\"), got {str(gpu)[:80]!r}"}
             if software is not None and (not isinstance(software, str) or len(software) > MAX_GPU_NAME):

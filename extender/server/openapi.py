@@ -89,7 +89,8 @@ _GPU_FIELDS: dict[str, Any] = {
                            "the filter admits on that model now (per-GPU line + live calibration)."},
     "software": {"type": "string", "maxLength": 256,
                  "description": "The node software as the calibration keys it (`driver/CUDA`, as the agent "
-                                "reports them); default: the one with the most observed pods of that GPU model."},
+                                "reports them); default: the one with the most observed pods of that GPU model. "
+                                "Read only with `gpu`."},
 }
 _ON_GPU: dict[str, Any] = {"type": "object", "nullable": True, "description": (
     "The demand on the GPU model the request named (MiB per GPU); null for a pod admitted without a model "

@@ -110,6 +110,9 @@ def test_calibration_learns_answers_admits_and_survives_a_restart(tmp_path: Path
         # the offline bound failed on every observed pod: the calibrated one covers the truth
         assert after["memory_mib_upper"] >= expected * 0.999 and after["admission_mib"] == after["memory_mib_upper"]
         assert predict(url, probe, "Another GPU")["calibrated"] is False  # learned per GPU model
+        for bad in ({"gpu": 7}, {"gpu": ""}, {"gpu": GPU, "software": ["x"]}):
+            status, answer = post(url + "/v1/predict", {"annotations": probe, **bad})
+            assert status == 400 and next(iter(bad.keys() - {"gpu"}), "gpu") in answer["error"], answer
         assert metric(url, "deepres_calibration_pods_seen", gpu_model=GPU, path="family") == 16.0
         assert metric(url, "deepres_calibration_shift", gpu_model=GPU, path="family") > 1.2
         assert metric(url, "deepres_calibration_under_rate", gpu_model=GPU, path="family") == 0.0
