@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from extender.calibration_store import CalibrationStore
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
 from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone_duty
 from extender.policy.filtering import node_failure, reserved_per_gpu
@@ -69,8 +70,12 @@ class Reserved:
 class Ledger:
     """Telemetry + reservations + learned state of the cluster's GPUs (see the module docstring)."""
 
-    def __init__(self, params: PolicyParams, peak_store_size: int = 10_000) -> None:
+    def __init__(self, params: PolicyParams, peak_store_size: int = 10_000,
+                 calibration: CalibrationStore | None = None) -> None:
         self.params = params
+        #: the online calibration per GPU model (extender/calibration_store.py): fed the same per-GPU
+        #: peaks as the usage rule, under its own lock
+        self.calibration = calibration if calibration is not None else CalibrationStore()
         self._lock = threading.Lock()
         self._telemetry: OrderedDict[str, NodeTelemetry] = OrderedDict()  # in order of receipt
         self._boots: dict[str, OrderedDict[str, None]] = {}
@@ -426,6 +431,7 @@ class Ledger:
             per_gpu = observed_peak(usage.peak_memory_mib / count, min(caps))
             if per_gpu is None:
                 continue  # no process memory: no observation
+            self.calibration.observe(res.pod_uid, per_gpu)
             updated = observe_usage(res, per_gpu, now_s, self.params, self._peaks)
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)

@@ -35,6 +35,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_PROCESSES_PER_GPU = 1024
 MAX_PODS_PER_NODE = 1024
 MAX_BOOT_ID = 64
+MAX_SOFTWARE = 64
 #: Kubernetes' limit on a node name (a DNS subdomain).
 MAX_NODE_NAME = 253
 MAX_UUID = 256
@@ -147,6 +148,10 @@ class NodeReport:
     schema_version: Annotated[int, msgspec.Meta(ge=1, le=MAX_WHOLE)] = SCHEMA_VERSION
     #: new at every agent start: the extender orders reports by sequence within it
     boot_id: Annotated[str, msgspec.Meta(max_length=MAX_BOOT_ID)] = ""
+    #: the node's NVIDIA driver and the CUDA version it supports (NVML), "" when not known (older
+    #: agents, simulated GPUs): with the GPU model they key the online calibration (docs/calibration.md)
+    driver_version: Annotated[str, msgspec.Meta(max_length=MAX_SOFTWARE)] = ""
+    cuda_version: Annotated[str, msgspec.Meta(max_length=MAX_SOFTWARE)] = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists, not tuples), the inverse of `parse_report`."""

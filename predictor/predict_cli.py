@@ -18,16 +18,27 @@ from typing import Any
 
 import yaml
 
+from predictor import gpucal
 from predictor.spec import JOB_KEYS, JobSpec, SpecError
 
 PREFIX = "deepres.io/"
 _TEMPLATE_KINDS = ("Deployment", "Job", "StatefulSet", "ReplicaSet", "DaemonSet", "ReplicationController")
 
 
+#: What `--gpu` does not include.
+LIVE_NOTE = ("the live online calibration (learned from the peaks of pods placed on this GPU model) happens in the "
+             "extender: POST /v1/predict with \"gpu\" answers the demand the filter admits there now "
+             "(docs/calibration.md)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", required=True, help="pod manifest (YAML or JSON); '-' reads stdin")
     parser.add_argument("--json", action="store_true", help="print the JobSpec and the Demand as JSON")
     parser.add_argument("--artifact", type=Path, default=None, help="artifact directory (default: the shipped one)")
+    parser.add_argument("--gpu", metavar="NAME", default=None,
+                        help="the GPU model's NVML name (e.g. 'NVIDIA H100 80GB HBM3'): the demand on its measured "
+                             "per-GPU line where one exists (the offline part; the live calibration happens in the "
+                             "extender: POST /v1/predict with \"gpu\")")
 
 
 def pod_annotations(document: Any, source: str) -> dict[str, str]:
@@ -119,8 +130,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"deepres predict: {err}", file=sys.stderr)
         return 1
     demand = predictor.predict(spec)
+    gpu = getattr(args, "gpu", None)
+    if gpu is not None and not gpu.strip():
+        from predictor.errors import UsageError
+
+        raise UsageError("--gpu must name a GPU model as NVML does, e.g. 'NVIDIA A100-SXM4-40GB'")
+    on_gpu = gpucal.on_gpu(demand, spec.precision, gpu) if gpu else None
     if args.json:
         payload = {"job_spec": spec.to_dict(), "defaulted": sorted(spec.defaulted), "demand": demand.to_dict()}
+        if on_gpu is not None:
+            payload["on_gpu"] = {"gpu": gpu, "path": gpucal.path_of(demand), "memory_mib": on_gpu.memory_mib,
+                                 "memory_mib_upper": on_gpu.memory_mib_upper, "line": on_gpu.calibrated,
+                                 "note": on_gpu.note or LIVE_NOTE}
         print(json.dumps(payload, indent=2))
         return 0
     name = _dig(document, ("metadata", "name")) if isinstance(document, Mapping) else None
@@ -134,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"compute:                   {demand.gflops_per_iteration:,.2f} GFLOPs per iteration")
     print(f"GPU time (reference A100): {_fmt_duration(demand.gpu_seconds)} for {spec.iterations:,} iterations")
     print(f"model: {demand.model_version}")
+    if on_gpu is not None:
+        line = "its measured per-GPU line" if on_gpu.calibrated else "no measured line: the Demand's own bound"
+        print(f"on {gpu} ({line}): {on_gpu.memory_mib:,.0f} MiB, bound {on_gpu.memory_mib_upper:,.0f} MiB per GPU")
+        print(f"note: {LIVE_NOTE}")
     for warning in demand.warnings:
         print(f"warning: {warning}")
     if demand.memory_mib_upper > 80 * 1024:

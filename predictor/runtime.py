@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from predictor import exact, steptime
+from predictor import exact, family_heads, steptime
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
@@ -244,7 +244,7 @@ class Predictor:
                 group[0], memory_mib=max(d.memory_mib for d in group),
                 memory_mib_upper=max(d.memory_mib_upper for d in group),
                 warnings=tuple(dict.fromkeys(w for d in group for w in d.warnings)))
-            demand = exact.override(spec, demand)
+            demand = family_heads.apply(spec, exact.override(spec, demand))  # the task's head, family path
             parts = steptime.step_parts(spec, demand)
             demand = replace(demand, step_seconds=_significant(sum(parts)),
                              step_parts=tuple(_significant(p) for p in parts))

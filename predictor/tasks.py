@@ -11,7 +11,9 @@ Tasks and their defaults (the head the traced table and the dataset trace when n
 - Vision models (timm, torchvision, HF image models) and the vision families: image-classification
   (the classifier is the head traced; no other).
 - Families without a model name: `gpt` causal-lm, `transformer` masked-lm, `mlp`/`rnn`/`lstm`/`gru`
-  sequence-classification (the family path has no head feature: the task is checked, not used).
+  sequence-classification. The family network has no head feature: a `gpt` or `transformer` job with
+  a classification task is scaled by the traced ratio of that head to the default one
+  (`predictor/family_heads.py`); other tasks are checked, not used.
 
 The default of a text model is its pre-training head: the larger one (a vocabulary's logits per
 token), so a job that fine-tunes a classifier without saying so is over-, never under-predicted.

@@ -172,6 +172,8 @@ class Agent:
             pods=self.tracker.update(gpus, now_s),
             interval_s=self.settings.interval_s,
             boot_id=self.boot_id,
+            driver_version=str(getattr(self.source, "driver_version", "")),
+            cuda_version=str(getattr(self.source, "cuda_version", "")),
         )
         done = self.monotonic()
         self.metrics.sample_seconds.observe(done - started)

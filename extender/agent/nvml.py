@@ -97,6 +97,8 @@ class NvmlSource:
         self._samples_seen: dict[str, int] = {}  # uuid -> newest per-process sample timestamp read
         self._no_samples: set[str] = set()  # uuids whose driver gives no per-process samples
         self._needs_init = False
+        self.driver_version = ""  # reported with each NodeReport: the online calibration's node software
+        self.cuda_version = ""
 
     @classmethod
     def open(cls, nvml: Any | None = None) -> NvmlSource:
@@ -111,8 +113,12 @@ class NvmlSource:
         except nvml.NVMLError as err:
             raise SourceUnavailable(describe_init_failure(err)) from err
         source = cls(nvml)
-        with contextlib.suppress(nvml.NVMLError):
-            log.info("NVML started: driver %s", _text(nvml.nvmlSystemGetDriverVersion()))
+        with contextlib.suppress(nvml.NVMLError, AttributeError):
+            source.driver_version = _text(nvml.nvmlSystemGetDriverVersion())[:64]
+            log.info("NVML started: driver %s", source.driver_version)
+        with contextlib.suppress(nvml.NVMLError, AttributeError):
+            cuda = int(nvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 -> "12.4"
+            source.cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
         return source
 
     def close(self) -> None:

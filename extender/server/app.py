@@ -29,6 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
 from extender.annotations import AnnotationError
+from extender.calibration_store import CalibrationStore
 from extender.kube.cluster import Cluster, ClusterHandlers, KubeCluster, pod_meta
 from extender.kube.local import InMemoryCluster
 from extender.ledger import Ledger
@@ -39,6 +40,7 @@ from extender.protocol import PodInfo
 from extender.server.auth import TelemetryAuth
 from extender.server.binding import Binder
 from extender.server.events import PodEvents
+from extender.server.gpu_demand import CalibrationCollector, calibration_file
 from extender.server.intake import Intake
 from extender.server.metrics import CachedExposition, ExtenderMetrics, StateFileCollector
 from extender.server.openapi import openapi_document
@@ -61,6 +63,8 @@ from extender.settings import Settings, describe, load_settings
 from predictor.spec import DemandPredictor
 
 log = logging.getLogger(__name__)
+#: Longest GPU model name /v1/predict takes (NVML names are ~30 characters).
+MAX_GPU_NAME = 256
 
 
 def settle_heap() -> None:
@@ -95,7 +99,8 @@ class Extender:
     ) -> None:
         self.settings = settings
         self.params = settings.policy.params()
-        self.ledger = Ledger(self.params, settings.policy.peak_store_size)
+        self.ledger = Ledger(self.params, settings.policy.peak_store_size,
+                             CalibrationStore(calibration_file(settings), monotonic))
         self.state = self.ledger  # the name older callers use
         self.cluster = cluster
         self.clock = clock
@@ -104,6 +109,7 @@ class Extender:
         self.merits = self.ledger.merits
         self.metrics = ExtenderMetrics(self.ledger, self.mono, self.merits)
         self.metrics.registry.register(StateFileCollector(cluster))
+        self.metrics.registry.register(CalibrationCollector(self.ledger))
         self.local = settings.kube.no_kube
         self.token = settings.telemetry_token_value()
         k = settings.kube
@@ -175,6 +181,15 @@ class Extender:
     def predict(self, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
             return 400, {"error": "body must be a JSON object: a Pod, {\"annotations\": {...}} or JobSpec keys"}
+        gpu, software = body.get("gpu"), body.get("software")
+        if gpu is not None or software is not None:  # the GPU model to answer for (docs/calibration.md)
+            body = {k: v for k, v in body.items() if k not in ("gpu", "software")}
+            if gpu is not None and (not isinstance(gpu, str) or not 0 < len(gpu) <= MAX_GPU_NAME):
+                return 400, {"error": f"gpu must be the GPU model's NVML name (1-{MAX_GPU_NAME} characters, e.g. "
+                                      f"\"NVIDIA A100-SXM4-40GB\"), got {str(gpu)[:80]!r}"}
+            if software is not None and (not isinstance(software, str) or len(software) > MAX_GPU_NAME):
+                return 400, {"error": "software must be the node software as \"driver/CUDA\" (a string), "
+                                      f"got {str(software)[:80]!r}"}
         is_pod = isinstance(body.get("metadata"), dict)
         if is_pod:
             raw_annotations = body["metadata"].get("annotations") or {}
@@ -199,11 +214,17 @@ class Extender:
             return 400, {"error": str(err)}
         except PredictorUnavailable as err:
             return 409, {"error": f"predictor unavailable: {err}"}
+        answer: dict[str, Any] = {}
+        if isinstance(gpu, str):
+            model = self.planner.on_named_model(plan, gpu, software)
+            answer["on_gpu"] = model.to_dict() if model is not None else None
         return 200, {
+            **answer,
             "gpu_job": plan.request.gpu_job,
             "gpus": plan.request.gpus,
             "demand": plan.demand.to_dict() if plan.demand else None,
-            "admission_memory_mib": plan.request.admission_mib,
+            "admission_memory_mib": answer["on_gpu"]["admission_mib"] if answer.get("on_gpu") else
+            plan.request.admission_mib,
             "admission_source": plan.source,
             "priority": plan.request.priority,
             "criticality": plan.job.criticality,

@@ -61,7 +61,7 @@ class Binder(Part):
         if not plan.request.gpu_job:
             return self._bind_plain(raw, key, args.node)
         version = self.planner.predictor_version
-        req = self.planner.whole_gpu_on(plan.request, (args.node,), few=True)
+        req = self.planner.whole_gpu_on(self.planner.request_on(plan, args.node), (args.node,), few=True)
         if req is not plan.request:
             plan = replace(plan, request=req)
         held = self.planner.held_for_another(req, args.node, mono)
@@ -111,6 +111,7 @@ class Binder(Part):
         self.metrics.binds.labels("bound").inc()
         self.ledger.mark_bound(res.pod_uid, args.node, res)
         self.planner.release_holds(req.uid)
+        self.planner.placed(plan, res)  # the online calibration learns from its peaks
         if self.settings.kube.placed_events:
             self.events.record(raw, "Placed", placement)
         log.info("bound pod=%s node=%s gpus=%s admission_mib=%.0f", key, args.node, ",".join(res.gpu_uuids),

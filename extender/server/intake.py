@@ -63,6 +63,8 @@ class Intake(Part):
             why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
                 f"would be one more than the {NODES_MAX} nodes with telemetry"
             return 400, {"error": f"node {report.node} {why}"}
+        if outcome == ACCEPTED:
+            self.planner.place_restored(report.node)
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
@@ -156,6 +158,7 @@ class Intake(Part):
         bound_s = self._bound_mono(pod, now, mono, problems)
         inputs = PriorityInputs()
         signature, checkpoint = "", None
+        plan = None
         try:
             plan = self.planner.plan(pod, now)
             inputs, signature, checkpoint = plan.inputs, plan.job.signature, plan.job.checkpoint_interval_s
@@ -171,6 +174,11 @@ class Intake(Part):
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""),
                           checkpoint_interval_s=checkpoint)
         if self.ledger.restore(res):
+            if plan is not None:  # the online calibration learns from its peaks again
+                try:
+                    self.planner.placed(plan, res, later=True)
+                except Exception:  # never fatal at restore: the reservation is kept either way
+                    log.exception("pod=%s: the calibration could not follow it after the restart", pod.key)
             log.info("restored reservation pod=%s node=%s gpus=%s admission_mib=%.0f attained_s=%.0f", pod.key,
                      pod.node_name, gpus, admission, mono - bound_s)
             for part, what in problems:

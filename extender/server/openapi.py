@@ -70,16 +70,39 @@ def request_schemas() -> dict[str, Any]:
         "type": "object", "properties": {PREFIX + key: value for key, value in job.items()},
         "additionalProperties": {"type": "string"},
         "description": "A pod's annotations: the `deepres.io/` keys are read, others are ignored."}
-    schemas["PredictRequest"] = {"description": "JobSpec keys, `{\"annotations\": {...}}` of them, or a Pod.",
+    schemas["PredictRequest"] = {"description": "JobSpec keys, `{\"annotations\": {...}}` of them, or a Pod; "
+                                                "with `gpu` (and optionally `software`): the demand on that GPU "
+                                                "model (docs/calibration.md).",
                                  "anyOf": [
         _ref("JobAnnotations"),
-        {"type": "object", "properties": {"annotations": _ref("JobAnnotations")}, "required": ["annotations"],
-         "additionalProperties": False},
+        {"type": "object", "properties": {"annotations": _ref("JobAnnotations"), **_GPU_FIELDS},
+         "required": ["annotations"], "additionalProperties": False},
         {"type": "object", "required": ["metadata"], "properties": {"metadata": {
-            "type": "object", "properties": {"annotations": _ref("PodAnnotations")}}}},
+            "type": "object", "properties": {"annotations": _ref("PodAnnotations")}}, **_GPU_FIELDS}},
     ]}
     return schemas
 
+
+_GPU_FIELDS: dict[str, Any] = {
+    "gpu": {"type": "string", "minLength": 1, "maxLength": 256,
+            "description": "The GPU model's NVML name (e.g. `NVIDIA A100-SXM4-40GB`): answer `on_gpu`, the demand "
+                           "the filter admits on that model now (per-GPU line + live calibration)."},
+    "software": {"type": "string", "maxLength": 256,
+                 "description": "The node software as the calibration keys it (`driver/CUDA`, as the agent "
+                                "reports them); default: the one with the most observed pods of that GPU model. "
+                                "Read only with `gpu`."},
+}
+_ON_GPU: dict[str, Any] = {"type": "object", "nullable": True, "description": (
+    "The demand on the GPU model the request named (MiB per GPU); null for a pod admitted without a model "
+    "prediction (gpu-memory override, not a GPU job)."), "properties": {
+        "gpu": {"type": "string"}, "software": {"type": "string"},
+        "path": {"type": "string", "enum": ["exact", "family"]},
+        "offline_mib": {"type": "number"}, "offline_upper_mib": {"type": "number"},
+        "line": {"type": "boolean", "description": "a measured per-GPU line applied"},
+        "memory_mib": {"type": "number"}, "memory_mib_upper": {"type": "number"},
+        "calibrated": {"type": "boolean", "description": "the live calibration applied"},
+        "pods": {"type": "integer", "description": "pods the calibration was learned from"},
+        "admission_mib": {"type": "number", "description": "what the filter admits the pod at on this model"}}}
 
 RESPONSE_SCHEMAS: dict[str, Any] = {
     "ExtenderFilterResult": {"type": "object", "properties": {
@@ -105,7 +128,7 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
             "step_seconds": {"type": "number"}, "step_parts": {"type": "array", "items": {"type": "number"}}}},
         "admission_memory_mib": {"type": "number"}, "admission_source": {"type": "string"},
         "priority": {"type": "number"}, "criticality": {"type": "integer"},
-        "predictor_version": {"type": "string"}}},
+        "predictor_version": {"type": "string"}, "on_gpu": _ON_GPU}},
     "Error": _ERROR,
 }
 

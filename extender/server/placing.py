@@ -23,6 +23,7 @@ from extender.protocol import (
     parse_extender_args,
     soft_preferences,
 )
+from extender.server.gpu_demand import merged
 from extender.server.intake import Intake
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
@@ -57,8 +58,13 @@ class Placer(Part):
             return filter_all_unresolvable(args, str(err))
         except PredictorUnavailable as err:
             return filter_error(f"predictor unavailable: {err}", args)
-        result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
-                               self.params)
+        groups = planner.by_model(plan, args.node_names)  # admission per GPU model (server/gpu_demand.py)
+        if groups is None:
+            result = filter_matrix(plan.request, args.node_names, self.ledger.matrix, self.ledger.views, mono,
+                                   self.params)
+        else:
+            result = merged([filter_matrix(req, names, self.ledger.matrix, self.ledger.views, mono, self.params)
+                             for req, names in groups], args.node_names)
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
             wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
             result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait)

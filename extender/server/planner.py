@@ -21,6 +21,7 @@ from extender.policy import (
     FilterResult,
     PodRequest,
     PriorityInputs,
+    Reservation,
     corrected_admission,
     packs_by_mix,
     priority_of,
@@ -32,8 +33,10 @@ from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import PodInfo
+from extender.server.gpu_demand import ModelDemands, OnModel, node_model, on_request
 from extender.server.metrics import ExtenderMetrics
 from extender.settings import Settings
+from predictor.gpucal import path_of
 from predictor.spec import Demand, DemandPredictor
 
 #: A pod's prioritize reuses the plan its filter made this recently (kube-scheduler sends the two
@@ -90,6 +93,10 @@ class Planner:
         # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
         self._holds: dict[str, tuple[str, float, float]] = {}
         self._lock = threading.Lock()
+        self.models = ModelDemands(ledger, self.params)
+        #: node -> pods restored after a restart that wait for the node's report (its GPU model) to be
+        #: recorded for the online calibration (`placed(..., later=True)`)
+        self._unplaced: dict[str, list[tuple[Plan, Reservation]]] = {}
 
     @property
     def predictor_version(self) -> str:
@@ -131,6 +138,59 @@ class Planner:
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
+
+    # ---- the demand on each node's GPU model (extender/server/gpu_demand.py) ----
+    def on_model(self, plan: Plan, gpu: str, software: str) -> OnModel | None:
+        """The plan's demand on GPU model `gpu` (line + live calibration + the job's observed peaks)."""
+        precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        return self.models.on(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
+                              gpu, software)
+
+    def on_named_model(self, plan: Plan, gpu: str, software: str | None) -> OnModel | None:
+        """`on_model` for /v1/predict: the node software the calibration saw most pods of when none is named."""
+        if plan.demand is None:
+            return None
+        if software is None:
+            software = self.ledger.calibration.software_for(gpu, path_of(plan.demand))
+        return self.on_model(plan, gpu, software)
+
+    def request_on(self, plan: Plan, node: str) -> PodRequest:
+        """The plan's request admitted on `node`'s GPU model (bind's node)."""
+        key = node_model(self.ledger, node)
+        model = self.on_model(plan, *key) if key is not None else None
+        if model is None or abs(model.admission_mib - plan.request.admission_mib) <= 0.05:
+            return plan.request
+        return on_request(plan.request, model)
+
+    def placed(self, plan: Plan, res: Reservation, *, later: bool = False) -> None:
+        """Record a bound pod's offline point on its node's GPU model for the online calibration; a pod
+        restored before its node reported (`later`) is recorded at the node's next report
+        (`place_restored`): the agent reports its peak again, so the calibration is learned anew from
+        the pods still running, wherever it is not kept in a file."""
+        key = node_model(self.ledger, res.node)
+        if key is None and later:
+            with self._lock:
+                self._unplaced.setdefault(res.node, []).append((plan, res))
+            return
+        model = self.on_model(plan, *key) if key is not None else None
+        if model is not None:
+            self.ledger.calibration.placed(res.pod_uid, res.node, model.gpu, model.software, model.path,
+                                           model.offline_mib, model.offline_upper_mib)
+
+    def place_restored(self, node: str) -> None:
+        """`node` reported: record the pods restored on it before (`placed(..., later=True)`)."""
+        if not self._unplaced:
+            return
+        with self._lock:
+            waiting = self._unplaced.pop(node, [])
+        for plan, res in waiting:
+            self.placed(plan, res)
+
+    def by_model(self, plan: Plan, names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
+        """`names` grouped by GPU model, each with the request admitted there (None: one request for all)."""
+        precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        return self.models.by_model(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
+                                    names)
 
     # ---- the whole-GPU fallback and the score ----
     def whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:

@@ -122,3 +122,29 @@ def test_missing_artifact_is_exit_1_with_the_command(tmp_path: Path, capsys: pyt
     pod.write_text(POD)
     code, _, err = _predict(["-f", str(pod), "--artifact", str(tmp_path / "none")], capsys)
     assert code == 1 and "deepres train" in err
+
+
+def test_gpu_flag_and_the_task_head_on_the_family_path(artifact: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpu` reads the Demand on the GPU model's measured line (the H100's; none for a T4) and says the
+    live calibration is the extender's; `deepres.io/task` changes a BERT's family-path memory."""
+    from predictor import family_heads
+
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(POD)
+    code, out, _ = _predict(["-f", str(pod), "--artifact", str(artifact), "--json", "--gpu", "NVIDIA H100 80GB HBM3"],
+                            capsys)
+    plain = json.loads(out)
+    assert code == 0 and plain["on_gpu"]["line"] is True and plain["on_gpu"]["path"] == "family"
+    assert plain["on_gpu"]["memory_mib"] != plain["demand"]["memory_mib"]
+    code, out, _ = _predict(["-f", str(pod), "--artifact", str(artifact), "--gpu", "Tesla T4"], capsys)
+    assert code == 0 and "no measured line" in out and "/v1/predict" in out
+    classifier = tmp_path / "cls.yaml"
+    classifier.write_text(POD.replace("deepres.io/precision: amp", "deepres.io/precision: amp\n"
+                                      "    deepres.io/task: sequence-classification"))
+    code, out, _ = _predict(["-f", str(classifier), "--artifact", str(artifact), "--json"], capsys)
+    head = json.loads(out)["demand"]
+    ratio = family_heads.ratios()["transformer"]["sequence-classification"]
+    assert head["memory_mib"] == pytest.approx(plain["demand"]["memory_mib"] * ratio["point"], rel=1e-3)
+    assert head["memory_mib"] < 0.9 * plain["demand"]["memory_mib"]
+    assert any("sequence-classification" in w for w in head["warnings"])

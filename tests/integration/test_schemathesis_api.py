@@ -52,6 +52,9 @@ def predict_takes_a_schema_valid_body(body: Any, status: int, answer: Any) -> No
     predictor loads), or refused (400) only for the rule across keys that the schema states in words."""
     if status == 400:
         annotations = body.get("annotations", body) if isinstance(body, dict) else {}
+        if isinstance(body, dict) and isinstance(body.get("metadata"), dict):  # a Pod: its prefixed annotations
+            annotations = {k.removeprefix("deepres.io/"): v for k, v in
+                           (body["metadata"].get("annotations") or {}).items()}
         assert "model" in annotations and "task" in annotations, f"schema-valid body refused: {answer}"
         assert TASK_OF_MODEL.match(answer["error"]), f"schema-valid body refused: {answer}"
         assert TASK_ACROSS_KEYS in json.dumps(openapi_document())  # the rule is in the document

@@ -1,0 +1,176 @@
+"""A pod's demand on a GPU model: the offline per-GPU line (predictor.gpucal), then the live calibration
+(extender.policy.calibration over the ledger's calibration store), then the usage rule's correction by
+the job's observed peaks. The filter and bind admit a pod on a node at its demand on that node's GPU
+model; /v1/predict answers it for the GPU model a request names. A cluster has a handful of GPU
+models, so a filter computes it once per model among its nodes, not per node (`by_model`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extender.ledger import Ledger
+from extender.policy import FilterResult, PodRequest, PolicyParams, corrected_admission
+from extender.policy.calibration import corrected
+from extender.settings import Settings
+from extender.telemetry import NodeReport
+from predictor import gpucal
+from predictor.spec import Demand
+
+
+@dataclass(frozen=True)
+class OnModel:
+    """The demand on one GPU model (per GPU, MiB)."""
+
+    gpu: str
+    software: str
+    path: str  # exact | family
+    offline_mib: float  # the point on the model's per-GPU line (the Demand's own where none)
+    offline_upper_mib: float
+    line: bool  # a measured per-GPU line applied
+    memory_mib: float  # calibrated where the calibration is
+    memory_mib_upper: float
+    calibrated: bool
+    pods: int  # the pods the calibration was learned from
+    admission_mib: float  # what the filter admits: the bound, corrected by the job's observed peaks
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def node_software(report: NodeReport) -> str:
+    """The calibration's node software: "driver/CUDA" as the agent reported them ("" when neither)."""
+    if not (report.driver_version or report.cuda_version):
+        return ""
+    return f"{report.driver_version or '?'}/{report.cuda_version or '?'}"
+
+
+def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
+    """(GPU model, node software) of `node` from its last report (its first GPU's model), or None."""
+    telemetry = ledger.telemetry(node)
+    if telemetry is None or not telemetry.report.gpus:
+        return None
+    report = telemetry.report
+    return report.gpus[0].model, node_software(report)
+
+
+def on_model(ledger: Ledger, params: PolicyParams, demand: Demand, precision: str, gpu: str, software: str,
+             upper_to_admission: Any) -> OnModel:
+    """`demand` on GPU model `gpu` with node software `software`. `upper_to_admission(bound)`: the
+    usage rule's correction of a bound into the admission (`corrected_admission` with the job's
+    correction)."""
+    path = gpucal.path_of(demand)
+    offline = gpucal.on_gpu(demand, precision, gpu, path)
+    fixed = corrected(offline.memory_mib, offline.memory_mib_upper, ledger.calibration.shifts(), (gpu, software, path))
+    return OnModel(gpu, software, path, offline.memory_mib, offline.memory_mib_upper, offline.calibrated,
+                   fixed.memory_mib, fixed.memory_mib_upper, fixed.calibrated, fixed.pods,
+                   float(upper_to_admission(fixed.memory_mib_upper)))
+
+
+class ModelDemands:
+    """The planner's per-GPU-model admissions (glue: the rules are gpucal's and the policy's)."""
+
+    def __init__(self, ledger: Ledger, params: PolicyParams) -> None:
+        self.ledger = ledger
+        self.params = params
+
+    def on(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
+           gpu: str, software: str) -> OnModel | None:
+        """None for a pod admitted without a model prediction (not a GPU job, a gpu-memory override)."""
+        if demand is None or not req.gpu_job or not req.fallback:
+            return None
+        return on_model(self.ledger, self.params, demand, precision, gpu, software,
+                        lambda upper: corrected_admission(upper, signature_correction, self.params))
+
+    def by_model(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
+                 names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
+        """`names` grouped by GPU model with the request admitted on each; None when every group
+        admits `req` as it is (no line, no calibration: one filter call as before)."""
+        if demand is None or not req.gpu_job or not req.fallback:
+            return None
+        groups: dict[tuple[str, str] | None, list[str]] = {}
+        for name in names:
+            groups.setdefault(node_model(self.ledger, name), []).append(name)
+        out: list[tuple[PodRequest, tuple[str, ...]]] = []
+        for key, members in groups.items():
+            variant = req
+            if key is not None:
+                model = self.on(req, demand, precision, signature_correction, *key)
+                if model is not None and abs(model.admission_mib - req.admission_mib) > 0.05:
+                    variant = on_request(req, model)
+            out.append((variant, tuple(members)))
+        if all(variant is req for variant, _ in out):
+            return None
+        return out
+
+
+def on_request(req: PodRequest, model: OnModel) -> PodRequest:
+    """`req` admitted on the GPU model: its admission and its point there (the whole-GPU fallback's)."""
+    return replace(req, admission_mib=model.admission_mib, predicted_mib=model.memory_mib)
+
+
+def merged(results: list[FilterResult], names: Iterable[str]) -> FilterResult:
+    """The filter results of the GPU-model groups as one: passed names in the input order. The
+    whole-GPU fallback applies when no node of any group passed without it (as for one group): the
+    nodes a group passed by it fail when another group's nodes pass plainly."""
+    plain = any(r.passed and r.request is None for r in results)
+    passed = {n for r in results if not (plain and r.request is not None) for n in r.passed}
+    failed: dict[str, str] = {n: "fits only as a whole GPU, and other nodes fit the pod" for r in results
+                              if plain and r.request is not None for n in r.passed}
+    unresolvable: dict[str, str] = {}
+    kinds: dict[str, int] = {}
+    for r in results:
+        failed.update(r.failed)
+        unresolvable.update(r.unresolvable)
+        for kind, count in r.kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    fallback = [r.request for r in results if r.passed and r.request is not None]
+    order = tuple(dict.fromkeys(n for n in names if n in passed))
+    return FilterResult(order, failed, unresolvable, kinds, None if plain or not fallback else fallback[0])
+
+
+def calibration_file(settings: Settings) -> str:
+    """Where the online calibration is kept: next to the local-mode state file (`--no-kube
+    --state-file F`: `F.calibration.json`); "" (in memory) otherwise."""
+    state = settings.kube.state_file
+    return f"{state}.calibration.json" if settings.kube.no_kube and state else ""
+
+
+class CalibrationCollector(Collector):
+    """`deepres_calibration_*` per (GPU model, node software, path): pods seen (with a peak), the
+    learned shift (calibrated / offline point at the pods' median point; 1 where none), the bound
+    factor, and the residual under-rate (share of the pods it was learned from above the bound)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["gpu_model", "software", "path"]
+        seen = GaugeMetricFamily("deepres_calibration_pods_seen",
+                                 "Pods deepres placed whose peak the agent reported, per GPU model, node software "
+                                 "and prediction path.", labels=labels)
+        shift = GaugeMetricFamily("deepres_calibration_shift",
+                                  "Calibrated / offline point at the median point of the pods learned from "
+                                  "(1: not calibrated yet).", labels=labels)
+        factor = GaugeMetricFamily("deepres_calibration_bound_factor",
+                                   "Calibrated bound / calibrated point (1: not calibrated yet).", labels=labels)
+        under = GaugeMetricFamily("deepres_calibration_under_rate",
+                                  "Share of the pods learned from whose peak is above their calibrated bound.",
+                                  labels=labels)
+        store = self.ledger.calibration
+        shifts = store.shifts()
+        for key, count in sorted(store.pods_seen().items()):
+            learned = shifts.get(key)
+            values = list(key)
+            seen.add_metric(values, count)
+            shift.add_metric(values, learned.shift if learned else 1.0)
+            factor.add_metric(values, learned.bound_factor if learned else 1.0)
+            under.add_metric(values, learned.under_rate if learned else 0.0)
+        yield from (seen, shift, factor, under)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())

@@ -1,0 +1,87 @@
+"""extender.policy.calibration: the rule alone (the live path is tests/integration/test_calibration_live.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extender.policy import calibration as cal
+
+KEY = ("GPU", "550/12.4", "exact")
+
+
+def pods(n: int, reading, *, nodes: int = 4, seed: int = 0, upper_share: float = 1.1, start: int = 0,
+         node_names: list[str] | None = None) -> list[cal.Observation]:
+    rnd = random.Random(seed)
+    names = node_names or [f"n{i}" for i in range(nodes)]
+    out = []
+    for i in range(start, start + n):
+        point = rnd.uniform(2_000.0, 30_000.0)
+        out.append(cal.Observation(f"p{i}", names[i % len(names)], *KEY, point, reading(point, rnd), float(i),
+                                   point * upper_share))
+    return out
+
+
+def noisy(point: float, rnd: random.Random) -> float:
+    """A GPU keeping 900 MiB more per process and 8% more per byte, with a 3% spread."""
+    return (900.0 + 1.08 * point) * rnd.lognormvariate(0.0, 0.03)
+
+
+def test_learns_an_affine_shift_and_a_bound_that_covers_new_pods() -> None:
+    """Over 30 samples of 40 observed pods: the point within 3%, the bound above ~5% of new pods (the
+    conformal rank: 2/41 in expectation; one sample of 40 varies by a few points around it)."""
+    unders, ratios, errors = [], [], []
+    new = pods(400, noisy, seed=100)
+    for seed in range(30):
+        shift = cal.learn(pods(40, noisy, seed=seed))[KEY]
+        assert not shift.offline_holds  # the offline bound (point x 1.1) misses the extra context of small jobs
+        fixed = [cal.corrected(o.point_mib, o.upper_mib, {KEY: shift}, KEY) for o in new]
+        errors += [abs(f.memory_mib / o.peak_mib - 1) for f, o in zip(fixed, new, strict=True)]
+        unders.append(sum(f.memory_mib_upper < o.peak_mib for f, o in zip(fixed, new, strict=True)) / len(new))
+        ratios += [f.memory_mib_upper / o.peak_mib for f, o in zip(fixed, new, strict=True)]
+    assert sorted(errors)[len(errors) // 2] < 0.03
+    assert sum(unders) / len(unders) <= 0.08 and sorted(ratios)[len(ratios) // 2] < 1.15
+
+
+@pytest.mark.parametrize(("count", "nodes", "learned"), [(11, 4, False), (12, 4, True), (40, 2, False), (40, 3, True)])
+def test_needs_enough_pods_on_enough_nodes(count: int, nodes: int, learned: bool) -> None:
+    assert (KEY in cal.learn(pods(count, noisy, nodes=nodes))) is learned
+
+
+def test_a_holding_offline_bound_is_kept_until_many_pods_say_how_to_tighten_it() -> None:
+    exact = pods(40, lambda p, rnd: p * rnd.uniform(0.7, 0.98), upper_share=1.5)  # loose, holding bound
+    shift = cal.learn(exact)[KEY]
+    assert shift.offline_holds and not shift.tighten
+    assert cal.corrected(10_000.0, 15_000.0, {KEY: shift}, KEY).memory_mib_upper == 15_000.0
+    many = cal.learn(pods(150, lambda p, rnd: p * rnd.uniform(0.7, 0.98), upper_share=1.5))[KEY]
+    assert many.tighten
+    tightened = cal.corrected(10_000.0, 15_000.0, {KEY: many}, KEY).memory_mib_upper
+    assert 9_500.0 <= tightened < 15_000.0 * 0.8  # the readings reach 0.98 x the point
+
+
+@pytest.mark.parametrize("factor", [10.0, 0.1, 3.0])
+def test_one_node_cannot_steer_it(factor: float) -> None:
+    honest = pods(30, noisy, node_names=["a", "b", "c", "d"])
+    clean = cal.learn(honest)[KEY]
+    poison = pods(30, lambda p, rnd: noisy(p, rnd) * factor, start=100, node_names=["bad"])
+    poisoned = cal.learn(honest + poison)[KEY]
+    assert poisoned.left_out == ("bad",)
+    for point in (2_000.0, 10_000.0, 30_000.0):
+        assert poisoned.point(point) == pytest.approx(clean.point(point), rel=0.01)
+        assert poisoned.bound(point, point * 1.1) == pytest.approx(clean.bound(point, point * 1.1), rel=0.01)
+
+
+def test_one_value_per_pod_and_absurd_readings_are_no_observation() -> None:
+    base = pods(12, noisy)
+    repeated = [cal.Observation(o.pod_uid, o.node, *KEY, o.point_mib, o.peak_mib * 0.5, o.order, o.upper_mib)
+                for o in base] * 20  # earlier, lower readings of the same pods
+    assert cal.learn(base + repeated)[KEY] == cal.learn(base)[KEY]
+    absurd = [cal.Observation(f"x{i}", "n0", *KEY, 5_000.0, value, 100.0 + i, 5_500.0)
+              for i, value in enumerate([0.0, 1.0, 5_000.0 * 50])]
+    assert cal.learn(base + absurd)[KEY] == cal.learn(base)[KEY]
+
+
+def test_uncalibrated_key_is_unchanged() -> None:
+    answer = cal.corrected(1_000.0, 1_200.0, {}, KEY)
+    assert (answer.memory_mib, answer.memory_mib_upper, answer.calibrated, answer.pods) == (1_000.0, 1_200.0, False, 0)
