@@ -320,7 +320,7 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
     gpus[TIGHT_NODE][0] = (MANY_GPU_MIB - 7000.0, 0.0)  # 6.8 GiB free: the tightest fit for a 6 GiB pod
     gpus[BUSY_NODE] = [(0.0, 0.15)] * 8  # busier GPUs: a spreading pod ranks this node below the idle ones
     for name in names:
-        cluster.core.create_node(node_body(name, {"many": "true"}))
+        cluster.core.create_node(node_body(name, {"many": "true"}, gpus=8))
     reporters: _Reporters | None = None
     try:
         wait_for(f"{MANY_NODES} nodes Ready", lambda: sum(
