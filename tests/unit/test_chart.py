@@ -251,7 +251,8 @@ def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
         objs = render(tmp_path, values)
         keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
         assert len(keys) == len(set(keys)), f"{name}: duplicate objects {keys}"
-        cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                          "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
         for kind, namespace, obj_name in keys:
             assert (namespace is None) == (kind in cluster_scoped), f"{name}: {kind}/{obj_name} namespace {namespace}"
 
