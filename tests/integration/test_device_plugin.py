@@ -261,8 +261,10 @@ def test_registers_again_after_a_kubelet_restart(volume_harness: Harness) -> Non
         request = kubelet.wait_for(1)
         assert request.resource_name == RESOURCE
         assert h.server.socket.exists()
-        stream, listed = first_list(h)
-        stream.cancel()
+        with grpc.insecure_channel(f"unix://{h.server.socket}") as channel:  # as the kubelet: a new connection
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty(), timeout=20)
+            listed = next(stream)
+            stream.cancel()
         assert len(listed.devices) == 2 * SLOTS
     finally:
         server.stop(0)

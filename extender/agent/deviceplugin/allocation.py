@@ -114,8 +114,8 @@ def bound_pod_from_object(obj: Mapping[str, Any], resource: str) -> BoundPod | N
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     started = str(status.get("phase") or "") in FINISHED_PHASES or any(
-        (s.get("state") or {}).get("running") or (s.get("state") or {}).get("terminated")
-        or (s.get("lastState") or {}).get("terminated")
+        "running" in (s.get("state") or {}) or "terminated" in (s.get("state") or {})
+        or "terminated" in (s.get("lastState") or {})
         for s in status.get("containerStatuses") or [])
     scheduled = next((str(c.get("lastTransitionTime") or "") for c in status.get("conditions") or []
                       if c.get("type") == "PodScheduled" and c.get("status") == "True"), "")
