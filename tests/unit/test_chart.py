@@ -252,7 +252,8 @@ def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
         keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
         assert len(keys) == len(set(keys)), f"{name}: duplicate objects {keys}"
         cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                          "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+                          "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+                          "MutatingAdmissionPolicyBinding"}
         for kind, namespace, obj_name in keys:
             assert (namespace is None) == (kind in cluster_scoped), f"{name}: {kind}/{obj_name} namespace {namespace}"
 
@@ -679,8 +680,10 @@ def test_the_mutating_policy_is_rendered_where_the_api_server_serves_it(tmp_path
     values = write_values(tmp_path, {})
     plain = helm(*template_args(values, "1.35.0")).stdout
     assert "MutatingAdmissionPolicy" not in plain
-    for api, version in ((MAP_V1, "admissionregistration.k8s.io/v1"), (MAP_V1BETA1, "admissionregistration.k8s.io/v1beta1")):
-        objs = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.36.0"), "--api-versions", api).stdout) if d]
+    for api in (MAP_V1, MAP_V1BETA1):
+        version = api.rsplit("/", 1)[0]
+        objs = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.36.0"), "--api-versions", api).stdout)
+                if d]
         policy = find(objs, "MutatingAdmissionPolicy")
         assert policy["apiVersion"] == version
         assert find(objs, "MutatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
@@ -690,7 +693,8 @@ def test_the_mutating_policy_is_rendered_where_the_api_server_serves_it(tmp_path
 
 def test_without_the_device_plugin_the_mutation_adds_the_env_wiring(tmp_path: Path) -> None:
     values = write_values(tmp_path, {"devicePlugin": {"enabled": False}})
-    objs = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.36.0"), "--api-versions", MAP_V1).stdout) if d]
+    rendered = helm(*template_args(values, "1.36.0"), "--api-versions", MAP_V1).stdout
+    objs = [d for d in yaml.safe_load_all(rendered) if d]
     text = json.dumps(find(objs, "MutatingAdmissionPolicy")["spec"]["mutations"])
     assert "NVIDIA_VISIBLE_DEVICES" in text and "deepres.io/gpu" not in text
     agent = find(objs, "DaemonSet", "deepres-agent")
@@ -705,7 +709,8 @@ def test_the_agent_serves_the_device_plugin_in_the_kubelets_folder(tmp_path: Pat
     assert {"--device-plugin", "--device-list-strategy=cdi", "--device-plugin-slots=8"} <= set(args)
     mounts = {m["name"]: m["mountPath"] for m in container(agent, "agent")["volumeMounts"]}
     volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["device-plugins"]["hostPath"]["path"] == mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    kubelet_dir = "/var/lib/kubelet/device-plugins"
+    assert volumes["device-plugins"]["hostPath"]["path"] == mounts["device-plugins"] == kubelet_dir
     security = container(agent, "agent")["securityContext"]
     assert security["runAsUser"] == 0 and security["capabilities"]["drop"] == ["ALL"]
     assert security["allowPrivilegeEscalation"] is False

@@ -35,7 +35,8 @@ def api_pod(name: str, gpus: str | None, requests: tuple[int, ...] = (1,), *, ph
         {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}]}
     if started:
         status["containerStatuses"] = [{"name": "c0", "state": {"running": {}}}]
-    containers = [{"name": f"c{i}", "resources": {"limits": {RES: str(n)}} if n else {}} for i, n in enumerate(requests)]
+    containers = [{"name": f"c{i}", "resources": {"limits": {RES: str(n)}} if n else {}}
+                  for i, n in enumerate(requests)]
     return {"metadata": meta, "spec": {"containers": containers}, "status": status}
 
 
