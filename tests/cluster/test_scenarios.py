@@ -27,7 +27,7 @@ def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalClu
     # created with annotations only: the chart's admission policy gave them the scheduler and the device
     # plugin's resource, which kube-scheduler counted against the GPU nodes' slots
     pods = s.live_gpu_pods(clean)
-    assert len(pods) >= 6
+    assert len(pods) >= 3, "the scenario left its pods running"
     for pod in pods:
         assert pod.spec.scheduler_name == "deepres-scheduler"
         assert [c.resources.requests.get(DEVICE_RESOURCE) for c in pod.spec.containers] == ["1"]
