@@ -13,6 +13,8 @@ memory, posts an `extender.telemetry.NodeReport` to the extender and exposes the
 - `kube`: the only module here that talks to the API server (pods on this node, node annotation);
 - `metrics`: the Prometheus registry, /metrics and /healthz;
 - `main`: `deepres agent` (its benchmark, `deepres bench agent`, is devtools/bench_agent.py);
+- `deviceplugin/`: the kubelet device plugin (`--device-plugin`): each container gets exactly the
+  GPUs deepres assigned to its pod (docs/device-plugin.md);
 - `fakenvml`: a pynvml-shaped fake for tests and the benchmark, never selectable by `--source`.
 """
 

@@ -16,14 +16,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from extender.agent import AGENT_VERSION
 from extender.agent.cgroups import CachedPodLookup, CgroupReader, PodRef
+from extender.agent.deviceplugin import KUBELET_PLUGIN_DIR, RESOURCE_NAME
+from extender.agent.deviceplugin.allocation import DEFAULT_CDI_KIND, STRATEGIES
+from extender.agent.deviceplugin.settings import PluginSettings
 from extender.agent.kube import (
     FilePods,
     KubeNodeAnnotator,
@@ -47,7 +50,7 @@ from extender.agent.tracking import (
     significant_change,
 )
 from extender.cli import EXIT_FAILURE, EXIT_OK, UsageError
-from extender.telemetry import NodeReport
+from extender.telemetry import GpuReport, NodeReport
 from predictor.parsing import ascii_digits
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,17 @@ class AgentSettings:
     ca_file: str = ""
     seed: int = 0
     report_failure_grace_s: float = 60.0  # /healthz turns 503 when reports have failed this long
+    device_plugin: bool = False
+    device_plugin_dir: str = KUBELET_PLUGIN_DIR
+    device_plugin_resource: str = RESOURCE_NAME
+    device_plugin_slots: int = 16
+    device_list_strategy: str = "volume-mounts"
+    cdi_kind: str = DEFAULT_CDI_KIND
+
+    def plugin_settings(self) -> PluginSettings:
+        return PluginSettings(node=self.node, plugin_dir=self.device_plugin_dir, resource=self.device_plugin_resource,
+                              slots_per_gpu=self.device_plugin_slots, strategy=self.device_list_strategy,
+                              cdi_kind=self.cdi_kind)
 
     def problems(self) -> list[str]:
         """Every invalid setting, each with the flag, the value and what is accepted."""
@@ -110,6 +124,10 @@ class AgentSettings:
                             ("--report-failure-grace-s", self.report_failure_grace_s)):
             if not value >= 0:
                 found.append(f"{flag} must be >= 0, got {value:g}")
+        if self.device_plugin:
+            found.extend(self.plugin_settings().problems())
+            if self.no_kube:
+                found.append("--device-plugin needs the API server (Allocate reads the pods bound to this node)")
         return found
 
 
@@ -119,6 +137,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class GpuSink(Protocol):
+    def update_gpus(self, gpus: Sequence[GpuReport]) -> None:
+        """A sampling round's GPUs (the device plugin's device list and health)."""
+        ...
 
 
 class Agent:
@@ -135,11 +159,13 @@ class Agent:
         metrics: AgentMetrics | None = None,
         health: Health | None = None,
         pod_of: Callable[[int], PodRef | None] | None = None,
+        devices: GpuSink | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.source = source
+        self.devices = devices
         self.reporter = reporter
         self.pods = pods or NoPods()
         self.annotator = annotator or NullAnnotator()
@@ -159,6 +185,8 @@ class Agent:
         """One round: sample, attribute, track, publish metrics, report if due, nudge if memory freed."""
         started = self.monotonic()
         sample = self.source.sample()
+        if self.devices is not None:  # the device plugin streams the GPUs' health to the kubelet
+            self.devices.update_gpus(sample.gpus)
         self.pod_lookup.next_round()
         gpus = attribute_processes(sample.gpus, self.pod_lookup)
         now_s = self.clock()
@@ -239,6 +267,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the simulated source")
     parser.add_argument("--report-failure-grace-s", type=float, default=60.0,
                         help="/healthz answers 503 once reports have kept failing this long (/livez does not)")
+    parser.add_argument("--device-plugin", action="store_true",
+                        help="serve the kubelet device plugin: advertise the GPUs as --device-plugin-resource and "
+                        "hand each container exactly its pod's deepres.io/assigned-gpus")
+    parser.add_argument("--device-plugin-dir", default=KUBELET_PLUGIN_DIR,
+                        help="the kubelet's device plugin folder (kubelet.sock; our socket goes there)")
+    parser.add_argument("--device-plugin-resource", default=RESOURCE_NAME, help="the extended resource advertised")
+    parser.add_argument("--device-plugin-slots", type=int, default=16,
+                        help="devices advertised per GPU: the most deepres containers one GPU may take")
+    parser.add_argument("--device-list-strategy", default="volume-mounts", choices=STRATEGIES,
+                        help="how Allocate hands the GPUs to the runtime: volume-mounts (default: read by the NVIDIA "
+                        "runtime with accept-nvidia-visible-devices-as-volume-mounts, hardened nodes), cdi (CDI "
+                        "device names), envvar (NVIDIA_VISIBLE_DEVICES)")
+    parser.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND, help="CDI kind of the device names (cdi strategy)")
 
 
 def settings_from_args(args: argparse.Namespace) -> AgentSettings:
@@ -272,6 +313,12 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         ca_file=args.extender_ca_file,
         seed=args.seed,
         report_failure_grace_s=args.report_failure_grace_s,
+        device_plugin=args.device_plugin,
+        device_plugin_dir=args.device_plugin_dir,
+        device_plugin_resource=args.device_plugin_resource,
+        device_plugin_slots=args.device_plugin_slots,
+        device_list_strategy=args.device_list_strategy,
+        cdi_kind=args.cdi_kind,
     )
     problems.extend(settings.problems())
     if problems:
@@ -324,7 +371,17 @@ def run(args: argparse.Namespace) -> int:
         token,
         on_result=on_result,
     ).start()
-    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics, health=health)
+    plugin_server = None
+    if settings.device_plugin:
+        from extender.agent.deviceplugin.plugin import DevicePlugin, KubeBoundPods, PluginServer
+
+        plugin = DevicePlugin(settings.plugin_settings(), KubeBoundPods(api, settings.node,
+                                                                        settings.device_plugin_resource))
+        plugin.update_gpus(source.sample().gpus)  # the first list the kubelet sees is the real one
+        plugin_server = PluginServer(plugin).start()
+        threads.append(plugin_server)
+    agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics, health=health,
+                  devices=plugin_server.plugin if plugin_server is not None else None)
     host, port = parse_listen(settings.listen)
     try:
         server, _ = serve(make_app(metrics, agent.health), host, port)

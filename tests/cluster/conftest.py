@@ -32,6 +32,7 @@ import yaml
 
 from devtools.localcluster import ControlPlane, free_port, start_process, stop_pid
 from devtools.localpods import prepare
+from extender.agent.simulated import parse_gpu_spec
 from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
     JOBS_NAMESPACE,
     NAMESPACE,
@@ -48,6 +49,9 @@ CPU_NODE = "deepres-e2e-control-plane"
 GPU_LABEL = {"deepres.io/simulated-gpus": "true"}
 SCHEDULER_SELECTOR = "app.kubernetes.io/component=scheduler"
 AGENT_SELECTOR = "app.kubernetes.io/component=agent"
+#: the chart's device plugin path (values-cluster.yaml turns it on): pods request this, GPU nodes advertise it
+DEVICE_RESOURCE = "deepres.io/gpu"
+SLOTS_PER_GPU = 16
 
 
 def helm() -> str:
@@ -57,13 +61,17 @@ def helm() -> str:
     return found
 
 
-def node_body(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A kwok node: no taints, room for any number of sleeping pods."""
+def node_body(name: str, labels: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:
+    """A kwok node: no taints, room for any number of sleeping pods; with `gpus`, the device plugin's
+    resource as a GPU node's kubelet would advertise it (devicePlugin.slotsPerGpu slots per GPU: no
+    kubelet runs here to ask the agent's plugin)."""
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "250"}
+    if gpus:
+        resources[DEVICE_RESOURCE] = str(gpus * SLOTS_PER_GPU)
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
                          "annotations": {"kwok.x-k8s.io/node": "fake"}},
-            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                       "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"}}}
+            "status": {"allocatable": dict(resources), "capacity": dict(resources)}}
 
 
 def with_kubeconfig(argv: list[str], kubeconfig: str, localize: Callable[[str], str] = lambda text: text) -> list[str]:
@@ -126,6 +134,8 @@ class LocalCluster(PodReads):
     scheduling: Any
     simulated_gpus: dict[str, str]
     extender_port: int
+    #: the chart's MutatingAdmissionPolicy adds schedulerName and the GPU request: pods carry annotations only
+    mutating_admission: bool = True
     scheduler: LocalPod | None = None
     agents: dict[str, LocalPod] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -275,8 +285,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         core = client.CoreV1Api(api)
         simulated = yaml.safe_load(VALUES[0].read_text())["agent"]["simulated"]["nodes"]
         core.create_node(node_body(CPU_NODE))
-        for node in simulated:
-            core.create_node(node_body(node, GPU_LABEL))
+        for node, spec in simulated.items():
+            core.create_node(node_body(node, GPU_LABEL, gpus=len(parse_gpu_spec(spec))))
         core.create_namespace({"metadata": {"name": JOBS_NAMESPACE}})
         wait_for(f"the default ServiceAccount in {JOBS_NAMESPACE}", lambda: core.list_namespaced_service_account(
             JOBS_NAMESPACE, field_selector="metadata.name=default").items, 60, 0.5)

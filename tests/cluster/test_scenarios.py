@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import LocalCluster, node_body
+from tests.cluster.conftest import DEVICE_RESOURCE, LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
 from tests.fixtures.kube.server import post
@@ -24,6 +24,15 @@ from tests.fixtures.kube.server import post
 
 def test_1_annotated_pods_land_where_their_predicted_memory_fits(clean: LocalCluster) -> None:
     s.annotated_pods_land_where_their_predicted_memory_fits(clean)
+    # created with annotations only: the chart's admission policy gave them the scheduler and the device
+    # plugin's resource, which kube-scheduler counted against the GPU nodes' slots
+    pods = s.live_gpu_pods(clean)
+    assert len(pods) >= 3, "the scenario left its pods running"
+    for pod in pods:
+        assert pod.spec.scheduler_name == "deepres-scheduler"
+        assert [c.resources.requests.get(DEVICE_RESOURCE) for c in pod.spec.containers] == ["1"]
+        node = clean.core.read_node(pod.spec.node_name)
+        assert int(node.status.allocatable[DEVICE_RESOURCE]) > 0
 
 
 from tests.e2e.shared_scenarios import *  # noqa: E402,F403  (scenarios 2-4, here in file order)
@@ -320,7 +329,7 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
     gpus[TIGHT_NODE][0] = (MANY_GPU_MIB - 7000.0, 0.0)  # 6.8 GiB free: the tightest fit for a 6 GiB pod
     gpus[BUSY_NODE] = [(0.0, 0.15)] * 8  # busier GPUs: a spreading pod ranks this node below the idle ones
     for name in names:
-        cluster.core.create_node(node_body(name, {"many": "true"}))
+        cluster.core.create_node(node_body(name, {"many": "true"}, gpus=8))
     reporters: _Reporters | None = None
     try:
         wait_for(f"{MANY_NODES} nodes Ready", lambda: sum(

@@ -122,9 +122,7 @@ def from_example(stem: str) -> dict[str, Any]:
     """An example pod from deploy/examples/, its container swapped for a sleep (no GPUs here)."""
     example = yaml.safe_load((EXAMPLES / f"{stem}.yaml").read_text())
     name = example["metadata"]["name"]
-    pod = workload(name, example["metadata"]["annotations"], usage_mib=EXAMPLE_USAGE_MIB[name])
-    assert example["spec"]["containers"][0]["env"] == pod["spec"]["containers"][0]["env"]
-    return pod
+    return workload(name, example["metadata"]["annotations"], usage_mib=EXAMPLE_USAGE_MIB[name])
 
 
 def sized(
@@ -135,7 +133,14 @@ def sized(
 
 
 def create(cluster: ScenarioCluster, pod: dict[str, Any]) -> None:
-    cluster.core.create_namespaced_pod(pod["metadata"]["namespace"], copy.deepcopy(pod))
+    """Create `pod`; where the chart's MutatingAdmissionPolicy runs (`cluster.mutating_admission`), as a
+    data scientist now writes it: annotations only (schedulerName and the GPU wiring are left to it)."""
+    body = copy.deepcopy(pod)
+    if getattr(cluster, "mutating_admission", False):
+        body["spec"].pop("schedulerName", None)
+        for container in body["spec"]["containers"]:
+            container["env"] = [e for e in container.get("env", []) if e["name"] != "NVIDIA_VISIBLE_DEVICES"]
+    cluster.core.create_namespaced_pod(body["metadata"]["namespace"], body)
 
 
 def node_of(cluster: ScenarioCluster, name: str) -> str | None:

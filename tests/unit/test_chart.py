@@ -251,7 +251,9 @@ def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
         objs = render(tmp_path, values)
         keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
         assert len(keys) == len(set(keys)), f"{name}: duplicate objects {keys}"
-        cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                          "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+                          "MutatingAdmissionPolicyBinding"}
         for kind, namespace, obj_name in keys:
             assert (namespace is None) == (kind in cluster_scoped), f"{name}: {kind}/{obj_name} namespace {namespace}"
 
@@ -680,8 +682,85 @@ def test_privileged_agent_is_opt_in_and_mounts_the_driver(tmp_path: Path) -> Non
     pod = find(objs, "DaemonSet", "deepres-agent")["spec"]["template"]["spec"]
     assert pod["containers"][0]["securityContext"]["privileged"] is True
     assert "runtimeClassName" not in pod
-    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {"/dev", "/usr/lib/x86_64-linux-gnu"}
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
+        "/dev", "/usr/lib/x86_64-linux-gnu", "/var/lib/kubelet/device-plugins"}
     assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+
+
+# --------------------------------------------------------------------------------------------------
+# device plugin and admission policies (docs/device-plugin.md)
+
+MAP_V1 = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+MAP_V1BETA1 = "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"
+
+
+def extender_service_account(objs: list[Obj]) -> str:
+    """The ServiceAccount of the pod whose containers include the extender (`deepres serve`)."""
+    for obj in objs:
+        if obj["kind"] == "Deployment" and any("serve" in (c.get("args") or []) for c in containers(obj)):
+            return f"system:serviceaccount:{NAMESPACE}:{obj['spec']['template']['spec']['serviceAccountName']}"
+    raise AssertionError("no Deployment runs the extender")
+
+
+@pytest.mark.parametrize("values_name", ["defaults", "separate-extender"])
+def test_only_the_extenders_own_identity_may_write_the_assignment(tmp_path: Path, values_name: str) -> None:
+    objs = render(tmp_path, VALUE_SETS[values_name])
+    policy = find(objs, "ValidatingAdmissionPolicy")
+    trusted = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["trusted"]
+    assert trusted == f"request.userInfo.username == '{extender_service_account(objs)}'"
+    binding = find(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    excluded = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert excluded["operator"] == "NotIn" and NAMESPACE in excluded["values"], "the agent's namespace is left out"
+
+
+def test_the_mutating_policy_is_rendered_where_the_api_server_serves_it(tmp_path: Path) -> None:
+    values = write_values(tmp_path, {})
+    plain = helm(*template_args(values, "1.35.0")).stdout
+    assert "MutatingAdmissionPolicy" not in plain
+    for api in (MAP_V1, MAP_V1BETA1):
+        version = api.rsplit("/", 1)[0]
+        objs = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.36.0"), "--api-versions", api).stdout)
+                if d]
+        policy = find(objs, "MutatingAdmissionPolicy")
+        assert policy["apiVersion"] == version
+        assert find(objs, "MutatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
+        text = json.dumps(policy["spec"]["mutations"])
+        assert "deepres-scheduler" in text and "deepres.io/gpu" in text
+
+
+def test_without_the_device_plugin_the_mutation_adds_the_env_wiring(tmp_path: Path) -> None:
+    values = write_values(tmp_path, {"devicePlugin": {"enabled": False}})
+    rendered = helm(*template_args(values, "1.36.0"), "--api-versions", MAP_V1).stdout
+    objs = [d for d in yaml.safe_load_all(rendered) if d]
+    text = json.dumps(find(objs, "MutatingAdmissionPolicy")["spec"]["mutations"])
+    assert "NVIDIA_VISIBLE_DEVICES" in text and "deepres.io/gpu" not in text
+    agent = find(objs, "DaemonSet", "deepres-agent")
+    assert not any("--device-plugin" in a for a in container(agent, "agent").get("args") or [])
+    assert not [v for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+
+
+def test_the_agent_serves_the_device_plugin_in_the_kubelets_folder(tmp_path: Path) -> None:
+    objs = render(tmp_path, {"devicePlugin": {"deviceListStrategy": "cdi", "slotsPerGpu": 8}})
+    agent = find(objs, "DaemonSet", "deepres-agent")
+    args = container(agent, "agent")["args"]
+    assert {"--device-plugin", "--device-list-strategy=cdi", "--device-plugin-slots=8"} <= set(args)
+    mounts = {m["name"]: m["mountPath"] for m in container(agent, "agent")["volumeMounts"]}
+    volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
+    kubelet_dir = "/var/lib/kubelet/device-plugins"
+    assert volumes["device-plugins"]["hostPath"]["path"] == mounts["device-plugins"] == kubelet_dir
+    security = container(agent, "agent")["securityContext"]
+    assert security["runAsUser"] == 0 and security["capabilities"]["drop"] == ["ALL"]
+    assert security["allowPrivilegeEscalation"] is False
+    # simulated agents (kind, kwok) start no plugin
+    simulated = find(render(tmp_path, VALUE_SETS["simulated"]), "DaemonSet", "deepres-agent")
+    assert "--device-plugin" not in json.dumps(simulated)
+
+
+def test_bad_device_plugin_values_are_refused(tmp_path: Path) -> None:
+    assert "deviceListStrategy" in render_error(tmp_path, {"devicePlugin": {"deviceListStrategy": "magic"}})
+    assert "slotsPerGpu" in render_error(tmp_path, {"devicePlugin": {"slotsPerGpu": 0}})
+    assert "actions" in render_error(tmp_path, {"admission": {"validation": {"actions": ["Block"]}}})
 
 
 # --------------------------------------------------------------------------------------------------

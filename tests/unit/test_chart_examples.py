@@ -17,7 +17,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
 KUBE_VERSIONS = ("1.32.0", "1.33.0", "1.34.0", "1.35.0")
-ASSIGNED_GPUS_FIELD = "metadata.annotations['deepres.io/assigned-gpus']"
+#: the annotations the chart's MutatingAdmissionPolicy matches (helm/deepres/templates/admission/mutating-policy.yaml)
+MUTATION_KEYS = ("deepres.io/model-type", "deepres.io/model", "deepres.io/gpu-memory")
+DEVICE_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -41,15 +43,18 @@ def test_example_is_a_valid_pod_for_every_supported_version(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_asks_for_deepres_and_receives_its_gpus(path: Path) -> None:
+def test_example_carries_annotations_only(path: Path) -> None:
+    """The chart's MutatingAdmissionPolicy adds schedulerName and the deepres.io/gpu request to pods with a
+    job annotation (tests/cluster/test_admission.py shows it in the API server), and its validating
+    policy refuses containers that set NVIDIA_VISIBLE_DEVICES themselves: an example needs neither."""
     pod = load(path)
-    assert pod["spec"]["schedulerName"] == "deepres-scheduler"
+    assert "schedulerName" not in pod["spec"], f"{path.name}: the admission policy sets schedulerName"
+    assert set(pod["metadata"]["annotations"]) & set(MUTATION_KEYS), f"{path.name}: the mutation would not match it"
     for c in pod["spec"]["containers"]:
-        env = {e["name"]: e for e in c.get("env", [])}
-        assert "NVIDIA_VISIBLE_DEVICES" in env, f"{path.name}/{c['name']}: no NVIDIA_VISIBLE_DEVICES"
-        assert env["NVIDIA_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == ASSIGNED_GPUS_FIELD
-        assert "resources" not in c or "nvidia.com/gpu" not in str(c["resources"]), (
-            "an nvidia.com/gpu request would hand out whole GPUs through the device plugin, not deepres's choice"
+        assert not any(e["name"] in DEVICE_VARIABLES for e in c.get("env", [])), f"{path.name}/{c['name']}"
+        assert "gpu" not in str(c.get("resources", {})), (
+            "no GPU request: the admission policy adds deepres.io/gpu; an nvidia.com/gpu request would hand out "
+            "whole GPUs through NVIDIA's device plugin, not deepres's choice"
         )
 
 

@@ -305,3 +305,23 @@ and the scheduler's client certificate (deepres pod-certs), each half into its o
         path: ca.crt
 {{- end }}
 {{- end }}
+
+{{/* The user the extender acts as (its ServiceAccount): in sidecar mode the scheduler pod's. The
+admission policy lets only it write the annotations the extender writes at bind. */}}
+{{- define "deepres.extenderUser" -}}
+{{- $component := ternary "scheduler" "extender" (eq .Values.extender.mode "sidecar") -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" $component)) }}
+{{- end }}
+
+{{/* The namespaces the admission policies govern: admission.namespaceSelector, else all but
+kube-system and the release namespace (the agent there needs every GPU). */}}
+{{- define "deepres.admissionNamespaceSelector" -}}
+{{- if .Values.admission.namespaceSelector }}
+{{- toYaml .Values.admission.namespaceSelector }}
+{{- else -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: [kube-system, {{ .Release.Namespace | quote }}]
+{{- end }}
+{{- end }}

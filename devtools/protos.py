@@ -1,0 +1,52 @@
+"""Regenerate the Python modules of the vendored kubelet device plugin API (`python -m devtools.protos`).
+
+Why: the agent's device plugin speaks the kubelet's gRPC protocol from its real .proto
+(extender/agent/deviceplugin/api.proto); the generated modules are committed so the serving install
+needs only the grpcio and protobuf runtimes, not grpcio-tools (a dev dependency). Run from the
+repository root, the include path is the root, so the generated gRPC module imports the messages as
+`extender.agent.deviceplugin.api_pb2` (a package import, not a top-level `api_pb2`).
+`--check` regenerates into a temporary folder and exits 1 if the committed modules differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROTO = Path("extender/agent/deviceplugin/api.proto")
+OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+
+
+def generate(out: Path) -> None:
+    from grpc_tools import protoc  # type: ignore[import-untyped]
+
+    args = ["grpc_tools.protoc", f"-I{REPO}", f"--python_out={out}", f"--pyi_out={out}",
+            f"--grpc_python_out={out}", str(REPO / PROTO)]
+    if protoc.main(args) != 0:
+        raise SystemExit(f"protoc failed on {PROTO}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.protos", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed modules are out of date")
+    args = parser.parse_args(argv)
+    if not args.check:
+        generate(REPO)
+        print(f"generated {', '.join(OUTPUTS)} in {PROTO.parent}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp))
+        stale = [name for name in OUTPUTS
+                 if not filecmp.cmp(Path(tmp) / PROTO.parent / name, REPO / PROTO.parent / name, shallow=False)]
+    if stale:
+        print(f"out of date: {', '.join(stale)}: run `python -m devtools.protos`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The chart's admission policies in the real kube-apiserver (the local control plane, chart installed).
+
+Why: a pod that names its own GPUs, writes its own assignment, or skips the scheduler would use GPUs
+deepres gave to others; only the API server can refuse it before it exists. Each check runs twice:
+in a governed namespace (the jobs namespace), where the chart's ValidatingAdmissionPolicy refuses it
+(or its MutatingAdmissionPolicy adds the wiring), and the same request in the release namespace, which
+the policies' bindings leave out, where the API server admits it unchanged: so each refusal is the
+chart's policy, not the API server's own validation. Pod creations are dry runs (admission runs, nothing
+is stored), except the pods a Binding or a patch needs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from extender.agent.deviceplugin.plugin import KubeBoundPods
+from tests.cluster.conftest import CPU_NODE, LocalCluster
+from tests.e2e.scenarios import JOBS_NAMESPACE, NAMESPACE, RELEASE
+
+GOVERNED, UNGOVERNED = JOBS_NAMESPACE, NAMESPACE
+EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-scheduler"  # sidecar mode: the scheduler pod's
+ASSIGNED = "deepres.io/assigned-gpus"
+WIRING = "metadata.annotations['deepres.io/assigned-gpus']"
+
+
+def pod(name: str, *, annotations: dict[str, str] | None = None, env: list[dict[str, Any]] | None = None,
+        node: str = "", scheduler: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "train", "image": "busybox:1.36", "env": env or []}],
+                            "terminationGracePeriodSeconds": 0}
+    if node:
+        spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": spec}
+
+
+def refusal(call: Any) -> str:
+    """The API server's message when `call()` is refused; fails when it is admitted."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call()
+    except ApiException as err:
+        assert err.status in (400, 403, 422), f"refused with {err.status}: {err.body}"
+        return str(err.body)
+    pytest.fail("admitted, expected a refusal")
+
+
+def create(cluster: LocalCluster, namespace: str, body: dict[str, Any], dry_run: bool = True) -> Any:
+    return cluster.core.create_namespaced_pod(namespace, body, dry_run="All" if dry_run else None)
+
+
+@pytest.fixture
+def as_extender(cluster: LocalCluster) -> Iterator[Any]:
+    """A CoreV1Api acting as the extender's ServiceAccount (the admin impersonates it)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(str(cluster.plane.admin_kubeconfig))  # type: ignore[no-untyped-call]
+    api.set_default_header("Impersonate-User", EXTENDER_USER)
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+@pytest.fixture
+def pending(cluster: LocalCluster) -> Iterator[list[tuple[str, str]]]:
+    """Pods the test stores (namespace, name), deleted afterwards."""
+    made: list[tuple[str, str]] = []
+    yield made
+    for namespace, name in made:
+        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def stored(cluster: LocalCluster, pending: list[tuple[str, str]], namespace: str, prefix: str) -> str:
+    """A pod no scheduler takes (it stays Pending): a target for patches and Bindings."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    create(cluster, namespace, pod(name, scheduler="nobody"), dry_run=False)
+    pending.append((namespace, name))
+    return name
+
+
+def binding(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": CPU_NODE}}
+
+
+def test_a_container_that_names_its_own_gpus_is_refused(cluster: LocalCluster) -> None:
+    for variable in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"):
+        body = pod("all-gpus", env=[{"name": variable, "value": "all"}])
+        assert "a container may not choose its GPUs" in refusal(lambda b=body: create(cluster, GOVERNED, b))
+        create(cluster, UNGOVERNED, body)  # without the policy: admitted
+    # the one form allowed: the downward-API wiring to what the extender wrote
+    create(cluster, GOVERNED, pod("wired", env=[{"name": "NVIDIA_VISIBLE_DEVICES",
+                                                 "valueFrom": {"fieldRef": {"fieldPath": WIRING}}}]))
+
+
+def test_only_the_extender_writes_the_assignment(cluster: LocalCluster, as_extender: Any,
+                                                  pending: list[tuple[str, str]]) -> None:
+    patch = {"metadata": {"annotations": {ASSIGNED: "GPU-someone-elses"}}}
+    # a user (here the cluster admin) patches the assignment of a pod: refused
+    target = stored(cluster, pending, GOVERNED, "patched")
+    message = refusal(lambda: cluster.core.patch_namespaced_pod(target, GOVERNED, patch))
+    assert "only the deepres extender" in message
+    # ... or creates a pod carrying one, or binds with one: refused
+    assert "only the deepres extender" in refusal(lambda: create(cluster, GOVERNED, pod(
+        "self-assigned", annotations={ASSIGNED: "GPU-x"}, scheduler="nobody")))
+    assert "only the deepres extender" in refusal(lambda: cluster.core.create_namespaced_pod_binding(
+        target, GOVERNED, binding(target, {ASSIGNED: "GPU-x"}), _preload_content=False))
+    # the extender's bind writes it (a Binding with the annotations, as extender/kube/cluster.py does)
+    as_extender.create_namespaced_pod_binding(target, GOVERNED, binding(target, {
+        ASSIGNED: "GPU-bound-by-deepres", "deepres.io/assigned-node": CPU_NODE}), _preload_content=False)
+    bound = cluster.core.read_namespaced_pod(target, GOVERNED)
+    assert bound.metadata.annotations[ASSIGNED] == "GPU-bound-by-deepres" and bound.spec.node_name == CPU_NODE
+    # the device plugin's lookup (the pods of its node, by field selector) finds it with its GPUs
+    on_node = {p.uid: p for p in KubeBoundPods(cluster.core, CPU_NODE).bound_pods()}
+    assert on_node[bound.metadata.uid].assigned_gpus == ("GPU-bound-by-deepres",)
+    # and no user may remove it afterwards
+    assert "only the deepres extender" in refusal(lambda: cluster.core.patch_namespaced_pod(
+        target, GOVERNED, {"metadata": {"annotations": {ASSIGNED: None}}}))
+    # without the policy the same patch is admitted
+    elsewhere = stored(cluster, pending, UNGOVERNED, "patched")
+    cluster.core.patch_namespaced_pod(elsewhere, UNGOVERNED, patch)
+
+
+def test_an_annotated_pod_is_admitted_with_its_wiring_added(cluster: LocalCluster) -> None:
+    body = pod("annotations-only", annotations={"deepres.io/model-type": "cnn", "deepres.io/batch-size": "32"})
+    admitted = create(cluster, GOVERNED, body)
+    assert admitted.spec.scheduler_name == "deepres-scheduler"
+    (container,) = admitted.spec.containers
+    assert container.resources.limits == {"deepres.io/gpu": "1"}
+    assert container.resources.requests == {"deepres.io/gpu": "1"}
+    # a container that asked for its own count keeps it
+    two = pod("asks-two", annotations={"deepres.io/gpu-memory": "8Gi"})
+    two["spec"]["containers"][0]["resources"] = {"limits": {"deepres.io/gpu": "2"}}
+    assert create(cluster, GOVERNED, two).spec.containers[0].resources.limits == {"deepres.io/gpu": "2"}
+    # a pod without deepres job annotations is left alone
+    assert create(cluster, GOVERNED, pod("plain")).spec.scheduler_name == "default-scheduler"
+    # without the policy the annotated pod is stored as written
+    untouched = create(cluster, UNGOVERNED, body)
+    assert untouched.spec.scheduler_name == "default-scheduler"
+    assert not (untouched.spec.containers[0].resources.limits or {})
+
+
+def test_a_gpu_pod_created_on_a_node_is_refused(cluster: LocalCluster) -> None:
+    for body in (pod("placed", annotations={"deepres.io/model-type": "cnn"}, node=CPU_NODE),
+                 pod("placed-by-request", node=CPU_NODE)):
+        if "annotations" not in body["metadata"] or not body["metadata"]["annotations"]:
+            body["spec"]["containers"][0]["resources"] = {"limits": {"deepres.io/gpu": "1"}}
+        assert "may not be created with spec.nodeName" in refusal(lambda b=body: create(cluster, GOVERNED, b))
+        create(cluster, UNGOVERNED, body)  # without the policy: admitted
+    create(cluster, GOVERNED, pod("cpu-pod-on-a-node", node=CPU_NODE))  # not a GPU pod: admitted
+
+
+def test_a_privileged_gpu_container_is_refused(cluster: LocalCluster) -> None:
+    body = pod("privileged", annotations={"deepres.io/model-type": "cnn"})
+    body["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    assert "privileged" in refusal(lambda: create(cluster, GOVERNED, body))
+    create(cluster, UNGOVERNED, body)
