@@ -478,6 +478,21 @@ class Ledger:
                     pending[uuid] = pending.get(uuid, 0.0) + res.memory_mib
         return pending
 
+    def _regrown_gpus(self, node: str) -> set[str]:
+        """The GPUs of `node` that hold a reservation whose job grew again after the usage rule lowered
+        it (`UsageTrack.regrown`): they admit nothing until that job has shown its new peak."""
+        blocked: set[str] = set()
+        for uid in self._by_node.get(node, ()):
+            res = self._reservations.get(uid)
+            if res is not None and res.track is not None and res.track.regrown:
+                blocked.update(res.gpu_uuids)
+        return blocked
+
+    def _shown_reserved_mib(self, node: str, gpu: GpuReport, blocked: set[str]) -> float:
+        """The reservations on a GPU as its view shows them: a GPU blocked for a regrown job shows full."""
+        reserved = self._reserved_mib.get((node, gpu.uuid), 0.0)
+        return max(reserved, gpu.memory_total_mib) if gpu.uuid in blocked else reserved
+
     def _rebuild(self, node: str) -> None:
         telemetry = self._telemetry.get(node)
         if telemetry is None:
@@ -485,6 +500,7 @@ class Ledger:
             self.matrix.remove(node)
             return
         pending = self._pending_mib(node, telemetry.received_s)
+        blocked = self._regrown_gpus(node)
         duties: dict[str, list[float]] = {}
         for uid in self._by_node.get(node, ()):
             held = self._reservations.get(uid)
@@ -499,7 +515,7 @@ class Ledger:
                     index=g.index,
                     capacity_mib=g.memory_total_mib,
                     used_mib=g.memory_used_mib,
-                    reserved_mib=self._reserved_mib.get((node, g.uuid), 0.0),
+                    reserved_mib=self._shown_reserved_mib(node, g, blocked),
                     utilization=g.utilization_gpu,
                     healthy=g.healthy,
                     foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,

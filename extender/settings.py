@@ -113,6 +113,12 @@ class PolicySettings:
     constraints with ScheduleAnyway): they get every node that fits. 0: every node that fits, always."""
     usage_warmup_s: float = 120.0
     """Time after bind before a reservation follows the pod's observed peak."""
+    usage_plateau_s: float = 300.0
+    """A reservation goes below its admission only once the pod's observed peak has not grown for this
+    long (the pod has shown its peak; docs/usage-rule.md): 5x the minute in which the growing jobs of
+    issue 34 reached their admission, 60 agent reports, and minutes against jobs that run for hours."""
+    usage_plateau_samples: int = 3
+    """...and over at least this many observations (a silent agent shows no plateau)."""
     usage_margin: float = 1.10
     """Safety margin on observed peaks (>= 1)."""
     min_reservation_mib: float = 256.0
@@ -154,6 +160,8 @@ class PolicySettings:
             spread_priority=self.spread_priority,
             fragmentation_weight=self.fragmentation_weight,
             usage_warmup_s=self.usage_warmup_s,
+            usage_plateau_s=self.usage_plateau_s,
+            usage_plateau_samples=self.usage_plateau_samples,
             usage_margin=self.usage_margin,
             min_reservation_mib=self.min_reservation_mib,
             size_scale_gpu_s=self.size_scale_gpu_s,
@@ -292,6 +300,9 @@ class Settings:
             p.append(f"policy.filter_shortlist must be >= 0 (0: off), got {pol.filter_shortlist}")
         if pol.usage_warmup_s < 0:
             p.append(f"policy.usage_warmup_s must be >= 0, got {pol.usage_warmup_s}")
+        if pol.usage_plateau_s < 0:
+            p.append(f"policy.usage_plateau_s must be >= 0, got {pol.usage_plateau_s}")
+        _positive(p, "policy.usage_plateau_samples", pol.usage_plateau_samples)
         if not 1.0 <= pol.usage_margin <= 10.0:
             p.append(f"policy.usage_margin must be in [1, 10], got {pol.usage_margin}")
         if pol.min_reservation_mib < 0:
