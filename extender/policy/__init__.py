@@ -46,7 +46,7 @@ Functions
     follow_usage(reservation, peak_mib_per_gpu, now_s, params) -> Reservation
     observe_usage(reservation, peak_mib_per_gpu, now_s, params, peaks) -> Reservation
         (one report's peak: the usage rule, and the signature's peak recorded once the pod has shown it)
-    peak_shown(reservation, now_s, params) -> bool
+    peak_shown(reservation) -> bool
         (the pod's observed peak flat for usage_plateau_s: only then may its reservation go below admission)
     PeakStore(capacity).record(signature, peak_mib) / .get(signature) -> Correction | None
     corrected_admission(predicted_upper_mib, correction | None, params) -> float

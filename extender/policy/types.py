@@ -140,13 +140,15 @@ class PodRequest:
 class UsageTrack:
     """What the usage rule saw of a bound pod's memory (`usage.track_peak`): its largest per-GPU peak
     since bind (`peak_mib`), the peak when it last grew (`base_mib`) and when (`grew_s`, extender
-    clock), the observations since (`samples`), and whether it grew back after its reservation was
-    lowered (`regrown`: its GPUs admit nothing until it has shown its peak again)."""
+    clock), the observations since (`samples`), whether it has shown its peak (`shown`: its peak was
+    flat for the plateau once; from then on its reservation follows its peak) and whether it outgrew
+    its lowered reservation since (`regrown`: its GPUs admit nothing until its peak is flat again)."""
 
     peak_mib: float
     base_mib: float
     grew_s: float
     samples: int = 1
+    shown: bool = False
     regrown: bool = False
 
 

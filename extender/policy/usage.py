@@ -16,10 +16,10 @@ memory deepres did not place is never counted as free.
    `min_reservation_mib`). Before, it is never below the admission (which is never below the
    predictor's point except where the user's override or the signature's observed peaks set it):
    a job that started at 30% of its admission and grows to it within a minute keeps its memory. A
-   reservation goes *up* at once whenever peak x margin exceeds it. A job whose peak grows again
-   after its reservation was lowered has not shown its peak after all (`regrown`): its reservation
-   returns to max(admission, peak x margin) and its GPUs admit nothing (the ledger shows them full)
-   until it has shown its new peak, so nothing else takes the memory it grows into. A peak of 0 is
+   reservation goes *up* at once whenever peak x margin exceeds it. A job that outgrows its lowered
+   reservation (`regrown`) gets its reservation back at once (to its observed need, peak x margin)
+   and its GPUs admit nothing (the ledger shows them full) until its peak is flat again, so nothing
+   else takes the memory it grows into. A peak of 0 is
    no observation (NVML without per-process memory reports 0), and a peak is bounded by the GPU's
    capacity.
 3. Observed peaks are kept per job signature in a bounded store (least recently used signatures
@@ -78,59 +78,52 @@ def track_peak(track: UsageTrack | None, peak_mib_per_gpu: float, now_s: float) 
         return UsageTrack(peak_mib_per_gpu, peak_mib_per_gpu, now_s)
     peak = max(track.peak_mib, peak_mib_per_gpu)
     if peak > track.base_mib * (1.0 + PLATEAU_GROWTH):
-        return UsageTrack(peak, peak, now_s, 1, track.regrown)
-    return UsageTrack(peak, track.base_mib, track.grew_s, track.samples + 1, track.regrown)
+        return replace(track, peak_mib=peak, base_mib=peak, grew_s=now_s, samples=1)
+    return replace(track, peak_mib=peak, samples=track.samples + 1)
 
 
-def peak_shown(res: Reservation, now_s: float, params: PolicyParams) -> bool:
-    """Whether the pod has shown its peak (rule 2): past the warm-up, and its observed peak flat for
-    `usage_plateau_s` over `usage_plateau_samples` observations."""
-    track = res.track
-    return (track is not None and warmed_up(res, now_s, params)
-            and now_s - track.grew_s >= params.usage_plateau_s and track.samples >= params.usage_plateau_samples)
+def plateau_reached(res: Reservation, track: UsageTrack, now_s: float, params: PolicyParams) -> bool:
+    """Past the warm-up, and the observed peak flat for `usage_plateau_s` over
+    `usage_plateau_samples` observations."""
+    return (warmed_up(res, now_s, params) and now_s - track.grew_s >= params.usage_plateau_s
+            and track.samples >= params.usage_plateau_samples)
 
 
-def known_need_mib(res: Reservation, params: PolicyParams) -> float:
-    """What the job is known to reach per GPU: its observed peak since bind x margin (0: none seen)."""
-    if res.track is None:
-        return 0.0
-    return max(res.track.peak_mib * params.usage_margin, params.min_reservation_mib)
+def peak_shown(res: Reservation) -> bool:
+    """Whether the pod has shown its peak (rule 2): its observed peak was flat for the plateau once."""
+    return res.track is not None and res.track.shown
+
+
+def need_mib(track: UsageTrack, params: PolicyParams) -> float:
+    """What the job is known to reach per GPU: its observed peak since bind x margin."""
+    return max(track.peak_mib * params.usage_margin, params.min_reservation_mib)
 
 
 def floor_before_peak_mib(res: Reservation) -> float:
     """The least a reservation holds until the pod has shown its peak: its admission. Not the
     predictor's point: a job above its point estimate is the predictor's ordinary error (the upper
     bound exists for it), and memory between the two handed out early is memory such a job grows
-    into (the property test in tests/adversarial/test_ledger_growth.py finds it at once)."""
+    into (tests/adversarial/test_ledger_growth.py's property test finds that at once)."""
     return res.admission_mib
 
 
-def usage_target_mib(res: Reservation, now_s: float, params: PolicyParams) -> float:
-    """Rule 2's reservation per GPU for `res` (its `track` already updated) at `now_s`."""
-    need = known_need_mib(res, params)
-    if peak_shown(res, now_s, params):
-        return need
-    return max(need, floor_before_peak_mib(res))
-
-
 def follow_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, params: PolicyParams) -> Reservation:
-    """The reservation after applying the usage rule to an observed per-GPU peak at `now_s`: its
-    `track` updated, its memory the rule's target (`usage_target_mib`). A lowered reservation whose
-    job grows again is marked `regrown` until the job has shown its new peak."""
+    """The reservation after the usage rule (rule 2) sees a per-GPU peak at `now_s`: its `track`
+    updated; its memory max(admission, need) until the pod has shown its peak, then its need
+    (`need_mib`, up at once as the peak grows). A job that outgrows a lowered reservation is marked
+    `regrown` until its peak is flat again (the ledger then shows its GPUs full)."""
     if not peak_mib_per_gpu > 0.0:
         return res
     track = track_peak(res.track, peak_mib_per_gpu, now_s)
-    lowered = res.memory_mib < res.admission_mib - FOLLOW_DEADBAND_MIB
-    if lowered and track.grew_s == now_s and res.track is not None and track.peak_mib > res.track.peak_mib:
-        track = replace(track, regrown=True)  # a lowered job grows again: it had not shown its peak
-    updated = replace(res, track=track)
-    if track.regrown and peak_shown(updated, now_s, params):
-        track = replace(track, regrown=False)
-        updated = replace(res, track=track)
-    target = usage_target_mib(updated, now_s, params)
+    need = need_mib(track, params)
+    if plateau_reached(res, track, now_s, params):
+        track = replace(track, shown=True, regrown=False)
+    elif track.shown and need > res.memory_mib + FOLLOW_DEADBAND_MIB:
+        track = replace(track, regrown=True)  # it grew back above what it was lowered to
+    target = need if track.shown else max(need, floor_before_peak_mib(res))
     if abs(target - res.memory_mib) < FOLLOW_DEADBAND_MIB:
-        return updated
-    return replace(updated, memory_mib=target)
+        return replace(res, track=track)
+    return replace(res, memory_mib=target, track=track)
 
 
 def usage_reports_s(params: PolicyParams) -> list[float]:
@@ -150,7 +143,7 @@ def observe_usage(res: Reservation, peak_mib_per_gpu: float, now_s: float, param
     pods either). The extender's ledger calls this on every report, the simulator's replay on its
     usage events."""
     updated = follow_usage(res, peak_mib_per_gpu, now_s, params)
-    if res.signature and updated.track is not None and peak_shown(updated, now_s, params):
+    if res.signature and updated.track is not None and updated.track.shown:
         peaks.record(res.signature, updated.track.peak_mib, res.pod_uid, res.node)
     return updated
 

@@ -408,10 +408,13 @@ def test_a_lowered_reservation_whose_job_grows_again_is_restored_and_marked() ->
     assert lowered.memory_mib == pytest.approx(2 * GIB * P.usage_margin)
     regrown = follow_usage(lowered, 6 * GIB, times[-1] + 5, P)
     assert regrown.track is not None and regrown.track.regrown
-    assert regrown.memory_mib == old.admission_mib  # back to what it was admitted with
+    assert regrown.memory_mib == pytest.approx(6 * GIB * P.usage_margin)  # back to what it is seen to need
     settled = observed(regrown, 6 * GIB, [times[-1] + 5 + t - NOW for t in times])
     assert settled.track is not None and not settled.track.regrown
     assert settled.memory_mib == pytest.approx(6 * GIB * P.usage_margin)
+    within = follow_usage(lowered, 2 * GIB * 1.01, times[-1] + 5, P)  # creep below PLATEAU_GROWTH: followed,
+    assert within.track is not None and not within.track.regrown  # still flat: no alarm
+    assert within.memory_mib == pytest.approx(2 * GIB * 1.01 * P.usage_margin)
 
 
 def test_peak_store_is_bounded_and_corrects_admission() -> None:
