@@ -167,6 +167,7 @@ __all__ = [
     "observe_usage",
     "occupied_mib",
     "packs_by_mix",
+    "peak_shown",
     "plan_victims",
     "priority_of",
     "reserved_per_gpu",
@@ -176,7 +177,6 @@ __all__ = [
     "scores_from_merits",
     "shortlist",
     "spreads",
-    "peak_shown",
     "warmed_up",
     "whole_gpu_request",
 ]

@@ -48,8 +48,8 @@ from extender.policy.columnar import (
     score_matrix,
 )
 from extender.policy.filtering import largest_gpu_mib, reserved_per_gpu, whole_gpu_request
-from extender.policy.usage import usage_reports_s
 from extender.policy.types import EMPTY_SLACK_MIB
+from extender.policy.usage import usage_reports_s
 
 P = PolicyParams()
 NOW = 1_000_000.0
