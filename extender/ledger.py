@@ -44,8 +44,9 @@ BOOTS_PER_NODE = 8
 #: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
 BOUND_MAX = 100_000
 #: Nodes with telemetry at most (local mode has no node list: invented nodes must not grow memory).
-#: Local mode makes room for a new node by forgetting the one silent longest that holds no
-#: reservation (`_make_room`); in a cluster the node list bounds them and the cap refuses.
+#: Local mode makes room for a new node by forgetting the least useful node (`_make_room`): one
+#: nobody has placed on (heard longest ago first), else one whose last pod left longest ago; never
+#: one that holds a reservation. In a cluster the node list bounds them and the cap refuses.
 NODES_MAX = 20_000
 
 
@@ -77,6 +78,10 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._reserved_mib: dict[tuple[str, str], float] = {}  # (node, GPU uuid) -> sum of reservations
         self._owner: dict[str, str] = {}  # GPU uuid -> the node it belongs to
+        self._owned: dict[str, set[str]] = {}  # node -> the GPU uuids it owns (`_owner` by node)
+        # local mode's node cap (`_make_room`), nodes holding no reservation, least useful first:
+        self._unplaced: OrderedDict[str, None] = OrderedDict()  # nobody placed on them; heard longest ago first
+        self._emptied: OrderedDict[str, None] = OrderedDict()  # placed on before; emptied longest ago first
         self._bound: OrderedDict[str, str] = OrderedDict()  # pod uid -> node, Bindings created
         self._seen: dict[str, float] = {}  # pod uid -> when its reservation was made or a report named it
         self._views: dict[str, NodeView] = {}
@@ -213,27 +218,51 @@ class Ledger:
             if last is not None and self._unchanged(report, last):
                 self._heartbeat(report, now_s)
                 self._telemetry.move_to_end(report.node)  # in order of receipt: first, the node silent longest
+                self._heard(report.node, last is None)
                 return ACCEPTED
             self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
             self._telemetry.move_to_end(report.node)
+            self._heard(report.node, last is None)
             self._follow_usage(report, now_s)
             self._rebuild(report.node)
             return ACCEPTED
 
     def _make_room(self) -> bool:
-        """Local mode at the node cap (lock held): forget the node silent longest that holds no
-        reservation, so that a flood of invented nodes pushes out invented nodes, not new real ones
-        for up to `kube.local_expiry_s`. False in a cluster (the node list bounds the nodes) or when
-        every node holds a reservation."""
+        """Local mode at the node cap (lock held): forget the least useful node, so that a flood of
+        invented nodes pushes out invented nodes, not new real ones for up to `kube.local_expiry_s`,
+        and re-reports of nodes nobody placed on never push out one that holds or recently held pods:
+        first a node nobody has placed on (heard longest ago first), else the node whose last pod left
+        longest ago; never one that holds a reservation. O(1) (plus the forgotten node's GPUs). False
+        in a cluster (the node list bounds the nodes) or when every node holds a reservation."""
         if self._known_nodes is not None:
             return False
-        for name in self._telemetry:  # oldest receipt first
-            if not self._by_node.get(name):
+        for spare, why in ((self._unplaced, "nobody placed on it"), (self._emptied, "its last pod left longest ago")):
+            if spare:
+                name = next(iter(spare))
                 self._forget(name)
                 self.nodes_dropped += 1
-                log.info("node cap %d reached: forgot node=%s (silent longest, no reservation)", NODES_MAX, name)
+                log.info("node cap %d reached: forgot node=%s (%s, no reservation)", NODES_MAX, name, why)
                 return True
         return False
+
+    def _heard(self, node: str, new: bool) -> None:
+        """A report of `node` was accepted (lock held): a new node without reservations joins the
+        nodes nobody placed on; one of those moves to the back (heard last)."""
+        if node in self._unplaced:
+            self._unplaced.move_to_end(node)
+        elif new and not self._by_node.get(node) and node not in self._emptied:
+            self._unplaced[node] = None
+
+    def _placed_on(self, node: str) -> None:
+        """`node` holds a reservation (lock held): it is no spare for the node cap."""
+        self._unplaced.pop(node, None)
+        self._emptied.pop(node, None)
+
+    def _emptied_now(self, node: str) -> None:
+        """`node`'s last reservation was released (lock held): the most recently useful spare."""
+        if node in self._telemetry and not self._by_node.get(node):
+            self._emptied.pop(node, None)
+            self._emptied[node] = None
 
     def _unchanged(self, report: NodeReport, last: NodeTelemetry) -> bool:
         """Whether `report` says what the node's last accepted one said (an idle node's heartbeat):
@@ -276,11 +305,23 @@ class Ledger:
                 self.gpus_refused += 1
                 log.warning("node=%s reported GPU %s of node %s: GPU ignored", report.node, gpu.uuid, owner)
                 continue
-            self._owner[gpu.uuid] = report.node
+            self._claim(gpu.uuid, node)
             kept.append(gpu)
         if len(kept) == len(report.gpus):
             return report
         return replace(report, gpus=tuple(kept))
+
+    def _claim(self, uuid: str, node: str) -> None:
+        """`uuid` belongs to `node` from now on (lock held), in both indexes."""
+        previous = self._owner.get(uuid)
+        if previous is not None and previous != node:
+            owned = self._owned.get(previous)
+            if owned is not None:
+                owned.discard(uuid)
+                if not owned:
+                    del self._owned[previous]
+        self._owner[uuid] = node
+        self._owned.setdefault(node, set()).add(uuid)
 
     def _still_owns(self, node: str, uuid: str) -> bool:
         telemetry = self._telemetry.get(node)
@@ -360,7 +401,8 @@ class Ledger:
             self._add(res)
             self._bound[res.pod_uid] = res.node
             for uuid in res.gpu_uuids:  # the pod's annotations say whose GPU it is
-                self._owner.setdefault(uuid, res.node)
+                if uuid not in self._owner:
+                    self._claim(uuid, res.node)
             self._demand.admit(res.admission_mib, len(res.gpu_uuids))
             return True
 
@@ -382,21 +424,31 @@ class Ledger:
             self._seen.pop(pod_uid, None)
             self._by_node.get(res.node, set()).discard(pod_uid)
             self._shift(res, -res.memory_mib)
+            self._emptied_now(res.node)
             self._rebuild(res.node)
             return res
 
     # ---- internals (lock held) ----
     def _forget(self, name: str) -> None:
+        """Drop a node's telemetry and the GPUs it owns but holds no reservation on: O(its GPUs)."""
         self._telemetry.pop(name, None)
         self._boots.pop(name, None)
-        for uuid in [u for u, n in self._owner.items() if n == name and (name, u) not in self._reserved_mib]:
-            del self._owner[uuid]
+        self._unplaced.pop(name, None)
+        self._emptied.pop(name, None)
+        owned = self._owned.get(name, set())
+        for uuid in [u for u in owned if (name, u) not in self._reserved_mib]:
+            owned.discard(uuid)
+            if self._owner.get(uuid) == name:
+                del self._owner[uuid]
+        if not owned:
+            self._owned.pop(name, None)
         self._rebuild(name)
 
     def _add(self, res: Reservation) -> None:
         self._reservations[res.pod_uid] = res
         self._seen[res.pod_uid] = res.bound_s
         self._by_node.setdefault(res.node, set()).add(res.pod_uid)
+        self._placed_on(res.node)
         self._shift(res, res.memory_mib)
         self._rebuild(res.node)
 

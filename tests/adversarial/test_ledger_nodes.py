@@ -1,0 +1,91 @@
+"""Issue 34, what nodes' agents can do to other nodes:
+
+- row 7, the telemetry token holder at the node cap (local mode): re-reporting invented nodes and
+  adding new ones never pushes out a real node that reports on its heartbeat and holds or recently
+  held pods, and making room touches only the forgotten node's GPUs (it scanned every GPU's owner
+  under the ledger lock: 15-59 ms per new node at 20,000 nodes);
+- row 3, one node's agent listing another node's GPU UUIDs: refused for that report with a clear
+  error to the reporting agent and a metric, never taken over, the owning node's GPUs stay healthy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender import ledger as ledger_module
+from extender.ledger import Ledger, Reserved
+from extender.policy.types import PodRequest, PolicyParams, PriorityInputs, Reservation
+from extender.telemetry import GpuReport, NodeReport
+
+P = PolicyParams(sharing=False)
+GPU_MIB = 16_384.0
+CAP = 50
+
+
+def node_report(node: str, seq: int, gpus: int = 1) -> NodeReport:
+    return NodeReport(node, seq, 0.0, "test", "simulated",
+                      tuple(GpuReport(f"{node}-gpu{i}", i, "T4", GPU_MIB, 0.0) for i in range(gpus)), (), boot_id="b")
+
+
+def place(ledger: Ledger, uid: str, node: str, now_s: float) -> None:
+    req = PodRequest(uid, "ns", uid, 1, 4096.0, 4096.0, 1.0)
+    template = Reservation(uid, "ns", uid, node, (), 4096.0, 4096.0, 4096.0, PriorityInputs(), now_s)
+    assert isinstance(ledger.reserve_on(req, template, now_s), Reserved)
+
+
+def test_reports_of_nodes_nobody_placed_on_never_push_out_a_node_that_had_pods(monkeypatch: Any) -> None:
+    """At the cap (lowered to 50), the attacker re-reports its invented nodes faster than the real nodes'
+    heartbeat and adds a new one each round: the real node whose pod just ended (no reservation now)
+    and the one holding a pod both stay; invented nodes make room for the new ones."""
+    monkeypatch.setattr(ledger_module, "NODES_MAX", CAP)
+    ledger = Ledger(P)
+    now, seq = 0.0, 1
+    for real in ("real-emptied", "real-busy"):
+        assert ledger.apply_report(node_report(real, seq), now) == "accepted"
+    place(ledger, "finished", "real-emptied", now)
+    place(ledger, "running", "real-busy", now)
+    assert ledger.release("finished") is not None  # its pod ended: a recent placement, no reservation
+    phantoms = [f"phantom-{i}" for i in range(CAP)]
+    for name in phantoms:
+        ledger.apply_report(node_report(name, 1), now)
+    for round_ in range(3 * CAP):
+        now, seq = now + 5.0, seq + 1
+        for real in ("real-emptied", "real-busy"):  # their heartbeat: a report every 5 s
+            assert ledger.apply_report(node_report(real, seq), now) == "accepted"
+        for name in [n for n in ledger.views if n.startswith("phantom")]:  # re-reported after the heartbeat
+            ledger.apply_report(node_report(name, seq), now + 1.0)
+        assert ledger.apply_report(node_report(f"new-{round_}", 1), now + 2.0) == "accepted"
+    views = ledger.views
+    assert "real-emptied" in views and "real-busy" in views
+    assert len(views) == CAP and f"new-{3 * CAP - 1}" in views
+
+
+def test_making_room_at_the_cap_touches_only_the_forgotten_nodes_gpus(monkeypatch: Any) -> None:
+    """Each new node at the cap forgets one node; it used to scan every GPU's owner for it (O(all GPUs)
+    under the ledger lock). Counted: no pass over the owner map while 100 nodes make room."""
+    monkeypatch.setattr(ledger_module, "NODES_MAX", 1_000)
+    ledger = Ledger(P)
+    for i in range(1_000):
+        ledger.apply_report(node_report(f"n{i}", 1, gpus=8), 0.0)
+
+    class Counted(dict[str, str]):
+        passes = 0
+
+        def items(self) -> Any:
+            Counted.passes += 1
+            return super().items()
+
+        def __iter__(self) -> Any:
+            Counted.passes += 1
+            return super().__iter__()
+
+    ledger._owner = Counted(ledger._owner)
+    for i in range(100):
+        assert ledger.apply_report(node_report(f"late-{i}", 1, gpus=8), 1.0) == "accepted"
+    assert Counted.passes == 0
+    assert len(ledger.views) == 1_000 and "n0" not in ledger.views and "late-99" in ledger.views
+    # the forgotten nodes' GPUs are free to be reported again (by a node that now has them)
+    assert ledger.apply_report(node_report("n0", 2, gpus=8), 2.0) == "accepted"
+    view = ledger.node_view("n0")
+    assert view is not None and len(view.healthy) == 8
+
