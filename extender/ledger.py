@@ -39,6 +39,8 @@ ACCEPTED = "accepted"
 OLD_SEQUENCE = "old sequence"
 UNKNOWN_NODE = "unknown node"
 TOO_MANY_NODES = "too many nodes"
+#: Accepted without GPUs another node owns (`gpu_conflicts`): the agent is told, the owner untouched.
+GPU_CONFLICT = "gpu conflict"
 #: Boot ids remembered per node: a replayed report of an earlier boot is not a new boot.
 BOOTS_PER_NODE = 8
 #: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
@@ -95,6 +97,7 @@ class Ledger:
         self.reports_ignored = 0
         self.reports_unknown_node = 0
         self.gpus_refused = 0  # GPUs of a report that another node owns
+        self.uuid_conflicts = 0  # reports that listed a GPU UUID another node owns
         self.nodes_dropped = 0  # local mode: nodes forgotten at the node cap to make room for a new one
 
     # ---- reads (no lock) ----
@@ -220,11 +223,15 @@ class Ledger:
                 self._telemetry.move_to_end(report.node)  # in order of receipt: first, the node silent longest
                 self._heard(report.node, last is None)
                 return ACCEPTED
-            self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
+            kept = self._own_gpus(report)
+            self._telemetry[report.node] = NodeTelemetry(kept, now_s)
             self._telemetry.move_to_end(report.node)
             self._heard(report.node, last is None)
             self._follow_usage(report, now_s)
             self._rebuild(report.node)
+            if len(kept.gpus) < len(report.gpus):
+                self.uuid_conflicts += 1
+                return GPU_CONFLICT
             return ACCEPTED
 
     def _make_room(self) -> bool:
@@ -310,6 +317,18 @@ class Ledger:
         if len(kept) == len(report.gpus):
             return report
         return replace(report, gpus=tuple(kept))
+
+    def gpu_conflicts(self, report: NodeReport) -> dict[str, str]:
+        """The GPUs of `report` another node owns (uuid -> owner): first come, an agent speaks only for
+        its own node, so `apply_report` leaves them out (the owner's GPUs stay as they are) and answers
+        GPU_CONFLICT; the caller tells the agent which."""
+        with self._lock:
+            out = {}
+            for gpu in report.gpus:
+                owner = self._owner.get(gpu.uuid)
+                if owner is not None and owner != report.node and self._still_owns(owner, gpu.uuid):
+                    out[gpu.uuid] = owner
+            return out
 
     def _claim(self, uuid: str, node: str) -> None:
         """`uuid` belongs to `node` from now on (lock held), in both indexes."""
