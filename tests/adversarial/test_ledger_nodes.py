@@ -162,8 +162,8 @@ def test_cluster_mode_an_agent_speaks_only_for_its_node() -> None:
         held = pod("held", {"deepres.io/gpu-memory": "12Gi"})
         cluster.add_pod(held)
         assert post(url + "/bind", binding_args(held, "b")) == (200, {"Error": ""})
-        status, out = post(url + "/v1/telemetry", report("a", 1, [gpu("b-gpu0", GPU_MIB), gpu("a-gpu0", GPU_MIB, index=1)]),
-                           token="token-a")
+        claim = report("a", 1, [gpu("b-gpu0", GPU_MIB), gpu("a-gpu0", GPU_MIB, index=1)])
+        status, out = post(url + "/v1/telemetry", claim, token="token-a")
         assert status == 409 and out["refused_gpus"] == ["b-gpu0"]
         assert post(url + "/v1/telemetry", report("b", 2, [gpu("b-gpu0", GPU_MIB)]), token="token-a")[0] == 401
         assert post(url + "/v1/telemetry", report("b", 2, [gpu("b-gpu0", GPU_MIB)]), token="token-b")[0] == 200
