@@ -153,6 +153,12 @@ class PolicySettings:
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
     """Per-namespace ceiling, e.g. {prod: critical, sandbox: normal}. A PriorityClass is not capped."""
+    default_gpu_share_floor: float = 1.0
+    """Lowest GPU duty (0..1) a pod's declared `deepres.io/gpu-share` counts for, until its job signature's
+    duty is observed, in a namespace not listed below. 1.0: a declaration counts nowhere until observed
+    (declared shares are priors, not passes: six pods declaring 0.01 slowed a GPU-bound job 6.45x)."""
+    namespace_gpu_share_floors: dict[str, float] = field(default_factory=dict)
+    """Per-namespace floor, e.g. {research: 0.0}: the namespaces whose declarations the admin trusts."""
 
     def params(self) -> PolicyParams:
         return PolicyParams(
@@ -176,6 +182,10 @@ class PolicySettings:
 
     def ceiling(self, namespace: str) -> int:
         return CRITICALITIES.index(self.namespace_criticality_ceilings.get(namespace, self.default_criticality_ceiling))
+
+    def share_floor(self, namespace: str) -> float:
+        """The lowest duty a declared gpu-share counts for in `namespace` before observation."""
+        return float(self.namespace_gpu_share_floors.get(namespace, self.default_gpu_share_floor))
 
 
 @dataclass
@@ -316,6 +326,9 @@ class Settings:
         for ns, level in pol.namespace_criticality_ceilings.items():
             if level not in CRITICALITIES:
                 p.append(f"policy.namespace_criticality_ceilings.{ns} must be one of {levels}, got {level!r}")
+        _within(p, "policy.default_gpu_share_floor", pol.default_gpu_share_floor, 0.0, 1.0)
+        for ns, floor in pol.namespace_gpu_share_floors.items():
+            _within(p, f"policy.namespace_gpu_share_floors.{ns}", floor, 0.0, 1.0)
         if not k.scheduler_name:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)
