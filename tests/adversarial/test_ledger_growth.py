@@ -18,7 +18,7 @@ the clock as input), none reading what the rule computes to decide what is right
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -131,8 +131,6 @@ def run_ledger(jobs: list[Job], gpus: int = 2, end_s: float = 1_500.0) -> list[t
 
 
 def replace_time(template: Reservation, now_s: float) -> Reservation:
-    from dataclasses import replace
-
     return replace(template, bound_s=now_s)
 
 
