@@ -53,10 +53,9 @@ class Intake(Part):
         if self.local:
             self._expire_local(mono)
         before = self.ledger.telemetry(report.node)
-        contested = self.ledger.gpu_conflicts(report) if report.gpus else {}
         outcome = self.ledger.apply_report(report, mono)
-        if outcome == GPU_CONFLICT:
-            return self._conflict(report, contested)
+        if outcome == GPU_CONFLICT:  # the owners keep their GPUs: asked after, the same answer
+            return self._conflict(report, self.ledger.gpu_conflicts(report))
         if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
             self.metrics.telemetry_reports.labels("unknown_node").inc()
             why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
