@@ -41,13 +41,16 @@ ACCEPTED = "accepted"
 OLD_SEQUENCE = "old sequence"
 UNKNOWN_NODE = "unknown node"
 TOO_MANY_NODES = "too many nodes"
+#: Accepted without GPUs another node owns (`gpu_conflicts`): the agent is told, the owner untouched.
+GPU_CONFLICT = "gpu conflict"
 #: Boot ids remembered per node: a replayed report of an earlier boot is not a new boot.
 BOOTS_PER_NODE = 8
 #: Pods remembered as bound (a retried bind of one of them succeeds without side effects).
 BOUND_MAX = 100_000
 #: Nodes with telemetry at most (local mode has no node list: invented nodes must not grow memory).
-#: Local mode makes room for a new node by forgetting the one silent longest that holds no
-#: reservation (`_make_room`); in a cluster the node list bounds them and the cap refuses.
+#: Local mode makes room for a new node by forgetting the least useful node (`_make_room`): one
+#: nobody has placed on (heard longest ago first), else one whose last pod left longest ago; never
+#: one that holds a reservation. In a cluster the node list bounds them and the cap refuses.
 NODES_MAX = 20_000
 
 
@@ -83,6 +86,10 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._reserved_mib: dict[tuple[str, str], float] = {}  # (node, GPU uuid) -> sum of reservations
         self._owner: dict[str, str] = {}  # GPU uuid -> the node it belongs to
+        self._owned: dict[str, set[str]] = {}  # node -> the GPU uuids it owns (`_owner` by node)
+        # local mode's node cap (`_make_room`), nodes holding no reservation, least useful first:
+        self._unplaced: OrderedDict[str, None] = OrderedDict()  # nobody placed on them; heard longest ago first
+        self._emptied: OrderedDict[str, None] = OrderedDict()  # placed on before; emptied longest ago first
         self._bound: OrderedDict[str, str] = OrderedDict()  # pod uid -> node, Bindings created
         self._seen: dict[str, float] = {}  # pod uid -> when its reservation was made or a report named it
         self._views: dict[str, NodeView] = {}
@@ -96,6 +103,7 @@ class Ledger:
         self.reports_ignored = 0
         self.reports_unknown_node = 0
         self.gpus_refused = 0  # GPUs of a report that another node owns
+        self.uuid_conflicts = 0  # reports that listed a GPU UUID another node owns
         self.nodes_dropped = 0  # local mode: nodes forgotten at the node cap to make room for a new one
 
     # ---- reads (no lock) ----
@@ -219,27 +227,55 @@ class Ledger:
             if last is not None and self._unchanged(report, last):
                 self._heartbeat(report, now_s)
                 self._telemetry.move_to_end(report.node)  # in order of receipt: first, the node silent longest
+                self._heard(report.node, last is None)
                 return ACCEPTED
-            self._telemetry[report.node] = NodeTelemetry(self._own_gpus(report), now_s)
+            kept = self._own_gpus(report)
+            self._telemetry[report.node] = NodeTelemetry(kept, now_s)
             self._telemetry.move_to_end(report.node)
+            self._heard(report.node, last is None)
             self._follow_usage(report, now_s)
             self._rebuild(report.node)
+            if len(kept.gpus) < len(report.gpus):
+                self.uuid_conflicts += 1
+                return GPU_CONFLICT
             return ACCEPTED
 
     def _make_room(self) -> bool:
-        """Local mode at the node cap (lock held): forget the node silent longest that holds no
-        reservation, so that a flood of invented nodes pushes out invented nodes, not new real ones
-        for up to `kube.local_expiry_s`. False in a cluster (the node list bounds the nodes) or when
-        every node holds a reservation."""
+        """Local mode at the node cap (lock held): forget the least useful node, so that a flood of
+        invented nodes pushes out invented nodes, not new real ones for up to `kube.local_expiry_s`,
+        and re-reports of nodes nobody placed on never push out one that holds or recently held pods:
+        first a node nobody has placed on (heard longest ago first), else the node whose last pod left
+        longest ago; never one that holds a reservation. O(1) (plus the forgotten node's GPUs). False
+        in a cluster (the node list bounds the nodes) or when every node holds a reservation."""
         if self._known_nodes is not None:
             return False
-        for name in self._telemetry:  # oldest receipt first
-            if not self._by_node.get(name):
+        for spare, why in ((self._unplaced, "nobody placed on it"), (self._emptied, "its last pod left longest ago")):
+            if spare:
+                name = next(iter(spare))
                 self._forget(name)
                 self.nodes_dropped += 1
-                log.info("node cap %d reached: forgot node=%s (silent longest, no reservation)", NODES_MAX, name)
+                log.info("node cap %d reached: forgot node=%s (%s, no reservation)", NODES_MAX, name, why)
                 return True
         return False
+
+    def _heard(self, node: str, new: bool) -> None:
+        """A report of `node` was accepted (lock held): a new node without reservations joins the
+        nodes nobody placed on; one of those moves to the back (heard last)."""
+        if node in self._unplaced:
+            self._unplaced.move_to_end(node)
+        elif new and not self._by_node.get(node) and node not in self._emptied:
+            self._unplaced[node] = None
+
+    def _placed_on(self, node: str) -> None:
+        """`node` holds a reservation (lock held): it is no spare for the node cap."""
+        self._unplaced.pop(node, None)
+        self._emptied.pop(node, None)
+
+    def _emptied_now(self, node: str) -> None:
+        """`node`'s last reservation was released (lock held): the most recently useful spare."""
+        if node in self._telemetry and not self._by_node.get(node):
+            self._emptied.pop(node, None)
+            self._emptied[node] = None
 
     def _unchanged(self, report: NodeReport, last: NodeTelemetry) -> bool:
         """Whether `report` says what the node's last accepted one said (an idle node's heartbeat):
@@ -282,11 +318,35 @@ class Ledger:
                 self.gpus_refused += 1
                 log.warning("node=%s reported GPU %s of node %s: GPU ignored", report.node, gpu.uuid, owner)
                 continue
-            self._owner[gpu.uuid] = report.node
+            self._claim(gpu.uuid, node)
             kept.append(gpu)
         if len(kept) == len(report.gpus):
             return report
         return replace(report, gpus=tuple(kept))
+
+    def gpu_conflicts(self, report: NodeReport) -> dict[str, str]:
+        """The GPUs of `report` another node owns (uuid -> owner): first come, an agent speaks only for
+        its own node, so `apply_report` leaves them out (the owner's GPUs stay as they are) and answers
+        GPU_CONFLICT; the caller tells the agent which."""
+        with self._lock:
+            out = {}
+            for gpu in report.gpus:
+                owner = self._owner.get(gpu.uuid)
+                if owner is not None and owner != report.node and self._still_owns(owner, gpu.uuid):
+                    out[gpu.uuid] = owner
+            return out
+
+    def _claim(self, uuid: str, node: str) -> None:
+        """`uuid` belongs to `node` from now on (lock held), in both indexes."""
+        previous = self._owner.get(uuid)
+        if previous is not None and previous != node:
+            owned = self._owned.get(previous)
+            if owned is not None:
+                owned.discard(uuid)
+                if not owned:
+                    del self._owned[previous]
+        self._owner[uuid] = node
+        self._owned.setdefault(node, set()).add(uuid)
 
     def _still_owns(self, node: str, uuid: str) -> bool:
         telemetry = self._telemetry.get(node)
@@ -366,7 +426,8 @@ class Ledger:
             self._add(res)
             self._bound[res.pod_uid] = res.node
             for uuid in res.gpu_uuids:  # the pod's annotations say whose GPU it is
-                self._owner.setdefault(uuid, res.node)
+                if uuid not in self._owner:
+                    self._claim(uuid, res.node)
             self._demand.admit(res.admission_mib, len(res.gpu_uuids))
             return True
 
@@ -388,21 +449,31 @@ class Ledger:
             self._seen.pop(pod_uid, None)
             self._by_node.get(res.node, set()).discard(pod_uid)
             self._shift(res, -res.memory_mib)
+            self._emptied_now(res.node)
             self._rebuild(res.node)
             return res
 
     # ---- internals (lock held) ----
     def _forget(self, name: str) -> None:
+        """Drop a node's telemetry and the GPUs it owns but holds no reservation on: O(its GPUs)."""
         self._telemetry.pop(name, None)
         self._boots.pop(name, None)
-        for uuid in [u for u, n in self._owner.items() if n == name and (name, u) not in self._reserved_mib]:
-            del self._owner[uuid]
+        self._unplaced.pop(name, None)
+        self._emptied.pop(name, None)
+        owned = self._owned.get(name, set())
+        for uuid in [u for u in owned if (name, u) not in self._reserved_mib]:
+            owned.discard(uuid)
+            if self._owner.get(uuid) == name:
+                del self._owner[uuid]
+        if not owned:
+            self._owned.pop(name, None)
         self._rebuild(name)
 
     def _add(self, res: Reservation) -> None:
         self._reservations[res.pod_uid] = res
         self._seen[res.pod_uid] = res.bound_s
         self._by_node.setdefault(res.node, set()).add(res.pod_uid)
+        self._placed_on(res.node)
         self._shift(res, res.memory_mib)
         self._rebuild(res.node)
 
@@ -485,6 +556,21 @@ class Ledger:
                     pending[uuid] = pending.get(uuid, 0.0) + res.memory_mib
         return pending
 
+    def _regrown_gpus(self, node: str) -> set[str]:
+        """The GPUs of `node` that hold a reservation whose job grew again after the usage rule lowered
+        it (`UsageTrack.regrown`): they admit nothing until that job has shown its new peak."""
+        blocked: set[str] = set()
+        for uid in self._by_node.get(node, ()):
+            res = self._reservations.get(uid)
+            if res is not None and res.track is not None and res.track.regrown:
+                blocked.update(res.gpu_uuids)
+        return blocked
+
+    def _shown_reserved_mib(self, node: str, gpu: GpuReport, blocked: set[str]) -> float:
+        """The reservations on a GPU as its view shows them: a GPU blocked for a regrown job shows full."""
+        reserved = self._reserved_mib.get((node, gpu.uuid), 0.0)
+        return max(reserved, gpu.memory_total_mib) if gpu.uuid in blocked else reserved
+
     def _rebuild(self, node: str) -> None:
         telemetry = self._telemetry.get(node)
         if telemetry is None:
@@ -492,6 +578,7 @@ class Ledger:
             self.matrix.remove(node)
             return
         pending = self._pending_mib(node, telemetry.received_s)
+        blocked = self._regrown_gpus(node)
         duties: dict[str, list[float]] = {}
         for uid in self._by_node.get(node, ()):
             held = self._reservations.get(uid)
@@ -506,7 +593,7 @@ class Ledger:
                     index=g.index,
                     capacity_mib=g.memory_total_mib,
                     used_mib=g.memory_used_mib,
-                    reserved_mib=self._reserved_mib.get((node, g.uuid), 0.0),
+                    reserved_mib=self._shown_reserved_mib(node, g, blocked),
                     utilization=g.utilization_gpu,
                     healthy=g.healthy,
                     foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,

@@ -135,6 +135,12 @@ class PolicySettings:
     constraints with ScheduleAnyway): they get every node that fits. 0: every node that fits, always."""
     usage_warmup_s: float = 120.0
     """Time after bind before a reservation follows the pod's observed peak."""
+    usage_plateau_s: float = 300.0
+    """A reservation goes below its admission only once the pod's observed peak has not grown for this
+    long (the pod has shown its peak; docs/usage-rule.md): 5x the minute in which the growing jobs of
+    issue 34 reached their admission, 60 agent reports, and minutes against jobs that run for hours."""
+    usage_plateau_samples: int = 3
+    """...and over at least this many observations (a silent agent shows no plateau)."""
     usage_margin: float = 1.10
     """Safety margin on observed peaks (>= 1)."""
     min_reservation_mib: float = 256.0
@@ -170,6 +176,12 @@ class PolicySettings:
     """Highest criticality a pod's annotation may claim in a namespace not listed below."""
     namespace_criticality_ceilings: dict[str, str] = field(default_factory=dict)
     """Per-namespace ceiling, e.g. {prod: critical, sandbox: normal}. A PriorityClass is not capped."""
+    default_gpu_share_floor: float = 1.0
+    """Lowest GPU duty (0..1) a pod's declared `deepres.io/gpu-share` counts for, until its job signature's
+    duty is observed, in a namespace not listed below. 1.0: a declaration counts nowhere until observed
+    (declared shares are priors, not passes: six pods declaring 0.01 slowed a GPU-bound job 6.45x)."""
+    namespace_gpu_share_floors: dict[str, float] = field(default_factory=dict)
+    """Per-namespace floor, e.g. {research: 0.0}: the namespaces whose declarations the admin trusts."""
 
     def params(self) -> PolicyParams:
         return PolicyParams(
@@ -177,6 +189,8 @@ class PolicySettings:
             spread_priority=self.spread_priority,
             fragmentation_weight=self.fragmentation_weight,
             usage_warmup_s=self.usage_warmup_s,
+            usage_plateau_s=self.usage_plateau_s,
+            usage_plateau_samples=self.usage_plateau_samples,
             usage_margin=self.usage_margin,
             min_reservation_mib=self.min_reservation_mib,
             size_scale_gpu_s=self.size_scale_gpu_s,
@@ -191,6 +205,10 @@ class PolicySettings:
 
     def ceiling(self, namespace: str) -> int:
         return CRITICALITIES.index(self.namespace_criticality_ceilings.get(namespace, self.default_criticality_ceiling))
+
+    def share_floor(self, namespace: str) -> float:
+        """The lowest duty a declared gpu-share counts for in `namespace` before observation."""
+        return float(self.namespace_gpu_share_floors.get(namespace, self.default_gpu_share_floor))
 
 
 @dataclass
@@ -333,6 +351,9 @@ class Settings:
             p.append(f"policy.filter_shortlist must be >= 0 (0: off), got {pol.filter_shortlist}")
         if pol.usage_warmup_s < 0:
             p.append(f"policy.usage_warmup_s must be >= 0, got {pol.usage_warmup_s}")
+        if pol.usage_plateau_s < 0:
+            p.append(f"policy.usage_plateau_s must be >= 0, got {pol.usage_plateau_s}")
+        _positive(p, "policy.usage_plateau_samples", pol.usage_plateau_samples)
         if not 1.0 <= pol.usage_margin <= 10.0:
             p.append(f"policy.usage_margin must be in [1, 10], got {pol.usage_margin}")
         if pol.min_reservation_mib < 0:
@@ -346,6 +367,9 @@ class Settings:
         for ns, level in pol.namespace_criticality_ceilings.items():
             if level not in CRITICALITIES:
                 p.append(f"policy.namespace_criticality_ceilings.{ns} must be one of {levels}, got {level!r}")
+        _within(p, "policy.default_gpu_share_floor", pol.default_gpu_share_floor, 0.0, 1.0)
+        for ns, floor in pol.namespace_gpu_share_floors.items():
+            _within(p, f"policy.namespace_gpu_share_floors.{ns}", floor, 0.0, 1.0)
         if not k.scheduler_name:
             p.append("kube.scheduler_name must not be empty")
         _positive(p, "kube.resync_s", k.resync_s)

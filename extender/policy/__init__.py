@@ -45,7 +45,9 @@ Functions
     criticality_from_priority_class(value) -> int
     follow_usage(reservation, peak_mib_per_gpu, now_s, params) -> Reservation
     observe_usage(reservation, peak_mib_per_gpu, now_s, params, peaks) -> Reservation
-        (one report's peak: the usage rule, and the signature's peak recorded after the warm-up)
+        (one report's peak: the usage rule, and the signature's peak recorded once the pod has shown it)
+    peak_shown(reservation) -> bool
+        (the pod's observed peak flat for usage_plateau_s: only then may its reservation go below admission)
     PeakStore(capacity).record(signature, peak_mib) / .get(signature) -> Correction | None
     corrected_admission(predicted_upper_mib, correction | None, params) -> float
     plan_victims(pod, node, reservations_on_node, now_s, params, evicted=()) -> tuple[uid, ...] | None
@@ -124,6 +126,7 @@ from extender.policy.usage import (
     follow_usage,
     observe_usage,
     occupied_mib,
+    peak_shown,
     warmed_up,
 )
 
@@ -164,6 +167,7 @@ __all__ = [
     "observe_usage",
     "occupied_mib",
     "packs_by_mix",
+    "peak_shown",
     "plan_victims",
     "priority_of",
     "reserved_per_gpu",

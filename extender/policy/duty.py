@@ -1,9 +1,10 @@
 """Usage rule for compute: each pod's GPU duty (busy share alone, 0..1), learned as memory is.
 
 1. Prior (`prior_duty`): before any observation a pod is GPU-bound (duty 1.0) unless it declares
-   `deepres.io/gpu-share` (0..1), which stands until observation replaces it. A job signature seen
-   before starts from what its pods showed (`admission_duty`): the next pod of the same job starts
-   known.
+   `deepres.io/gpu-share` (0..1), which stands until observation replaces it, but counts only down
+   to its namespace's share floor (`admission_duty`; default 1.0: declarations count where the admin
+   says). A job signature seen before starts from what its pods showed (`admission_duty`): the next
+   pod of the same job starts known.
 2. Observation (`alone_duties`): the agent reports each pod's busy share over its window (NVML's
    per-process samples, or the device's utilisation charged whole to each pod where the driver gives
    none). Busy shares seen *while sharing* are lower than the pod's duty alone (it ran slower), so
@@ -43,12 +44,17 @@ def prior_duty(declared: float | None) -> float:
     return GPU_BOUND if declared is None else min(max(float(declared), 0.0), 1.0)
 
 
-def admission_duty(declared: float | None, learned: float | None) -> float:
+def admission_duty(declared: float | None, learned: float | None, floor: float = 0.0) -> float:
     """The duty a new pod is placed with: its signature's learned duty when there is one (observation
-    replaces the declaration), else `prior_duty(declared)`."""
+    replaces the declaration), else `prior_duty(declared)` but never below `floor`: the namespace's
+    share floor (`PolicySettings.share_floor`), the lowest duty a declaration there may claim before
+    observation. A declaration is a prior, not a pass: with the default floor (1.0) a pod that says
+    0.01 is placed as GPU-bound until its signature's duty is seen, so six such pods can no longer
+    join a GPU-bound job and slow it 6.45x (issue 34 row 6). The replay (truthful declarations)
+    keeps 0."""
     if learned is not None and valid_duty(learned):
         return float(learned)
-    return prior_duty(declared)
+    return max(prior_duty(declared), min(max(floor, 0.0), GPU_BOUND))
 
 
 def valid_duty(value: float | None) -> bool:

@@ -137,11 +137,28 @@ class PodRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageTrack:
+    """What the usage rule saw of a bound pod's memory (`usage.track_peak`): its largest per-GPU peak
+    since bind (`peak_mib`), the peak when it last grew (`base_mib`) and when (`grew_s`, extender
+    clock), the observations since (`samples`), whether it has shown its peak (`shown`: its peak was
+    flat for the plateau once; from then on its reservation follows its peak) and whether it outgrew
+    its lowered reservation since (`regrown`: its GPUs admit nothing until its peak is flat again)."""
+
+    peak_mib: float
+    base_mib: float
+    grew_s: float
+    samples: int = 1
+    shown: bool = False
+    regrown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """Memory held for a bound pod on each of its GPUs (`memory_mib` per GPU).
 
-    `admission_mib` is what was admitted at bind; `memory_mib` starts there and, after the warm-up,
-    follows the observed peak (usage rule). `bound_s` is the extender's clock at bind.
+    `admission_mib` is what was admitted at bind; `memory_mib` starts there and, once the pod has
+    shown its peak, follows the observed peak (usage rule; `track` is what it saw). `bound_s` is the
+    extender's clock at bind.
     """
 
     pod_uid: str
@@ -158,6 +175,7 @@ class Reservation:
     predictor_version: str = ""
     duty: float = 1.0  # GPU duty alone (0..1): the prior, then the observed one (`policy.duty`)
     checkpoint_interval_s: float | None = None  # declared `deepres.io/checkpoint-interval`
+    track: UsageTrack | None = None  # the usage rule's observations (`usage.follow_usage`); None: none yet
 
     @property
     def key(self) -> str:
@@ -178,6 +196,10 @@ class PolicyParams:
     """Score of every node for a pod that is not a GPU job (all nodes equal: no preference)."""
     usage_warmup_s: float = 120.0
     """A running pod's reservation follows its observed peak only after this long since bind."""
+    usage_plateau_s: float = 300.0
+    """A pod has shown its peak once its observed peak has not grown for this long..."""
+    usage_plateau_samples: int = 3
+    """...over at least this many observations: only then may its reservation go below its admission."""
     usage_margin: float = 1.10
     """Safety margin on observed peaks (reservation = peak x margin), and on signature corrections."""
     min_reservation_mib: float = 256.0

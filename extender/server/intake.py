@@ -11,7 +11,7 @@ from extender import annotations as ann
 from extender.annotations import AnnotationError
 from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
-from extender.ledger import ACCEPTED, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
+from extender.ledger import ACCEPTED, GPU_CONFLICT, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
 from extender.policy import PriorityInputs, Reservation
 from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
@@ -58,6 +58,8 @@ class Intake(Part):
             self._expire_local(mono)
         before = self.ledger.telemetry(report.node)
         outcome = self.ledger.apply_report(report, mono)
+        if outcome == GPU_CONFLICT:  # the owners keep their GPUs: asked after, the same answer
+            return self._conflict(report, self.ledger.gpu_conflicts(report))
         if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
             self.metrics.telemetry_reports.labels("unknown_node").inc()
             why = "is not a node of the cluster" if outcome == UNKNOWN_NODE else \
@@ -70,6 +72,16 @@ class Intake(Part):
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
             self._nudge(report.node, mono)
         return 200, {"accepted": outcome == ACCEPTED, "outcome": outcome}
+
+    def _conflict(self, report: NodeReport, contested: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """409 to an agent that listed GPUs another node owns (issue 34 row 3): accepted without them,
+        never taken over; the agent logs the error, the metric counts it."""
+        self.metrics.telemetry_reports.labels("gpu_conflict").inc()
+        owners = ", ".join(f"{uuid} (node {owner})" for uuid, owner in sorted(contested.items())) or "some GPUs"
+        return 409, {"error": f"node {report.node} reported GPUs another node owns: {owners}; a GPU UUID belongs "
+                              "to the node that reported it first, so these were left out of this report (the "
+                              "rest was accepted): check which node's agent lists them",
+                     "accepted": True, "outcome": GPU_CONFLICT, "refused_gpus": sorted(contested)}
 
     def _nudge(self, node: str, mono: float) -> None:
         """Telemetry of a node arrived (again) after filters failed nodes for the lack of it: touch

@@ -98,6 +98,9 @@ class _StateCollector(Collector):
         yield CounterMetricFamily("deepres_extender_telemetry_gpus_refused",
                                   "GPUs left out of a node's report because another node owns their UUID.",
                                   value=self.state.gpus_refused)
+        yield CounterMetricFamily("deepres_extender_telemetry_uuid_conflicts",
+                                  "Reports that listed a GPU UUID another node owns (answered 409, those GPUs "
+                                  "left out; the owner keeps them).", value=self.state.uuid_conflicts)
         yield CounterMetricFamily("deepres_extender_nodes_dropped",
                                   "Local mode: nodes forgotten at the node cap to make room for a new one (the "
                                   "one silent longest that held no reservation).", value=self.state.nodes_dropped)

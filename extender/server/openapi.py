@@ -183,6 +183,9 @@ def openapi_document() -> dict[str, Any]:
                             "content": _json("Error")},
                     "408": {"description": "Body not received within server.body_timeout_s.",
                             "content": _json("Error")},
+                    "409": {"description": "Accepted without the GPUs another node owns (named in the error and "
+                                           "refused_gpus; a GPU UUID belongs to the node that reported it first).",
+                            "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
                     "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
                             "content": _json("Error")},

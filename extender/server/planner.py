@@ -133,7 +133,8 @@ class Planner:
         inputs = PriorityInputs(job.criticality, job.deadline_s, demand.gpu_seconds if demand else 0.0, job.gpus)
         req = PodRequest(pod.uid, pod.namespace, pod.name, job.gpus, admission, predicted,
                          priority_of(inputs, now_s, self.params), True, fallback=source != "override",
-                         duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature)),
+                         duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature),
+                                             self.settings.policy.share_floor(pod.namespace)),
                          predicted_run_s=inputs.gpu_seconds)
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)

@@ -190,7 +190,7 @@ def stop_reading(environ: dict[str, Any]) -> None:
 
 STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "403 FORBIDDEN",
           405: "405 METHOD NOT ALLOWED", 408: "408 REQUEST TIMEOUT", 413: "413 REQUEST ENTITY TOO LARGE",
-          429: "429 TOO MANY REQUESTS",
+          409: "409 CONFLICT", 429: "429 TOO MANY REQUESTS",
           500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
 VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
 #: Routes whose handler waits on the API server or computes at length (extender/server/rsgi.py says why it

@@ -22,7 +22,8 @@ that fit the smallest GPU the pod may use). Policies:
 What the live extender does that the replay does not model: kube-scheduler's own preemption for CPU
 and host memory (by PriorityClass; the trace has none), and eviction taking time (victims leave at
 once). A job's true use is its peak from the start, so the usage rule applied at every report gives
-the same reservation as applied at the first report after the warm-up: the replay applies it then.
+the same reservation as applied at the reports that first show the peak (`usage_reports_s`: after
+the warm-up, then spread over the plateau): the replay applies it then.
 
 Compute (issue 24; `extender.simulate.compute` runs it): with `simulate(..., interference=True)` jobs
 sharing a GPU run at the rate the interference model predicts from their true duties, and a job's
@@ -54,6 +55,7 @@ from extender.policy import (
     PolicyParams,
 )
 from extender.policy.interference import busy_shares, step_rate_fractions
+from extender.policy.usage import usage_reports_s
 from extender.settings import PolicySettings
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import JobPool, load_job_pool, load_predictor
@@ -210,8 +212,9 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             job.ooms += 1
             doomed.add(job.idx)
             push(now + OOM_AFTER_S, "oom", job.idx, job.run_id)
-        elif strat.follows_usage:  # the first report after the warm-up (see the module docstring)
-            push(now + strat.params.usage_warmup_s, "usage", job.idx, job.run_id)
+        elif strat.follows_usage:  # the reports that show the peak (see the module docstring)
+            for at in usage_reports_s(strat.params):
+                push(now + at, "usage", job.idx, job.run_id)
         refresh(node, gpus, now)
 
     def stop(job: Job, now: float) -> None:

@@ -325,7 +325,8 @@ class DeepRes(Strategy):
             job.reservation = with_duty
             self.c.version[job.node] += 1
         updated = observe_usage(job.reservation, job.true_mib, now, self.params, self.peaks)
-        if updated is job.reservation:
+        if updated.memory_mib == job.reservation.memory_mib:
+            job.reservation = updated  # what the rule saw (`Reservation.track`), the memory as it was
             return False
         self.usage_followed += 1
         freed = updated.memory_mib < job.reservation.memory_mib

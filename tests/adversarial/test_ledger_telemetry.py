@@ -107,7 +107,8 @@ def test_an_agent_cannot_claim_another_nodes_gpu(tmp_path: Path) -> None:
             for p, node in ((big, a), (small, b)):
                 post(url + "/filter", extender_args(p, names=[node]))
                 assert post(url + "/bind", binding_args(p, node))[1]["Error"] == ""
-            telemetry(url, report(a, 2, [gpu(f"{b}-gpu0", GPU_MIB)]))  # a's physical GPU, b's UUID
+            status, out = post(url + "/v1/telemetry", report(a, 2, [gpu(f"{b}-gpu0", GPU_MIB)]), token=TOKEN)
+            assert status == 409 and out["refused_gpus"] == [f"{b}-gpu0"], out  # a's physical GPU, b's UUID
             bound_on_a = [12 * GIB] + [12 * GIB] * bind_until_refused(url, a, f"more-{r}",
                                                                        {"deepres.io/gpu-memory": "12Gi"})
             over.append(overcommitted(bound_on_a, GPU_MIB))

@@ -411,3 +411,50 @@ def test_17_a_bound_pod_annotated_unparsably_keeps_its_gpu_through_a_restart(cle
     scheduled(cluster, "after-restart")
     assert cluster.pod("after-restart").metadata.annotations[f"{PREFIX}assigned-gpus"] != tampered_gpu
     s.assert_no_gpu_overcommitted(cluster)
+
+
+def test_18_a_gpu_uuid_belongs_to_the_node_that_owns_it(clean: LocalCluster) -> None:
+    """Issue 34 row 3 against the real API server: agents' tokens bound to their Node (TokenRequest). The
+    claimer's agent lists the owner's GPU UUID: answered 409 naming it (accepted without it, never taken
+    over), it cannot report as the owner, and the owner's GPU stays healthy (a pod fits there)."""
+    from kubernetes import client
+
+    cluster = clean
+    owner, claimer = "uuid-owner", "uuid-claimer"
+    for name in (owner, claimer):
+        cluster.core.create_node(node_body(name, {"uuidtest": "true"}))
+    try:
+        uids = {n.metadata.name: n.metadata.uid for n in cluster.core.list_node(label_selector="uuidtest=true").items}
+        tokens = {}
+        for name in (owner, claimer):
+            spec = client.V1TokenRequestSpec(audiences=["deepres-extender"], expiration_seconds=3600,
+                                             bound_object_ref=client.V1BoundObjectReference(
+                                                 api_version="v1", kind="Node", name=name, uid=uids[name]))
+            tokens[name] = cluster.core.create_namespaced_service_account_token(
+                "deepres-agent", s.NAMESPACE, client.AuthenticationV1TokenRequest(spec=spec)).status.token
+        url = f"http://127.0.0.1:{cluster.extender_port}"
+        sequence = [0]
+
+        def send(node: str, uuids: list[str], token_of: str) -> tuple[int, Any]:
+            sequence[0] += 1
+            gpus = [{"uuid": u, "index": i, "model": "NVIDIA A100-SXM4-80GB", "memory_total_mib": MANY_GPU_MIB,
+                     "memory_used_mib": 0.0, "utilization_gpu": 0.0} for i, u in enumerate(uuids)]
+            return post(url + "/v1/telemetry", {"node": node, "sequence": sequence[0], "timestamp_s": time.time(),
+                                                 "agent_version": "scenario", "source": "simulated", "gpus": gpus,
+                                                 "pods": []}, token=tokens[token_of])
+
+        wait_for("the owner's report accepted (the extender knows the node)",
+                 lambda: send(owner, ["GPU-uuid-owner-0"], owner)[0] == 200, 60)
+        status, answer = send(claimer, ["GPU-uuid-owner-0", "GPU-uuid-claimer-0"], claimer)
+        assert status == 409 and answer["refused_gpus"] == ["GPU-uuid-owner-0"], answer
+        assert send(owner, ["GPU-uuid-owner-0"], claimer)[0] == 401  # speaks only for its own node
+        assert send(owner, ["GPU-uuid-owner-0"], owner)[0] == 200
+        pod = sized("uuid-fits", 6)
+        status, answer = post(url + "/filter", {"Pod": pod, "NodeNames": [owner, claimer]})
+        assert status == 200 and sorted(answer["NodeNames"]) == [claimer, owner], answer
+        conflicts = sum(v for _, v in s.samples(cluster.extender_metrics(),
+                                                "deepres_extender_telemetry_uuid_conflicts_total"))
+        assert conflicts >= 1
+    finally:
+        for name in (owner, claimer):
+            cluster.core.delete_node(name)

@@ -339,17 +339,21 @@ def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> No
     assert client2.post("/bind", json=binding_args(p2, "a")).get_json() == {"Error": ""}
 
 
-def test_usage_rule_shrinks_a_reservation_after_warmup() -> None:
-    client, _, clock = make(usage_warmup_s=60.0, correction_min_pods=1, correction_min_nodes=1)
+def test_usage_rule_shrinks_a_reservation_once_the_peak_is_shown() -> None:
+    client, _, clock = make(usage_warmup_s=60.0, usage_plateau_s=120.0, usage_plateau_samples=2,
+                            correction_min_pods=1, correction_min_nodes=1)
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     p1 = pod("p1", CNN_ANNOTATIONS)
     client.post("/filter", json=extender_args(p1, names=["a"]))
     client.post("/bind", json=binding_args(p1, "a"))
     usage = [{"pod_uid": p1["metadata"]["uid"], "current_memory_mib": 300.0, "peak_memory_mib": 400.0,
               "gpu_uuids": ["a-gpu0"]}]
-    clock.now += 120
+    clock.now += 60
     send_report(client, "a", 2, [(NEED * 1.5, 400.0)], clock, pods=usage)
     state = extender_of(client.application).state
+    assert state.reserved_mib("a", "a-gpu0") > 440.0  # warmed up, but one sample shows no plateau
+    clock.now += 120
+    send_report(client, "a", 3, [(NEED * 1.5, 400.0)], clock, pods=usage)
     assert state.reserved_mib("a", "a-gpu0") == pytest.approx(440.0)
     p2 = pod("p2", CNN_ANNOTATIONS)  # same signature: admitted with the observed peak, not the prediction
     out = client.post("/filter", json=extender_args(p2, names=["a"])).get_json()

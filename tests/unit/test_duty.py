@@ -120,3 +120,21 @@ def test_the_ledger_learns_duties_per_pod_and_signature_and_shows_them_per_gpu()
     ledger.apply_report(_report(4, blind), 200.0)
     assert ledger.reservation("input").duty == learned
     assert sorted(ledger.views["n1"].gpus[0].duties) == sorted((ledger.reservation("gpu").duty, learned))
+
+
+def test_a_declared_share_counts_only_down_to_the_namespace_floor_until_observed() -> None:
+    from extender.policy.duty import admission_duty
+    from extender.settings import Settings
+
+    assert admission_duty(0.01, None, floor=1.0) == 1.0  # the default: a prior, not a pass
+    assert admission_duty(0.01, None, floor=0.3) == 0.3
+    assert admission_duty(0.5, None, floor=0.3) == 0.5
+    assert admission_duty(0.01, 0.2, floor=1.0) == 0.2  # observed: the observation decides
+    settings = Settings()
+    settings.policy.namespace_gpu_share_floors = {"research": 0.0}
+    assert settings.policy.share_floor("research") == 0.0 and settings.policy.share_floor("default") == 1.0
+    settings.policy.default_gpu_share_floor = 1.5
+    settings.policy.namespace_gpu_share_floors = {"x": -0.1}
+    problems = settings.validate()
+    assert "policy.default_gpu_share_floor must be in [0, 1], got 1.5" in problems
+    assert "policy.namespace_gpu_share_floors.x must be in [0, 1], got -0.1" in problems

@@ -164,6 +164,9 @@ def test_peaks_only_when_real_bounded_and_agreed_by_several_nodes() -> None:
     huge = PodUsage("a", 1e12, 1e12, res.gpu_uuids)
     state.apply_report(report(seq=3, used=(0.0,), pods=(huge,)), NOW + 100)
     assert state.reserved_mib("n1", res.gpu_uuids[0]) == 40_000.0 * params.usage_margin  # bounded by the GPU
+    assert state.correction("sig") is None  # recorded once the pod has shown its peak
+    for seq, t in ((4, 250.0), (5, 400.0)):
+        state.apply_report(report(seq=seq, used=(0.0,), pods=(huge,)), NOW + t)
     correction = state.correction("sig")
     assert correction is not None and correction.peak_mib == 40_000.0 and correction.nodes == 1
 
@@ -213,7 +216,9 @@ def test_usage_rule_moves_reservation_and_records_signature_peak() -> None:
     usage = PodUsage("a", 8_000.0, 9_000.0, res.gpu_uuids)
     state.apply_report(report(seq=2, pods=(usage,)), NOW + 10)  # warm-up: unchanged
     assert state.reserved_mib("n1", res.gpu_uuids[0]) == 20_000.0
-    state.apply_report(report(seq=3, pods=(usage,)), NOW + 100)
+    state.apply_report(report(seq=3, pods=(usage,)), NOW + 100)  # warmed up, not yet flat for the plateau
+    assert state.reserved_mib("n1", res.gpu_uuids[0]) == 20_000.0
+    state.apply_report(report(seq=4, pods=(usage,)), NOW + 10 + P.usage_plateau_s)
     assert state.reserved_mib("n1", res.gpu_uuids[0]) == 9_000.0 * P.usage_margin
     correction = state.correction("sig")
     assert correction is not None and correction.peak_mib == 9_000.0

@@ -49,6 +49,7 @@ from extender.policy.columnar import (
 )
 from extender.policy.filtering import largest_gpu_mib, reserved_per_gpu, whole_gpu_request
 from extender.policy.types import EMPTY_SLACK_MIB
+from extender.policy.usage import usage_reports_s
 
 P = PolicyParams()
 NOW = 1_000_000.0
@@ -379,13 +380,41 @@ def reservation(uid: str = "r", gpus: tuple[str, ...] = ("n-g0",), mem_gib: floa
                        PriorityInputs(level, deadline, 1e5, len(gpus)), bound_s, "sig")
 
 
-def test_usage_follows_peak_after_warmup_down_and_up() -> None:
+def observed(res: Reservation, peak_mib: float, times: list[float]) -> Reservation:
+    for t in times:
+        res = follow_usage(res, peak_mib, t, P)
+    return res
+
+
+def test_usage_goes_up_at_once_and_down_only_once_the_peak_is_shown() -> None:
     fresh = reservation(bound_s=NOW - 10)
-    assert follow_usage(fresh, 2 * GIB, NOW, P) is fresh
+    assert follow_usage(fresh, 2 * GIB, NOW, P).memory_mib == fresh.memory_mib  # before the warm-up: held
     old = reservation()
-    assert follow_usage(old, 2 * GIB, NOW, P).memory_mib == pytest.approx(2 * GIB * P.usage_margin)
-    assert follow_usage(old, 20 * GIB, NOW, P).memory_mib == pytest.approx(20 * GIB * P.usage_margin)
-    assert follow_usage(old, 10.0, NOW, P).memory_mib == P.min_reservation_mib
+    assert follow_usage(old, 2 * GIB, NOW, P).memory_mib == old.memory_mib  # one sample shows no plateau
+    assert follow_usage(fresh, 20 * GIB, NOW, P).memory_mib == pytest.approx(20 * GIB * P.usage_margin)  # up: at once
+    plateau = [NOW + P.usage_plateau_s * k / (P.usage_plateau_samples - 1) for k in range(P.usage_plateau_samples)]
+    assert observed(old, 2 * GIB, plateau[:-1]).memory_mib == old.memory_mib  # flat, but not long enough
+    assert observed(old, 2 * GIB, plateau).memory_mib == pytest.approx(2 * GIB * P.usage_margin)
+    assert observed(old, 10.0, plateau).memory_mib == P.min_reservation_mib
+    growing = observed(old, 2 * GIB, plateau[:-1])
+    growing = observed(growing, 3 * GIB, [plateau[-1]])  # it grew: the plateau starts again, nothing lowered
+    assert growing.memory_mib == old.memory_mib and growing.track is not None and growing.track.peak_mib == 3 * GIB
+
+
+def test_a_lowered_reservation_whose_job_grows_again_is_restored_and_marked() -> None:
+    old = reservation()
+    times = [NOW + P.usage_plateau_s * k / (P.usage_plateau_samples - 1) for k in range(P.usage_plateau_samples)]
+    lowered = observed(old, 2 * GIB, times)
+    assert lowered.memory_mib == pytest.approx(2 * GIB * P.usage_margin)
+    regrown = follow_usage(lowered, 6 * GIB, times[-1] + 5, P)
+    assert regrown.track is not None and regrown.track.regrown
+    assert regrown.memory_mib == pytest.approx(6 * GIB * P.usage_margin)  # back to what it is seen to need
+    settled = observed(regrown, 6 * GIB, [times[-1] + 5 + t - NOW for t in times])
+    assert settled.track is not None and not settled.track.regrown
+    assert settled.memory_mib == pytest.approx(6 * GIB * P.usage_margin)
+    within = follow_usage(lowered, 2 * GIB * 1.01, times[-1] + 5, P)  # creep below PLATEAU_GROWTH: followed,
+    assert within.track is not None and not within.track.regrown  # still flat: no alarm
+    assert within.memory_mib == pytest.approx(2 * GIB * 1.01 * P.usage_margin)
 
 
 def test_peak_store_is_bounded_and_corrects_admission() -> None:
@@ -626,14 +655,16 @@ def test_columnar_twins_equal_the_single_scalar_rules(nodes: dict[str, NodeView]
                                      for g in healthy]
 
 
-def test_observe_usage_records_peaks_only_after_the_warm_up() -> None:
-    """The extender's state and the replay share this: before the warm-up neither the reservation nor
-    the signature's peak moves; after it both do."""
+def test_observe_usage_records_peaks_only_once_shown() -> None:
+    """The extender's state and the replay share this: before the pod has shown its peak neither the
+    reservation nor the signature's peak moves down; after it both do."""
     peaks = PeakStore(10)
     young = reservation(bound_s=NOW - P.usage_warmup_s + 1)
-    assert observe_usage(young, 3 * GIB, NOW, P, peaks) is young and peaks.get("sig") is None
+    assert observe_usage(young, 3 * GIB, NOW, P, peaks).memory_mib == young.memory_mib and peaks.get("sig") is None
     old = reservation(bound_s=NOW - P.usage_warmup_s)
-    assert observe_usage(old, 3 * GIB, NOW, P, peaks).memory_mib == pytest.approx(3 * GIB * P.usage_margin)
+    for t in usage_reports_s(P):
+        old = observe_usage(old, 3 * GIB, NOW + t, P, peaks)
+    assert old.memory_mib == pytest.approx(3 * GIB * P.usage_margin)
     correction = peaks.get("sig")
     assert correction is not None and correction.peak_mib == 3 * GIB
 

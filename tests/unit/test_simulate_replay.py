@@ -152,10 +152,13 @@ def _job(idx: int, qos: str, true_gb: float, upper_gb: float, arrival: float, du
 
 @pytest.mark.parametrize("cls", [replay.DeepRes, replay.DeepResPack, replay.DeepResNoFrag])
 def test_deepres_and_its_ablations_follow_observed_peaks(cls: type[replay.Strategy]) -> None:
-    """A job admitted at 12 GB that uses 3 GB shrinks to 3.3 GB after the warm-up, so a second 12 GB job
-    fits the 16 GB GPU at once; an ablation that never followed peaks (the old replay) made it wait."""
+    """A job admitted at 12 GB that uses 3 GB shrinks to 3.3 GB once it has shown its peak (the plateau
+    after its start), so a second 12 GB job that comes later fits the 16 GB GPU at once; an ablation
+    that never followed peaks (the old replay) made it wait."""
     nodes = [Node("n0", 64_000, 256_000, 1, "V100M16")]
-    jobs = [_job(0, "BE", 3, 12, 0.0, 1000.0), _job(1, "BE", 3, 12, 200.0, 1000.0)]
+    params = PolicySettings().params()
+    later = max(params.usage_warmup_s, params.usage_plateau_s) + 100.0
+    jobs = [_job(0, "BE", 3, 12, 0.0, 1000.0), _job(1, "BE", 3, 12, later, 1000.0)]
     # memory only: two GPU-bound jobs on one GPU is what the sharing rule refuses (test_simulate_compute)
     out = replay.simulate(cls, jobs, nodes, replace(PolicySettings().params(), sharing=False))
     assert out.metrics["usage_followed"] >= 1
