@@ -68,9 +68,10 @@ def _annotations(model: str, family: str, params_m: float, batch: int, size: int
 
 
 def gpu_backlog(scale: float = 1.0) -> list[TrialJob]:
-    """12 jobs sized for 15-30 s each alone on an H100/H200 (steps from the co-location measurements'
-    rates where the model is there: resnet50 b64 amp ~29 steps/s, resnet18 b128 ~45): input-bound
-    ones (CPU-heavy loaders) among GPU-bound ones, the three tasks of DeepRes's setting."""
+    """12 jobs sized for ~15 s each alone on an H100/H200 (steps from the co-location measurements'
+    rates where the model is there: resnet50 b64 amp ~29 steps/s, resnet18 b128 ~45; the others
+    guessed), so both modes fit one 8-minute call: input-bound ones (CPU-heavy loaders, 3 workers
+    each) among GPU-bound ones, the three tasks of DeepRes's setting. `--scale` resizes them all."""
     def n(steps: int) -> int:
         return max(int(steps * scale), 1)
 
@@ -87,18 +88,18 @@ def gpu_backlog(scale: float = 1.0) -> list[TrialJob]:
                         annotations=_annotations("", "gru", 14.0, batch, 400, n(steps), layers=3))
 
     return [
-        cls("resnet50-b64", "resnet50", 25.6, 64, 600),
-        cls("resnet50-b64-input", "resnet50", 25.6, 64, 150, loader_ms=6.0),
-        cls("resnet18-b128", "resnet18", 11.7, 128, 900),
-        det("fasterrcnn-b8", 8, 300),
-        asr("asr-gru-b32", 32, 500),
-        cls("mobilenetv3-b128-input", "mobilenet_v3_large", 5.5, 128, 60, loader_ms=3.0),
-        cls("resnet18-b128-input", "resnet18", 11.7, 128, 80, loader_ms=3.0),
-        det("fasterrcnn-b8-input", 8, 100, loader_ms=25.0),
+        cls("resnet50-b64", "resnet50", 25.6, 64, 450),
+        cls("resnet50-b64-input", "resnet50", 25.6, 64, 110, loader_ms=6.0),
+        cls("resnet18-b128", "resnet18", 11.7, 128, 650),
+        det("fasterrcnn-b8", 8, 220),
+        asr("asr-gru-b32", 32, 380),
+        cls("mobilenetv3-b128-input", "mobilenet_v3_large", 5.5, 128, 90, loader_ms=3.0),
+        cls("resnet18-b128-input", "resnet18", 11.7, 128, 110, loader_ms=3.0),
+        det("fasterrcnn-b8-input", 8, 110, loader_ms=25.0),
         asr("asr-gru-b32-input", 32, 150, loader_ms=8.0),
-        cls("resnet50-b128", "resnet50", 25.6, 128, 300),
-        cls("mobilenetv3-b128", "mobilenet_v3_large", 5.5, 128, 500),
-        asr("asr-gru-b64", 64, 300),
+        cls("resnet50-b128", "resnet50", 25.6, 128, 220),
+        cls("mobilenetv3-b128", "mobilenet_v3_large", 5.5, 128, 350),
+        asr("asr-gru-b64", 64, 220),
     ]
 
 
@@ -255,8 +256,9 @@ class CpuStub:
             processes.append(ProcessReport(pid, round(rss_mib, 1), sm_util=share))
             total += rss_mib
         util = min(sum(p.sm_util or 0.0 for p in processes), 1.0)
-        return (GpuReport("CPU-STUB-0", 0, "cpu-stub", self.memory_total_mib, round(min(total, self.memory_total_mib), 1),
-                          utilization_gpu=util, processes=tuple(processes), process_samples=True),)
+        used = round(min(total, self.memory_total_mib), 1)
+        return (GpuReport("CPU-STUB-0", 0, "cpu-stub", self.memory_total_mib, used, utilization_gpu=util,
+                          processes=tuple(processes), process_samples=True),)
 
 
 class Reporter:
@@ -283,10 +285,7 @@ class Reporter:
 
     def report_once(self) -> None:
         running = {r.pid: r for r in self.runs if r.running and r.pid is not None}
-        if isinstance(self.source, CpuStub):
-            raw = self.source.gpus(sorted(running))
-        else:
-            raw = self.source.sample().gpus
+        raw = self.source.gpus(sorted(running)) if isinstance(self.source, CpuStub) else self.source.sample().gpus
 
         def pod_of(pid: int) -> PodRef | None:
             run = running.get(pid)
@@ -444,8 +443,8 @@ def _open_source(device: str, memory_mib: float) -> tuple[Any, str, str]:
 
 
 def _modes(jobs: list[TrialJob], modes: list[str], zygote: Zygote, work: Path, progress: Any, source: Any,
-           args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+           args: argparse.Namespace, server_env: dict[str, str], out: dict[str, Any]) -> dict[str, Any]:
+    """Run the modes into `out` (the report), written after each one: a run cut short keeps what it did."""
     solo: dict[str, float | None] = {}
     if "static" in modes:
         static = run_static(jobs, zygote, work, progress)
@@ -453,6 +452,7 @@ def _modes(jobs: list[TrialJob], modes: list[str], zygote: Zygote, work: Path, p
             solo[run_.job.name] = (None if run_.ended_s is None or run_.started_s is None
                                    else run_.ended_s - run_.started_s)
         out["static"] = _mode_summary([r.summary(solo.get(r.job.name)) for r in static])
+        _write(args.out, out)
     if "deepres" in modes:
         placed, extra = run_deepres(jobs, zygote, work, progress, source, args.report_every_s, server_env,
                                     args.timeout_s)
@@ -471,7 +471,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--device cpu: the stub GPU's memory (default 16384)")
     parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra DEEPRES_* settings for the extender (repeatable)")
-    parser.add_argument("--timeout-s", type=float, default=400.0, help="stop the deepres mode after this long")
+    parser.add_argument("--timeout-s", type=float, default=240.0,
+                        help="stop the deepres mode after this long (default 240 s; jobs still running are killed "
+                             "and counted as failed)")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "trial.json")
 
 
@@ -504,11 +506,10 @@ def run(args: argparse.Namespace) -> int:
                     for j in jobs]}
     with tempfile.TemporaryDirectory(prefix="deepres-trial-") as tmp:
         work = Path(tmp)
-        zygote = Zygote(args.device, work / "zygote.log",
-                        torchvision=any(j.model in ("resnet18", "resnet50", "mobilenet_v3_large", "fasterrcnn_mobilenet")
-                                        for j in jobs))
+        vision = ("resnet18", "resnet50", "mobilenet_v3_large", "fasterrcnn_mobilenet")
+        zygote = Zygote(args.device, work / "zygote.log", torchvision=any(j.model in vision for j in jobs))
         try:
-            report.update(_modes(jobs, modes, zygote, work, progress, source, args, server_env))
+            _modes(jobs, modes, zygote, work, progress, source, args, server_env, report)
         finally:
             zygote.close()
     if "static" in report and "deepres" in report and report["static"]["makespan_s"] and \
@@ -516,13 +517,17 @@ def run(args: argparse.Namespace) -> int:
         report["deepres_vs_static"] = {
             "makespan_ratio": _r(report["deepres"]["makespan_s"] / report["static"]["makespan_s"], 3),
             "mean_jct_ratio": _r(report["deepres"]["mean_jct_s"] / report["static"]["mean_jct_s"], 3)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    _write(args.out, report)
     summary = {m: {k: report[m][k] for k in ("makespan_s", "mean_jct_s", "median_jct_s", "ooms", "failed")}
                for m in modes}
     print(json.dumps(summary, indent=2))
     progress(f"wrote {args.out}")
     return 0
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,8 @@ def _model(job: TrialJob) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.conv(x).transpose(1, 2)
             y, _ = self.gru(y)
-            return self.out(y).log_softmax(-1)
+            logits: torch.Tensor = self.out(y).log_softmax(-1)
+            return logits
 
     return ConvGru()
 
@@ -178,7 +179,8 @@ def train(job: TrialJob, device_name: str) -> dict[str, Any]:
         amp = job.amp and device.type == "cuda"
         scaler = torch.amp.GradScaler("cuda", enabled=amp)
         if job.input_bound:
-            loader = torch.utils.data.DataLoader(_Synthetic(job), batch_size=job.batch, num_workers=job.workers,
+            dataset: Any = _Synthetic(job)
+            loader: Any = torch.utils.data.DataLoader(dataset, batch_size=job.batch, num_workers=job.workers,
                                                  persistent_workers=False, prefetch_factor=2, pin_memory=amp)
             batches: Any = iter(loader)
         else:
@@ -201,7 +203,7 @@ def train(job: TrialJob, device_name: str) -> dict[str, Any]:
             torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as err:
         result["oom"], result["error"] = True, f"CUDA out of memory: {str(err)[:200]}"
-    except Exception as err:  # a job that fails is reported with its reason, never dropped  # noqa: BLE001
+    except Exception as err:  # a job that fails is reported with its reason, never dropped
         result["error"] = f"{type(err).__name__}: {str(err)[:300]}"
     result["end_s"] = time.time()
     if device.type == "cuda":

@@ -153,8 +153,8 @@ def _weight(mine: float, theirs: float, p: float) -> float:
     if mine == theirs or theirs <= 0.0 or mine <= 0.0:
         return 1.0
     if mine < theirs:
-        return (mine / theirs) ** p
-    return 2.0 - (theirs / mine) ** p
+        return math.pow(mine / theirs, p)
+    return 2.0 - math.pow(theirs / mine, p)
 
 
 @lru_cache(maxsize=65_536)

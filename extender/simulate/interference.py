@@ -217,8 +217,8 @@ def _group_rows(group: Group, data: Data, busy: Sequence[Busy], point: tuple[flo
 
 
 def _summary(errs: Sequence[float]) -> dict[str, float]:
-    return {"median_abs_rel_err": round(statistics.median(errs), 4), "mean_abs_rel_err": round(statistics.fmean(errs), 4),
-            "max_abs_rel_err": round(max(errs), 4)}
+    return {"median_abs_rel_err": round(statistics.median(errs), 4),
+            "mean_abs_rel_err": round(statistics.fmean(errs), 4), "max_abs_rel_err": round(max(errs), 4)}
 
 
 def held_out_busy(data: Data) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ what the report claims against what happened (the jobs' own result files and tim
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_cpu_trial_runs_both_modes_and_reports_what_happened(tmp_path: Path) -> 
         assert report[mode]["median_jct_s"] == pytest.approx((jct[1] + jct[2]) / 2, abs=0.01)
 
     static = report["static"]["jobs"]
-    for before, after in zip(static, static[1:], strict=False):  # one at a time, in backlog order
+    for before, after in itertools.pairwise(static):  # one at a time, in backlog order
         assert after["start_s"] >= before["end_s"]
     solo = {r["job"]: r["run_s"] for r in static}
     deepres = report["deepres"]
