@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from extender.policy.interference import SHARED_SERVICE, standalone_duties
+from extender.policy.interference import PRECEDENCE, SHARED_SERVICE, standalone_duties
 
 if TYPE_CHECKING:
     from extender.policy.types import PolicyParams, Reservation
@@ -62,7 +62,8 @@ def valid_duty(value: float | None) -> bool:
     return value is not None and isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0
 
 
-def alone_duties(busy: Mapping[str, float | None], shared_service: float = SHARED_SERVICE) -> dict[str, float]:
+def alone_duties(busy: Mapping[str, float | None], shared_service: float = SHARED_SERVICE,
+                 precedence: float = PRECEDENCE) -> dict[str, float]:
     """pod -> alone duty from the busy shares of the pods observed together on ONE GPU (None or bad
     shares are no observation and left out; they still do not count as idle). A pod alone keeps its
     share."""
@@ -70,7 +71,7 @@ def alone_duties(busy: Mapping[str, float | None], shared_service: float = SHARE
     if not seen:
         return {}
     pods = sorted(seen)
-    return dict(zip(pods, standalone_duties([seen[p] for p in pods], shared_service), strict=True))
+    return dict(zip(pods, standalone_duties([seen[p] for p in pods], shared_service, precedence), strict=True))
 
 
 def pod_alone_duty(per_gpu: Sequence[float]) -> float | None:
