@@ -37,11 +37,11 @@ from extender.simulate import capworld, compute, replay
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.traces import pod_list_path, read_pods
 
-RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory")
 WAIT_BOUND_S = 1800.0
 BSLD_BOUND = 2.0
-JOBS = 500
+JOBS = 400
 QUICK_JOBS = 150
 #: PAI-like duty: lognormal with the trace's median (1.5 %) and a mean near 10 % (sigma 1.95), in
 #: [DUTY_FLOOR, 1]. Philly-like: Beta(2, 1.85) (mean 0.52), as the compute replay (assumed).
@@ -215,7 +215,7 @@ def _cache_key(count: int, rates: Sequence[float], policies: Sequence[str]) -> s
 def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, workers: int = 2,
         dists: Sequence[str] = ("pai", "philly"), rates: Sequence[float] = RATES,
         policies: Sequence[str] = POLICIES, cache: Path | None = None, write: bool = True,
-        colocation: Path | None = None,
+        colocation: Path | None = None, count: int | None = None,
         log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """The sweep; merges it into out_dir/simulation.json as "capacity" (other keys kept) and returns it.
     With `cache`, each finished (distribution, seed) is appended there and reused (resumable)."""
@@ -226,7 +226,7 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, wo
     trace = read_pods(pod_list_path(data, "default"))
     paths = sorted(p for p in (colocation or COLOCATION).glob("*.json") if not p.name.startswith("nvml-"))
     residual_k = capworld.residual_exponents(build_report(paths))
-    count = QUICK_JOBS if quick else JOBS
+    count = count or (QUICK_JOBS if quick else JOBS)
     ctx = {"trace": trace, "pool": pool, "calibration": calibration, "residual_k": residual_k, "count": count,
            "rates": list(rates), "policies": list(policies)}
     key = _cache_key(count, rates, policies)
@@ -237,7 +237,7 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, wo
             if rec.get("key") == key:
                 done[(rec["result"]["dist"], rec["result"]["seed"])] = rec["result"]
         log(f"capacity: {len(done)} (distribution, seed) results reused from {cache}")
-    todo = [(d, s, ctx) for d in dists for s in seeds if (d, s) not in done]
+    todo = [(d, s, ctx) for s in seeds for d in dists if (d, s) not in done]  # each seed's both first
     results = list(done.values())
 
     def keep(res: dict[str, Any]) -> None:
