@@ -7,7 +7,8 @@ GPU pods, their GPUs, shares, classes and run times, arriving as a Poisson proce
 H100s) at multiples of the rate at which static holds 85 % of the GPUs (`compute.calibrate`, per
 seed), in the world of `simulate.capworld` (not the policy's forecaster). Per distribution of GPU
 duty, seed and policy the rate goes up the grid `RATES` until the p95 queueing delay has been above
-the bound at two rates in a row (higher rates only queue more; they are not run).
+the bound at two rates in a row (higher rates only queue more; they are not run); the memory-only
+ablation up to `MEMORY_MAX_RATE`.
 
 Capacity: the highest rate of the grid at which the p95 queueing delay is <= `WAIT_BOUND_S` (and,
 given beside it, the highest with mean bounded slowdown <= `BSLD_BOUND`). Queueing delay: time in
@@ -40,8 +41,11 @@ from extender.simulate.traces import pod_list_path, read_pods
 RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory")
 WAIT_BOUND_S = 1800.0
+#: Memory-only co-location (the opt-in ablation) is measured up to this rate: its runs are the slowest
+#: (every GPU shared, rates moving at each change) and its cost shows at the lowest rates already.
+MEMORY_MAX_RATE = 1.0
 BSLD_BOUND = 2.0
-JOBS = 400
+JOBS = 300
 QUICK_JOBS = 150
 #: PAI-like duty: lognormal with the trace's median (1.5 %) and a mean near 10 % (sigma 1.95), in
 #: [DUTY_FLOOR, 1]. Philly-like: Beta(2, 1.85) (mean 0.52), as the compute replay (assumed).
@@ -104,6 +108,8 @@ def run_task(task: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
         fails = 0
         runs: dict[str, Any] = {}
         for rate in ctx["rates"]:
+            if policy == "deepres-memory" and rate > MEMORY_MAX_RATE:
+                break
             jobs, world = _jobs(ctx, dist, seed, base * rate)
             t0 = time.monotonic()
             res = replay.simulate(compute.CLASSES[policy], jobs, compute.gpu_bound_nodes(), params, world=world)
@@ -113,7 +119,7 @@ def run_task(task: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
                   f"{m['mean_bounded_slowdown']:.2f}, OOM {m['oom_rate']:.4f}, shared p95 "
                   f"{m['shared_slowdown_p95']:.3f}, preemptions {m['preemptions']:.0f} "
                   f"({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
-            fails = fails + 1 if m["p95_wait_s"] > WAIT_BOUND_S and m["mean_bounded_slowdown"] > BSLD_BOUND else 0
+            fails = fails + 1 if m["p95_wait_s"] > WAIT_BOUND_S else 0
             if fails >= 2:
                 break
         out["runs"][policy] = runs
@@ -265,7 +271,9 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, wo
                                   "min))",
                       "rates": list(rates), "wait_bound_s": WAIT_BOUND_S, "bounded_slowdown_bound": BSLD_BOUND,
                       "zero_wait_bound": "zero_wait_* beside each JCT figure: every job alone from its arrival",
-                      "early_stop": "a policy's rates stop after two in a row above both bounds",
+                      "early_stop": "a policy's rates stop after two in a row above the p95 queueing bound (its "
+                                    "bounded-slowdown capacity is then at most the last rate run); deepres-memory "
+                                    f"is run up to {MEMORY_MAX_RATE:g}x only (its runs are the slowest)",
                       "load": {"nodes": compute.GPU_BOUND_NODES, "gpus_per_node": compute.GPU_BOUND_GPUS,
                                "model": compute.GPU_BOUND_MODEL, "jobs": count}},
         "model": {

@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         cache = None if args.no_cache else args.cache.with_name("simulate-capacity.jsonl")
         result = run_capacity(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick,
                               workers=args.jobs or 2, cache=cache, colocation=args.colocation_data)
-        keys = ("deepres_vs_static", "deepres_vs_static_sjf", "deepres", "capacity_by_seed")
-        print(json.dumps({d: {k: result[d].get(k) for k in keys} for d in ("pai", "philly") if d in result}
+        shown = ("deepres_vs_static", "deepres_vs_static_sjf", "deepres", "capacity_by_seed")
+        print(json.dumps({d: {k: result[d].get(k) for k in shown} for d in ("pai", "philly") if d in result}
                          | {"never_worse_than_static_sjf": result["never_worse_than_static_sjf"]}, indent=2))
         return 0
     if args.experiment == "compute":
