@@ -20,7 +20,7 @@ Preemption that does not churn (issue 33):
   `wait_for_empty_s`), a victim set is taken only when it pays by the rule's own estimate
   (`preemption_pays`): the GPU-seconds of waiting it saves (wait x the pod's GPUs) exceed the
   GPU-seconds it throws away (each victim's `progress_lost_s` plus a restart, `RESTART_S`, x its
-  GPUs). Without `wait_s` (unknown) the check is not made.
+  GPUs). Without `wait_s` (unknown), or for a pod without a run time estimate, the check is not made.
 
 When no node fits, the node to preempt on (`choose_preemption`, used by the extender's
 self-preemption and the simulator's replay alike) is the one whose victims have the lowest highest
@@ -54,10 +54,11 @@ def eviction_cost_gpu_s(victims: Iterable[Reservation], now_s: float) -> float:
 
 def preemption_pays(pod: PodRequest, victims: Sequence[Reservation], now_s: float, wait_s: float | None) -> bool:
     """Whether evicting `victims` for `pod` gains more than it throws away: the GPU-seconds of waiting
-    saved (`wait_s` x the pod's GPUs; an unknown wait, None, is not judged: True) against
+    saved (`wait_s` x the pod's GPUs; an unknown wait, None, or a pod without a run time estimate is
+    not judged: True) against
     `eviction_cost_gpu_s`. An infinite wait (no GPU will ever free) always pays."""
-    if wait_s is None:
-        return True
+    if wait_s is None or pod.predicted_run_s <= 0.0:
+        return True  # no estimate to weigh (as the sharing rule, a pod without a run time is not judged)
     if math.isinf(wait_s):
         return True
     return max(wait_s, 0.0) * max(pod.gpus, 1) > eviction_cost_gpu_s(victims, now_s)

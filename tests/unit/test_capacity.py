@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,11 +90,15 @@ def _res(uid: str, bound_s: float, evicted_by: str = "", criticality: int = 0) -
 
 
 def test_preemption_must_gain_more_than_it_throws_away() -> None:
-    pod = PodRequest("p", "ns", "p", admission_mib=60 * GB, priority=50.0)
+    pod = PodRequest("p", "ns", "p", admission_mib=60 * GB, priority=50.0, predicted_run_s=3_600.0)
     victim = [_res("v", bound_s=0.0)]  # 1,000 s of progress at now = 1,000
     assert not preemption_pays(pod, victim, 1_000.0, wait_s=60.0)
     assert preemption_pays(pod, victim, 1_000.0, wait_s=10_000.0)
     assert preemption_pays(pod, victim, 1_000.0, wait_s=None)  # no estimate: not judged
+    # a victim that checkpointed just before loses less: the same wait pays for it
+    checkpointed = [replace(victim[0], checkpoint_interval_s=950.0)]
+    assert preemption_pays(pod, checkpointed, 1_000.0, wait_s=500.0)
+    assert not preemption_pays(pod, victim, 1_000.0, wait_s=500.0)
 
 
 def test_a_job_is_not_evicted_twice_in_a_row_by_the_same_kind() -> None:
