@@ -317,3 +317,28 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, wo
         out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def readme_section(doc: dict[str, Any]) -> str:
+    """The README's paragraph on the capacity experiment, every figure from `doc` (the report's
+    "capacity"), for the README's results section (docs/capacity.md has the full table)."""
+    pai, philly = doc["pai"], doc["philly"]
+
+    def ratio(d: dict[str, Any], key: str) -> str:
+        value = d[key]["worst_seed_ratio"]
+        return "n/a" if value is None else f"{value:g}x"
+
+    return (
+        f"Capacity at equal service (`deepres simulate --experiment capacity`, reports/simulation.json `capacity`, "
+        f"docs/capacity.md; {len(doc['seeds'])} seeds, worst seed): the highest arrival rate at which the p95 "
+        f"queueing delay stays <= 30 min, in a world that is not the policy's forecaster (per-job interference "
+        f"error from the model's held-out residuals, drifting duties learned from noisy samples, evictions and "
+        f"OOM kills costing progress, no job dropped). PAI-like duty: DeepRes takes {ratio(pai, 'deepres_vs_static')} "
+        f"static's rate and {ratio(pai, 'deepres_vs_static_sjf')} that of static ordered by predicted run time "
+        f"(OOM rate <= {pai['deepres']['max_oom_rate']:.4f}, shared jobs' p95 slowdown <= "
+        f"{pai['deepres']['max_shared_slowdown_p95']:.2f}); Philly-like duty (assumed): "
+        f"{ratio(philly, 'deepres_vs_static')} and {ratio(philly, 'deepres_vs_static_sjf')} (OOM rate <= "
+        f"{philly['deepres']['max_oom_rate']:.4f}, shared p95 slowdown <= "
+        f"{philly['deepres']['max_shared_slowdown_p95']:.2f}). Never worse than static ordered by run time in mean "
+        f"bounded slowdown at every rate and seed: {'yes' if doc['never_worse_than_static_sjf'] else 'no'}."
+    )
