@@ -153,13 +153,14 @@ class PolicySettings:
     """Observed peaks of a job signature correct its admission once this many pods ran..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
-    sharing: bool = False
+    sharing: bool = True
     """Compute is a resource (policy/sharing.py): a pod joins a GPU that runs work only when the
     interference model predicts no job there slows beyond `max_slowdown` and that beats waiting for an
-    empty GPU. False (the default): memory alone decides, as before issue 24. Opt-in because it does not
-    pay yet, measured: the compute-aware replay (reports/simulation.json `replay`) ties static on the
-    GPU-bound load and loses to it on the default slice's mean JCT in every seed (docs/evaluation.md,
-    "Compute-aware replay"); `deepres simulate --experiment compute` evaluates it with the rule on."""
+    empty GPU. True (the default, issue 33): the capacity experiment (`deepres simulate --experiment
+    capacity`, reports/simulation.json `capacity`, docs/capacity.md) measures it as the best of its
+    policies; False, memory alone decides co-location (the `deepres-memory` ablation), an explicit
+    opt-in whose measured cost docs/capacity.md states. tests/unit/test_capacity.py holds this default
+    and the report together."""
     max_slowdown: float = 1.25
     """The slowdown (alone step time x this) sharing may cause any job (`policy.max_slowdown`; in the chart
     under `extender.settings`)."""

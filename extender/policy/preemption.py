@@ -12,6 +12,16 @@ below `preempt_max_loss_s` (default 30 min); one with a declared interval I lose
 its last checkpoint, taken as (time since bind) mod I, and is a victim only while that is below the
 same limit. A pod that may not be evicted is not a victim at any priority.
 
+Preemption that does not churn (issue 33):
+
+- a pod is not evicted twice in a row by the same kind of arrival (`arrival_kind`: the preemptor's
+  criticality and GPU count): a reservation whose `evicted_by` is the preemptor's kind is no victim;
+- with the preemptor's predicted wait without preemption given (`wait_s`: the sharing rule's
+  `wait_for_empty_s`), a victim set is taken only when it pays by the rule's own estimate
+  (`preemption_pays`): the GPU-seconds of waiting it saves (wait x the pod's GPUs) exceed the
+  GPU-seconds it throws away (each victim's `progress_lost_s` plus a restart, `RESTART_S`, x its
+  GPUs). Without `wait_s` (unknown), or for a pod without a run time estimate, the check is not made.
+
 When no node fits, the node to preempt on (`choose_preemption`, used by the extender's
 self-preemption and the simulator's replay alike) is the one whose victims have the lowest highest
 priority, then the fewest victims, then the least memory evicted, then the first name.
@@ -19,12 +29,39 @@ priority, then the fewest victims, then the least memory evicted, then the first
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from extender.policy.filtering import gpus_fit
 from extender.policy.memory import effective_free_mib, occupied_mib
 from extender.policy.priority import priority_of
 from extender.policy.types import NodeView, PodRequest, PolicyParams, Reservation
+
+#: What an eviction costs a victim besides its lost progress: the restart (container start, reading
+#: the checkpoint, warming up), in seconds of its GPUs' time.
+RESTART_S = 120.0
+
+
+def arrival_kind(criticality: int, gpus: int) -> str:
+    """The kind of an arriving pod for the churn rule: its criticality and its GPU count."""
+    return f"c{criticality}/g{gpus}"
+
+
+def eviction_cost_gpu_s(victims: Iterable[Reservation], now_s: float) -> float:
+    """GPU-seconds evicting `victims` throws away: each one's lost progress plus a restart, x its GPUs."""
+    return sum((progress_lost_s(r, now_s) + RESTART_S) * max(len(r.gpu_uuids), 1) for r in victims)
+
+
+def preemption_pays(pod: PodRequest, victims: Sequence[Reservation], now_s: float, wait_s: float | None) -> bool:
+    """Whether evicting `victims` for `pod` gains more than it throws away: the GPU-seconds of waiting
+    saved (`wait_s` x the pod's GPUs; an unknown wait, None, or a pod without a run time estimate is
+    not judged: True) against
+    `eviction_cost_gpu_s`. An infinite wait (no GPU will ever free) always pays."""
+    if wait_s is None or pod.predicted_run_s <= 0.0:
+        return True  # no estimate to weigh (as the sharing rule, a pod without a run time is not judged)
+    if math.isinf(wait_s):
+        return True
+    return max(wait_s, 0.0) * max(pod.gpus, 1) > eviction_cost_gpu_s(victims, now_s)
 
 
 def plan_victims(
@@ -54,7 +91,8 @@ def plan_victims(
          if r.node == node.name and r.pod_uid not in gone_ids),
         key=lambda pr: (pr[0], -pr[1].memory_mib, pr[1].pod_uid),
     )
-    candidates = [r for p, r in ranked if outranks(pod.priority, p, params) and evictable(r, service_now, params)]
+    candidates = [r for p, r in ranked if outranks(pod.priority, p, params) and evictable(r, service_now, params)
+                  and not (pod.kind and r.evicted_by == pod.kind)]
     chosen: list[Reservation] = []
     for res in candidates:
         chosen.append(res)
@@ -97,11 +135,14 @@ def choose_preemption(
     now_s: float,
     params: PolicyParams,
     service_now_s: float | None = None,
+    wait_s: float | None = None,
 ) -> tuple[str, tuple[Reservation, ...]] | None:
     """(node, victims) to evict on the best candidate for `pod`, or None when no candidate has a
-    victim set (`plan_victims`) that makes the pod fit. Candidates: the nodes the filter failed for
-    memory, each with the reservations on it. Best: the lowest highest victim priority, then the
-    fewest victims, then the least memory evicted, then the first node name."""
+    victim set (`plan_victims`) that makes the pod fit and pays (`preemption_pays` with `wait_s`, the
+    pod's predicted wait without preemption; None: not judged). Candidates: the nodes the filter
+    failed for memory, each with the reservations on it. Best: the lowest highest victim priority,
+    then the fewest victims, then the least memory evicted, then the first node name."""
+    service_now = now_s if service_now_s is None else service_now_s
     best: tuple[tuple[float, int, float, str], tuple[Reservation, ...]] | None = None
     for node, on_node in candidates:
         victims = plan_victims(pod, node, on_node, now_s, params, service_now_s=service_now_s)
@@ -109,6 +150,8 @@ def choose_preemption(
             continue
         by_uid = {r.pod_uid: r for r in on_node}
         chosen = tuple(by_uid[uid] for uid in victims)
+        if not preemption_pays(pod, chosen, service_now, wait_s):
+            continue
         top = max(priority_of(r.priority_inputs, now_s, params) for r in chosen)
         key = (top, len(chosen), sum(r.memory_mib * len(r.gpu_uuids) for r in chosen), node.name)
         if best is None or key < best[0]:

@@ -130,6 +130,7 @@ class PodRequest:
     whole_gpu: bool = False
     duty: float = 1.0  # its GPU duty (`duty.admission_duty`): 1.0 GPU-bound
     predicted_run_s: float = 0.0  # the predictor's run time estimate (0: unknown), for the sharing rule
+    kind: str = ""  # the kind of arrival it is, for preemption's churn rule (`preemption.arrival_kind`)
 
     @property
     def key(self) -> str:
@@ -176,6 +177,7 @@ class Reservation:
     duty: float = 1.0  # GPU duty alone (0..1): the prior, then the observed one (`policy.duty`)
     checkpoint_interval_s: float | None = None  # declared `deepres.io/checkpoint-interval`
     track: UsageTrack | None = None  # the usage rule's observations (`usage.follow_usage`); None: none yet
+    evicted_by: str = ""  # the kind of arrival (`PodRequest.kind`) that last evicted this job ("": none)
 
     @property
     def key(self) -> str:

@@ -356,6 +356,9 @@ def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False,
                                   "gpus": sum(n.gpus for n in nodes)}, **aggregate(per_seed)}
     result["wall_s"] = round(time.monotonic() - started, 1)
     result["command"] = "deepres simulate " + " ".join(sys.argv[2:])
+    from extender.provenance import stamp
+
+    result["provenance"] = stamp(result["command"])  # tests/unit/test_provenance.py holds it to the shipped code
     path = out_dir / "simulation.json"
     report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     if isinstance(report.get("replay"), dict) and "model" not in report["replay"]:

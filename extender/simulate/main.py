@@ -5,6 +5,7 @@
     deepres simulate --experiment replay
     deepres simulate --experiment interference     # fit the interference model: reports/interference.json
     deepres simulate --experiment compute --seeds 5  # the compute-aware replay: reports/simulation.json "replay"
+    deepres simulate --experiment capacity --seeds 5 # capacity at equal service: reports/simulation.json "capacity"
     deepres simulate --via-http --trace-limit 200  # the live server decides the same as the simulator
 
 Data come from ../shared/data/openb (or --data). Long runs print progress on stderr.
@@ -47,10 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fgd-data", type=Path, default=FGD_DATA, help="directory of FGD's cached results")
     parser.add_argument("--report", action="store_true",
                         help="run both experiments in full and write reports/simulation.{md,json} and plots")
-    parser.add_argument("--experiment", choices=("packing", "replay", "interference", "compute", "all"),
+    parser.add_argument("--experiment", choices=("packing", "replay", "interference", "compute", "capacity", "all"),
                         default="all")
     parser.add_argument("--colocation-data", type=Path, default=None,
-                        help="--experiment interference: directory of co-location measurements "
+                        help="--experiment interference or capacity: directory of co-location measurements "
                              "(default ../shared/data/colocation)")
     parser.add_argument("--traces", type=_csv, default=None, help="packing traces (default: FGD's 17)")
     parser.add_argument("--policies", type=_csv, default=None,
@@ -76,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-limit", type=int, default=150, help="--via-http: pods to replay")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quick", action="store_true",
-                        help="--experiment compute: a small load, nothing written (a smoke run)")
+                        help="--experiment compute or capacity: a small load, nothing written (a smoke run)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +87,16 @@ def run(args: argparse.Namespace) -> int:
         return _interference(args)
     if not args.data.is_dir():
         raise UsageError(f"trace directory {args.data} not found; pass --data PATH to the openb CSV files")
+    if args.experiment == "capacity":
+        from extender.simulate.capacity import run as run_capacity
+
+        cache = None if args.no_cache else args.cache.with_name("simulate-capacity.jsonl")
+        result = run_capacity(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick,
+                              workers=args.jobs or 2, cache=cache, colocation=args.colocation_data)
+        shown = ("deepres_vs_static", "deepres_vs_static_sjf", "deepres", "capacity_by_seed")
+        print(json.dumps({d: {k: result[d].get(k) for k in shown} for d in ("pai", "philly") if d in result}
+                         | {"never_worse_than_static_sjf": result["never_worse_than_static_sjf"]}, indent=2))
+        return 0
     if args.experiment == "compute":
         from extender.simulate.compute import readme_section
         from extender.simulate.compute import run as run_compute

@@ -47,7 +47,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,6 +83,9 @@ from extender.simulate.world import Job as Job
 from extender.simulate.world import ReplayExperiment as ReplayExperiment
 from extender.simulate.world import ReplayOutcome as ReplayOutcome
 
+if TYPE_CHECKING:
+    from extender.simulate.capworld import World
+
 log = logging.getLogger(__name__)
 
 
@@ -113,18 +116,24 @@ def build_jobs(pods: Sequence[Pod], pool: JobPool, predictor: Any, seed: int, mi
 
 def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: Sequence[Node],
              params: PolicyParams, progress: Callable[[str], None] | None = None,
-             interference: bool = False) -> ReplayOutcome:
+             interference: bool = False, world: World | None = None) -> ReplayOutcome:
     """Event-driven replay of one policy; returns its metrics and time series.
 
     With `interference`, jobs sharing a GPU run at the rate the interference model predicts from
     their true duties (`interference.step_rate_fractions`; a multi-GPU job at its slowest GPU's), and
     their finish times move whenever a GPU's jobs change; without it (the "no slowdown" ablation and
-    the memory replay of before) every job runs at full speed."""
+    the memory replay of before) every job runs at full speed.
+
+    With a `world` (`simulate.capworld`: implies interference), rates are the world's, duties drift
+    and are sampled for the policy, evictions and kills cost the progress since the last checkpoint
+    plus a restart, and killed jobs restart until they finish (none dropped)."""
     import copy
 
+    interference = interference or world is not None
     jobs = [copy.copy(t) for t in jobs_template]
     for fresh in jobs:
         fresh.gpus = []
+        fresh.queued_at = fresh.arrival
     cluster = Cluster(nodes)
     strat = strategy_cls(cluster, jobs, params)
     events: list[tuple[float, int, str, int, int]] = []
@@ -184,7 +193,10 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         fractions: dict[int, dict[int, float]] = {}
         for g in {g for j in residents(node, gpus) for g in jobs[j].gpus} | set(gpus):
             on = cluster.jobs_on[node][g]
-            values = step_rate_fractions([jobs[j].duty for j in on]) if interference else (1.0,) * len(on)
+            if world is not None:
+                values = world.fractions([jobs[j] for j in on])
+            else:
+                values = step_rate_fractions([jobs[j].duty for j in on]) if interference else (1.0,) * len(on)
             fractions[g] = dict(zip(on, values, strict=True))
         for j in residents(node, gpus):
             job = jobs[j]
@@ -206,6 +218,9 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         job.run_id += 1
         job.start = now
         job.work_left, job.since, job.shared_s = job.duration, now, 0.0  # a (re)start begins from scratch
+        if world is not None:  # ... or from its last checkpoint, after a restart
+            job.work_left = job.duration - job.kept_s + (world.restart_s if job.restarts else 0.0)
+            job.waited_s += max(now - job.queued_at, 0.0)
         strat.on_bind(job, now)
         if cluster.over_committed(job):  # the newcomer allocated last: OOM-killed after OOM_AFTER_S
             ooms += 1
@@ -215,12 +230,23 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         elif strat.follows_usage:  # the reports that show the peak (see the module docstring)
             for at in usage_reports_s(strat.params):
                 push(now + at, "usage", job.idx, job.run_id)
+        if world is not None and job.idx not in doomed:
+            push(now + world.tick_s, "tick", job.idx, job.run_id)
         refresh(node, gpus, now)
 
-    def stop(job: Job, now: float) -> None:
+    def samples(job: Job) -> dict[str, float]:
+        """The agent's samples of the jobs on `job`'s first GPU (the world's noisy NVML-like ones)."""
+        assert world is not None
+        on = [jobs[j] for j in cluster.jobs_on[job.node][job.gpus[0]]]
+        return world.sample(on, world.fractions(on))
+
+    def stop(job: Job, now: float, lost: bool = False) -> None:
         node, gpus = job.node, list(job.gpus)
         for j in residents(node, gpus):
             settle(j, now)
+        if lost and world is not None:
+            world.lose(job, now)
+            job.queued_at = now
         cluster.release(job)
         doomed.discard(job.idx)
         shared_now.discard(job.idx)
@@ -258,11 +284,19 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             elif run != job.run_id:
                 continue  # stale event of an earlier run (preempted or killed)
             elif kind == "usage":
-                freed |= strat.on_usage(job, now)
+                freed |= strat.on_usage(job, now, samples(job) if world is not None else None)
+            elif kind == "tick":
+                assert world is not None
+                for k in residents(job.node, job.gpus):
+                    settle(k, now)
+                world.drift(job)
+                refresh(job.node, job.gpus, now)
+                freed |= strat.on_sample(job, samples(job), now)
+                push(now + world.tick_s, "tick", j, run)
             elif kind == "oom":
-                stop(job, now)
+                stop(job, now, lost=True)
                 freed = True
-                if job.ooms >= MAX_RESTARTS:
+                if job.ooms >= MAX_RESTARTS and world is None:
                     job.failed = True
                     finished += 1
                 else:
@@ -294,7 +328,8 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 if victims:
                     for v in victims:
                         victim = jobs[v]
-                        stop(victim, now)
+                        stop(victim, now, lost=True)
+                        victim.evicted_by = strat.kind(job)
                         victim.preempted += 1
                         strat.preemptions += 1
                         push(now, "arrive", v)  # back to the queue, progress lost
@@ -312,7 +347,16 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         steps += 1
         if progress is not None and steps % 2000 == 0:
             progress(f"    {strat.name}: t={now:,.0f} s, finished {finished}/{len(jobs)}, pending {len(pending)}")
+    if world is not None:  # none dropped: a job that never completed counts, its JCT until the end
+        for job in jobs:
+            if math.isnan(job.completion):
+                job.failed = True
     out = _outcome(strat, jobs, ooms, series_t, series_alloc, series_mem)
+    if world is not None:
+        from extender.simulate.capworld import capacity_metrics
+
+        out.metrics.update(capacity_metrics(jobs, max([j.arrival for j in jobs] + [
+            j.completion for j in jobs if not math.isnan(j.completion)])))
     shared = [j.last_run_s / j.duration for j in jobs if not j.failed and not math.isnan(j.completion)
               and j.shared_s > 0.0]
     done = [j for j in jobs if not j.failed and not math.isnan(j.completion)]

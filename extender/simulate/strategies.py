@@ -31,8 +31,9 @@ from extender.policy import (
     score_nodes,
     score_nodes_fragaware,
 )
-from extender.policy.duty import DutyStore, admission_duty, follow_duty
+from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty
 from extender.policy.filtering import reserved_per_gpu
+from extender.policy.preemption import arrival_kind
 from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.traces import MILLI
@@ -72,8 +73,19 @@ class Strategy:
     def on_bind(self, job: Job, now: float) -> None:
         return None
 
-    def on_usage(self, job: Job, now: float) -> bool:
+    def on_usage(self, job: Job, now: float, busy: dict[str, float] | None = None) -> bool:
+        """The first usage report after the warm-up (`busy`: the agent's busy-share samples of the pods
+        on the job's GPU, in the capacity world; None: the job's true duty is observed exactly).
+        Returns whether memory was freed."""
         return False
+
+    def on_sample(self, job: Job, busy: dict[str, float], now: float) -> bool:
+        """A later sample of the pods on the job's GPU (the capacity world's periodic report)."""
+        return False
+
+    def kind(self, job: Job) -> str:
+        """The kind of arrival `job` is for preemption's churn rule ("": the policy does not preempt)."""
+        return ""
 
     def hardness(self, job: Job, now: float) -> tuple[float, ...]:
         """What besides the shape makes the job harder to place (none for memory-only policies)."""
@@ -170,7 +182,10 @@ class DeepRes(Strategy):
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
                           priority=priority_of(self.inputs(job), now, self.params), fallback=True,
-                          duty=job.admission_duty, predicted_run_s=job.predicted_s)
+                          duty=job.admission_duty, predicted_run_s=job.predicted_s, kind=self.kind(job))
+
+    def kind(self, job: Job) -> str:
+        return arrival_kind(CRITICALITY.get(job.qos, 1), job.pod.num_gpu)
 
     def view(self, i: int, now: float) -> NodeView:
         cached = self._views.get(i)
@@ -294,7 +309,10 @@ class DeepRes(Strategy):
             i = self._index[name]
             residents = sorted({j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]})
             candidates.append((views[name], [r for j in residents if (r := self.jobs[j].reservation) is not None]))
-        found = choose_preemption(pod, candidates, now, self.params)
+        # the rule's own estimate of what preempting gains: the predicted wait for empty GPUs without it
+        wait = self.wait_s(job, np.flatnonzero(self.c.base_mask(job.pod)).tolist(), now) if self.params.sharing \
+            else None
+        found = choose_preemption(pod, candidates, now, self.params, wait_s=wait)
         if found is None:
             self._preempting.pop(job.idx, None)
             return None
@@ -312,18 +330,32 @@ class DeepRes(Strategy):
                                       gpu_uuids=tuple(f"{node}-gpu{g}" for g in job.gpus),
                                       memory_mib=job.reserved_mib, admission_mib=admitted,
                                       predicted_mib=job.predicted_mib, priority_inputs=inputs, bound_s=now,
-                                      signature=job.spec_key, duty=job.admission_duty)
+                                      signature=job.spec_key, duty=job.admission_duty,
+                                      checkpoint_interval_s=job.checkpoint_s, evicted_by=job.evicted_by)
 
-    def on_usage(self, job: Job, now: float) -> bool:
+    def on_sample(self, job: Job, busy: dict[str, float], now: float) -> bool:
+        self._follow_duty(job, busy, now)
+        return False
+
+    def _follow_duty(self, job: Job, busy: dict[str, float] | None, now: float) -> None:
+        """The duty usage rule: the agent's busy shares of the pods on the job's GPU, corrected for
+        sharing by the live rule (`alone_duties`), or without samples the job's duty exactly (the
+        model's inverse is exact in the compute replay's world); learned per signature."""
         if job.reservation is None:
-            return False
-        # compute: the agent observes the job's busy share; corrected for sharing it is the job's duty
-        # alone (the model's inverse is exact in the replay's world), learned per signature
-        with_duty = follow_duty(job.reservation, job.duty, now, self.params)
-        self.duties.record(job.spec_key, job.duty, str(job.idx))
+            return
+        alone = job.duty if busy is None else alone_duties(busy).get(str(job.idx))
+        if alone is None:
+            return
+        with_duty = follow_duty(job.reservation, alone, now, self.params)
+        self.duties.record(job.spec_key, alone, str(job.idx))
         if with_duty is not job.reservation:
             job.reservation = with_duty
             self.c.version[job.node] += 1
+
+    def on_usage(self, job: Job, now: float, busy: dict[str, float] | None = None) -> bool:
+        if job.reservation is None:
+            return False
+        self._follow_duty(job, busy, now)
         updated = observe_usage(job.reservation, job.true_mib, now, self.params, self.peaks)
         if updated.memory_mib == job.reservation.memory_mib:
             job.reservation = updated  # what the rule saw (`Reservation.track`), the memory as it was

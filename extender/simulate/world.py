@@ -73,6 +73,17 @@ class Job:
     finish_token: int = 0
     shared_s: float = 0.0  # wall time this run spent on a GPU with other jobs
     last_run_s: float = 0.0  # wall time of the final (completed) run
+    # the capacity world (issue 33, `simulate.capworld`): what the policy never sees
+    checkpoint_s: float | None = None  # declared checkpoint interval (wall seconds); None: none declared
+    kept_s: float = 0.0  # work (seconds at full speed) saved by its last checkpoint: a restart resumes there
+    lost_gpu_s: float = 0.0  # GPU-seconds thrown away by evictions and OOM kills (lost work + restarts)
+    waited_s: float = 0.0  # time queued (first placement and every re-queue after an eviction or kill)
+    queued_at: float = 0.0  # when it last joined the queue
+    base_duty: float = 1.0  # its duty around which the true duty drifts
+    drift: float = 0.0  # the drift's state (log factor on base_duty)
+    interference_k: float = 1.0  # its true rate fraction is the model's ** this (a held-out residual)
+    evicted_by: str = ""  # the kind of arrival that evicted it last (the churn rule reads it)
+    restarts: int = 0
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""What made a report: the stamp every report writer puts under its `provenance` key (issue 33).
+
+    from extender.provenance import stamp
+    report["provenance"] = stamp("deepres simulate --experiment capacity")
+
+A stamp holds the commit (and whether the tree had uncommitted changes), the shipped predictor's
+version (predictor/artifacts/metadata.json), a hash of the live policy defaults
+(`PolicySettings().params()`) and the command. tests/unit/test_provenance.py fails when a report the
+README cites no longer matches the shipped predictor or the policy defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PREDICTOR_METADATA = REPO / "predictor" / "artifacts" / "metadata.json"
+
+
+def predictor_version(metadata: Path = PREDICTOR_METADATA) -> str:
+    """The shipped predictor's version ("none" when no artifact is shipped)."""
+    try:
+        return str(json.loads(metadata.read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError):
+        return "none"
+
+
+def params_hash(params: Any) -> str:
+    """A short hash of a PolicyParams (every field)."""
+    return hashlib.sha256(json.dumps(asdict(params), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def policy_hash() -> str:
+    """The hash of the live policy defaults (`PolicySettings().params()`)."""
+    from extender.settings import PolicySettings
+
+    return params_hash(PolicySettings().params())
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def stamp(command: str) -> dict[str, Any]:
+    """The provenance of a report made now by `command`."""
+    return {"commit": _git("rev-parse", "HEAD") or "unknown",
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "predictor_version": predictor_version(), "policy_params_hash": policy_hash(), "command": command}

@@ -1,0 +1,343 @@
+"""The capacity experiment (issue 33): more work on the same GPUs at the same service.
+
+    deepres simulate --experiment capacity [--seeds 5] [--quick]   # reports/simulation.json "capacity"
+
+The load is the compute replay's GPU-bound one (`compute.gpu_bound_pods`: the openb default trace's
+GPU pods, their GPUs, shares, classes and run times, arriving as a Poisson process on 8 nodes x 8
+H100s) at multiples of the rate at which static holds 85 % of the GPUs (`compute.calibrate`, per
+seed), in the world of `simulate.capworld` (not the policy's forecaster). Per distribution of GPU
+duty, seed and policy the rate goes up the grid `RATES` until the p95 queueing delay has been above
+the bound at two rates in a row (higher rates only queue more; they are not run); the memory-only
+ablation up to `MEMORY_MAX_RATE`.
+
+Capacity: the highest rate of the grid at which the p95 queueing delay is <= `WAIT_BOUND_S` (and,
+given beside it, the highest with mean bounded slowdown <= `BSLD_BOUND`). Queueing delay: time in
+the queue, first placement and every re-queue after an eviction or OOM kill (the backoff included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from extender.policy import PolicyParams
+from extender.provenance import params_hash
+from extender.settings import PolicySettings
+from extender.simulate import capworld, compute, replay
+from extender.simulate.adapters import GPU_MEMORY_GB
+from extender.simulate.traces import pod_list_path, read_pods
+
+RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory")
+WAIT_BOUND_S = 1800.0
+#: Memory-only co-location (the opt-in ablation) is measured up to this rate: its runs are the slowest
+#: (every GPU shared, rates moving at each change) and its cost shows at the lowest rates already.
+MEMORY_MAX_RATE = 1.0
+BSLD_BOUND = 2.0
+JOBS = 300
+QUICK_JOBS = 150
+#: PAI-like duty: lognormal with the trace's median (1.5 %) and a mean near 10 % (sigma 1.95), in
+#: [DUTY_FLOOR, 1]. Philly-like: Beta(2, 1.85) (mean 0.52), as the compute replay (assumed).
+PAI_MEDIAN = 0.015
+PAI_SIGMA = 1.95
+DISTRIBUTIONS = {
+    "pai": {"draw": "lognormal(ln 0.015, 1.95) clipped to [0.005, 1]",
+            "source": "Alibaba PAI 2020, cluster-trace-gpu-v2020 (github.com/alibaba/clusterdata), pai_sensor_table "
+                      "gpu_wrk_util per instance: mean near 10 %, median near 1.5 %; Weng et al., \"MLaaS in the Wild: "
+                      "Workload Analysis and Scheduling in Large-Scale Heterogeneous GPU Clusters\", NSDI 2022",
+            "verified": "published statistics of the trace as stated in issue 33 (mean ~10 %, median ~1.5 %); the "
+                        "lognormal shape is ours"},
+    "philly": {"draw": "Beta(2, 1.85) (mean 0.52)",
+               "source": "Microsoft Philly, Jeon et al., \"Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN "
+                         "Training Workloads\", USENIX ATC 2019",
+               "verified": "assumed: the mean 0.52 (1-GPU jobs' mean utilisation) could not be verified from the paper "
+                           "here; the shape is assumed"},
+}
+
+
+def capacity_params() -> PolicyParams:
+    """DeepRes's parameters in this experiment: the live defaults with the sharing rule on."""
+    return replace(PolicySettings().params(), sharing=True)
+
+
+def draw_duties(dist: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed + 35_000)
+    if dist == "pai":
+        raw = np.exp(rng.normal(math.log(PAI_MEDIAN), PAI_SIGMA, size=n))
+    elif dist == "philly":
+        raw = rng.beta(*compute.DUTY_BETA, size=n)
+    else:
+        raise ValueError(f"unknown duty distribution {dist!r}; expected one of {sorted(DISTRIBUTIONS)}")
+    return np.clip(raw, capworld.DUTY_FLOOR, 1.0)
+
+
+def _jobs(ctx: dict[str, Any], dist: str, seed: int, scale: float) -> tuple[list[replay.Job], capworld.World]:
+    cap = GPU_MEMORY_GB[compute.GPU_BOUND_MODEL] * compute.MIB_PER_GB
+    pods = compute.gpu_bound_pods(ctx["trace"], seed, scale, ctx["count"])
+    jobs = compute.build(pods, ctx["pool"], ctx["calibration"], seed, lambda p: cap)
+    world = capworld.World(seed, ctx["residual_k"])
+    capworld.assign(jobs, world, draw_duties(dist, len(jobs), seed).tolist())
+    return jobs, world
+
+
+KEEP = ("mean_wait_s", "p95_wait_s", "mean_jct_all_s", "median_jct_all_s", "zero_wait_mean_jct_s",
+        "zero_wait_median_jct_s", "mean_bounded_slowdown", "zero_wait_mean_bounded_slowdown", "shared_slowdown_p95",
+        "shared_jobs", "oom_rate", "failure_rate", "gpu_held", "gpu_busy", "preemptions", "lost_gpu_hours", "restarts")
+
+
+def run_task(task: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
+    """One distribution and seed: calibrate the base rate, then every policy up the rate grid."""
+    dist, seed, ctx = task
+    started = time.monotonic()
+    base, held = compute.calibrate(ctx["trace"], ctx["pool"], ctx["calibration"], seed, ctx["count"],
+                                   lambda line: None)
+    params = capacity_params()
+    out: dict[str, Any] = {"dist": dist, "seed": seed, "base_scale": base, "static_held": held[-1], "runs": {}}
+    for policy in ctx["policies"]:
+        fails = 0
+        runs: dict[str, Any] = {}
+        for rate in ctx["rates"]:
+            if policy == "deepres-memory" and rate > MEMORY_MAX_RATE:
+                break
+            jobs, world = _jobs(ctx, dist, seed, base * rate)
+            t0 = time.monotonic()
+            res = replay.simulate(compute.CLASSES[policy], jobs, compute.gpu_bound_nodes(), params, world=world)
+            m = res.metrics
+            runs[f"{rate:g}"] = {k: m.get(k, math.nan) for k in KEEP}
+            print(f"capacity {dist} seed {seed} {policy} x{rate:g}: p95 wait {m['p95_wait_s']:,.0f} s, mean bsld "
+                  f"{m['mean_bounded_slowdown']:.2f}, OOM {m['oom_rate']:.4f}, shared p95 "
+                  f"{m['shared_slowdown_p95']:.3f}, preemptions {m['preemptions']:.0f} "
+                  f"({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+            fails = fails + 1 if m["p95_wait_s"] > WAIT_BOUND_S else 0
+            if fails >= 2:
+                break
+        out["runs"][policy] = runs
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def capacity_of(runs: dict[str, Any], key: str, bound: float) -> float:
+    """The highest rate run whose `key` is within `bound` (0.0 when none is)."""
+    ok = [float(r) for r, m in runs.items() if m[key] <= bound]
+    return max(ok, default=0.0)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b > 0 else None
+
+
+def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    never_sjf, never_static = True, True
+    compared = 0
+    for dist in dists:
+        mine = sorted((r for r in results if r["dist"] == dist), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        doc: dict[str, Any] = {**DISTRIBUTIONS[dist], "seeds": [r["seed"] for r in mine],
+                               "base_rate_scale_by_seed": [round(r["base_scale"], 4) for r in mine],
+                               "calibration_static_held_by_seed": [round(r["static_held"], 4) for r in mine]}
+        draws = draw_duties(dist, 100_000, 0)
+        doc["duty_draws"] = {"mean": round(float(draws.mean()), 4), "median": round(float(np.median(draws)), 4)}
+        caps = {p: [capacity_of(r["runs"][p], "p95_wait_s", WAIT_BOUND_S) for r in mine] for p in policies}
+        caps_b = {p: [capacity_of(r["runs"][p], "mean_bounded_slowdown", BSLD_BOUND) for r in mine] for p in policies}
+        doc["capacity_by_seed"] = {p.replace("-", "_"): v for p, v in caps.items()}
+        doc["capacity_bounded_slowdown_by_seed"] = {p.replace("-", "_"): v for p, v in caps_b.items()}
+        for base in ("static", "static-sjf"):
+            ratios = [_ratio(d, s) for d, s in zip(caps["deepres"], caps[base], strict=True)]
+            ratios_b = [_ratio(d, s) for d, s in zip(caps_b["deepres"], caps_b[base], strict=True)]
+            finite = [x for x in ratios if x is not None]
+            finite_b = [x for x in ratios_b if x is not None]
+            doc[f"deepres_vs_{base.replace('-', '_')}"] = {
+                "worst_seed_ratio": min(finite) if finite else None, "by_seed": ratios,
+                "bounded_slowdown_worst_seed_ratio": min(finite_b) if finite_b else None,
+                "bounded_slowdown_by_seed": ratios_b}
+        per_rate: dict[str, Any] = {}
+        for rate in sorted({k for r in mine for p in policies for k in r["runs"][p]}, key=float):
+            row: dict[str, Any] = {}
+            for p in policies:
+                present = [r["runs"][p][rate] for r in mine if rate in r["runs"][p]]
+                if not present:
+                    continue
+                fig: dict[str, Any] = {"seeds_run": len(present)}
+                for k in KEEP:
+                    values = [v[k] for v in present if isinstance(v[k], int | float) and math.isfinite(v[k])]
+                    if values:
+                        fig[k] = round(statistics.fmean(values), 4)
+                        fig[f"{k}_worst"] = round(max(values) if k not in ("gpu_held", "gpu_busy") else min(values), 4)
+                row[p.replace("-", "_")] = fig
+            per_rate[f"{rate}x"] = row
+        doc["per_rate"] = per_rate
+        dr = [m for r in mine for m in r["runs"]["deepres"].values()]
+        doc["deepres"] = {"max_oom_rate": max(m["oom_rate"] for m in dr),
+                          "max_shared_slowdown_p95": max(m["shared_slowdown_p95"] for m in dr),
+                          "max_failure_rate": max(m["failure_rate"] for m in dr),
+                          "max_preemptions": max(m["preemptions"] for m in dr),
+                          "max_lost_gpu_hours": max(m["lost_gpu_hours"] for m in dr),
+                          "rates_run": sorted({float(k) for r in mine for k in r["runs"]["deepres"]})}
+        worse: list[str] = []
+        for r in mine:
+            for rate, m in r["runs"]["deepres"].items():
+                for base, flag in (("static-sjf", "sjf"), ("static", "static")):
+                    other = r["runs"][base].get(rate)
+                    if other is None:
+                        continue
+                    compared += flag == "sjf"
+                    if m["mean_bounded_slowdown"] > other["mean_bounded_slowdown"] + 1e-9:
+                        worse.append(f"{base} seed {r['seed']} x{rate}")
+                        if flag == "sjf":
+                            never_sjf = False
+                        else:
+                            never_static = False
+        doc["deepres_worse_bounded_slowdown_at"] = worse
+        out[dist] = doc
+    out["never_worse_than_static_sjf"] = never_sjf
+    out["never_worse_than_static"] = never_static
+    out["comparisons"] = compared
+    return out
+
+
+def _cache_key(count: int, rates: Sequence[float], policies: Sequence[str]) -> str:
+    """A hash of the code that decides the figures (policy and simulate sources) and the plan."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(json.dumps([count, list(rates), list(policies)]).encode())
+    for path in sorted([*root.joinpath("policy").glob("*.py"), *root.joinpath("simulate").glob("*.py"),
+                        root / "settings.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False, workers: int = 2,
+        dists: Sequence[str] = ("pai", "philly"), rates: Sequence[float] = RATES,
+        policies: Sequence[str] = POLICIES, cache: Path | None = None, write: bool = True,
+        colocation: Path | None = None, count: int | None = None,
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Any]:
+    """The sweep; merges it into out_dir/simulation.json as "capacity" (other keys kept) and returns it.
+    With `cache`, each finished (distribution, seed) is appended there and reused (resumable)."""
+    from extender.simulate.interference import COLOCATION, build_report, load
+
+    started = time.monotonic()
+    pool, pool_note, calibration = compute.load_measured(seeds[0])
+    trace = read_pods(pod_list_path(data, "default"))
+    residual_k = capworld.residual_exponents(build_report(load(colocation or COLOCATION)))
+    count = count or (QUICK_JOBS if quick else JOBS)
+    ctx = {"trace": trace, "pool": pool, "calibration": calibration, "residual_k": residual_k, "count": count,
+           "rates": list(rates), "policies": list(policies)}
+    key = _cache_key(count, rates, policies)
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if cache is not None and cache.is_file():
+        for line in cache.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("key") == key:
+                done[(rec["result"]["dist"], rec["result"]["seed"])] = rec["result"]
+        log(f"capacity: {len(done)} (distribution, seed) results reused from {cache}")
+    todo = [(d, s, ctx) for s in seeds for d in dists if (d, s) not in done]  # each seed's both first
+    results = list(done.values())
+
+    def keep(res: dict[str, Any]) -> None:
+        results.append(res)
+        log(f"capacity: {res['dist']} seed {res['seed']} done in {res['wall_s']:.0f} s "
+            f"({len(results)}/{len(dists) * len(seeds)})")
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with cache.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"key": key, "result": res}) + "\n")
+
+    if workers > 1 and len(todo) > 1:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(todo))) as procs:
+            for res in procs.imap_unordered(run_task, todo):
+                keep(res)
+    else:
+        for task in todo:
+            keep(run_task(task))
+    params = capacity_params()
+    result: dict[str, Any] = {
+        "yardstick": {"capacity": f"the highest arrival rate (x the rate at which static holds "
+                                  f"{compute.TARGET_BUSY:.0%} of the GPUs, per seed) at which the p95 queueing delay "
+                                  f"is <= {WAIT_BOUND_S / 60:.0f} min; also given for mean bounded slowdown <= "
+                                  f"{BSLD_BOUND:g} (JCT / max(run time alone, {capworld.SLOWDOWN_FLOOR_S / 60:.0f} "
+                                  "min))",
+                      "rates": list(rates), "wait_bound_s": WAIT_BOUND_S, "bounded_slowdown_bound": BSLD_BOUND,
+                      "zero_wait_bound": "zero_wait_* beside each JCT figure: every job alone from its arrival",
+                      "early_stop": "a policy's rates stop after two in a row above the p95 queueing bound (its "
+                                    "bounded-slowdown capacity is then at most the last rate run); deepres-memory "
+                                    f"is run up to {MEMORY_MAX_RATE:g}x only (its runs are the slowest)",
+                      "load": {"nodes": compute.GPU_BOUND_NODES, "gpus_per_node": compute.GPU_BOUND_GPUS,
+                               "model": compute.GPU_BOUND_MODEL, "jobs": count}},
+        "model": {
+            "same_interference_model": False,
+            "interference": "true rate fraction = the model's prediction ** k per job, k = ln(measured)/ln(predicted) "
+                            f"of a held-out row of the model's leave-one-group-out ({len(residual_k)} rows, k "
+                            f"{min(residual_k):.2f}..{max(residual_k):.2f}, from simulate.interference.build_report "
+                            "on ../shared/data/colocation); the policy forecasts with the model itself",
+            "duty": f"per job, drifting every {capworld.TICK_S:.0f} s (log factor AR(1): keep {capworld.DRIFT_KEEP}, "
+                    f"sd {capworld.DRIFT_SD}); learned by the policy only from NVML-like samples (busy share +- "
+                    f"{capworld.SAMPLE_NOISE} sd, whole percent) through duty.alone_duties",
+            "under_declared": f"{capworld.UNDER_DECLARED:.0%} of the pods declaring a gpu-share run at x "
+                              f"U{capworld.UNDER_FACTOR} of it",
+            "eviction_cost": True,
+            "eviction_cost_rule": f"a victim (or an OOM-killed job) keeps the work of its last checkpoint "
+                                  f"({capworld.CHECKPOINTING:.0%} declare an interval of "
+                                  f"{[int(i) for i in capworld.CHECKPOINT_INTERVALS]} s; the others lose all) and pays "
+                                  f"a restart of {capworld.World(0, [1.0]).restart_s:.0f} s",
+            "failed_jobs_counted": True,
+            "failed_jobs_rule": "OOM-killed jobs restart until they finish (no cap); a job that never completes is a "
+                                "failure and counts with its JCT until the end of the run",
+            "oracle": False,
+            "jobs": pool_note,
+            "not_modelled": "kube-scheduler's own preemption, input pipelines contending for host CPU, multi-GPU "
+                            "communication",
+        },
+        "deepres_params_hash": params_hash(params),
+        "live_default_params_hash": params_hash(PolicySettings().params()),
+        "seeds": list(seeds),
+        **aggregate(results, [d for d in dists if any(r["dist"] == d for r in results)], policies),
+        "wall_s": round(time.monotonic() - started, 1),
+        "command": "deepres simulate " + " ".join(sys.argv[2:]),
+    }
+    if write and not quick:
+        from extender.provenance import stamp
+
+        result["provenance"] = stamp(result["command"])
+        path = out_dir / "simulation.json"
+        report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        report["capacity"] = result
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def readme_section(doc: dict[str, Any]) -> str:
+    """The README's paragraph on the capacity experiment, every figure from `doc` (the report's
+    "capacity"), for the README's results section (docs/capacity.md has the full table)."""
+    pai, philly = doc["pai"], doc["philly"]
+
+    def ratio(d: dict[str, Any], key: str) -> str:
+        value = d[key]["worst_seed_ratio"]
+        return "n/a" if value is None else f"{value:g}x"
+
+    return (
+        f"Capacity at equal service (`deepres simulate --experiment capacity`, reports/simulation.json `capacity`, "
+        f"docs/capacity.md; {len(doc['seeds'])} seeds, worst seed): the highest arrival rate at which the p95 "
+        f"queueing delay stays <= 30 min, in a world that is not the policy's forecaster (per-job interference "
+        f"error from the model's held-out residuals, drifting duties learned from noisy samples, evictions and "
+        f"OOM kills costing progress, no job dropped). PAI-like duty: DeepRes takes {ratio(pai, 'deepres_vs_static')} "
+        f"static's rate and {ratio(pai, 'deepres_vs_static_sjf')} that of static ordered by predicted run time "
+        f"(OOM rate <= {pai['deepres']['max_oom_rate']:.4f}, shared jobs' p95 slowdown <= "
+        f"{pai['deepres']['max_shared_slowdown_p95']:.2f}); Philly-like duty (assumed): "
+        f"{ratio(philly, 'deepres_vs_static')} and {ratio(philly, 'deepres_vs_static_sjf')} (OOM rate <= "
+        f"{philly['deepres']['max_oom_rate']:.4f}, shared p95 slowdown <= "
+        f"{philly['deepres']['max_shared_slowdown_p95']:.2f}). Never worse than static ordered by run time in mean "
+        f"bounded slowdown at every rate and seed: {'yes' if doc['never_worse_than_static_sjf'] else 'no'}."
+    )
