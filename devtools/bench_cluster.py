@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 import yaml
 
-from devtools import bench_api
+from devtools import bench_api, pyspy
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
 from predictor.progress import progress
@@ -620,28 +620,6 @@ class _Run:
         self.plane.stop()
 
 
-def _profile(pid: int, out: str) -> subprocess.Popen[bytes]:
-    """py-spy sampling `pid` and its children (granian's worker) into collapsed stacks at `out`: only
-    the thread holding the GIL (--gil: where the Python code spends CPU; granian's Rust threads are
-    not seen), read without stopping the process (--nonblocking). py-spy's own CPU is counted in no
-    process of the report, but on a busy machine it takes CPU from the others: a profiled run's
-    figures are not the benchmark's."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--gil",
-                             "--rate", "200", "--format", "raw", "--output", out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2.0)  # attached before the first pod
-    return proc
-
-
-def _stop_profile(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def run(args: argparse.Namespace) -> int:
     if args.pods < 10:
         raise UsageError(f"--pods must be at least 10, got {args.pods}")
@@ -669,7 +647,7 @@ def run(args: argparse.Namespace) -> int:
             if accounting is not None:  # the background without pods: no agents, as in the plain phases
                 accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
             bench.start_agents()
-            spy = _profile(bench.extender_pid, f"{args.profile}.{nodes}.txt") if args.profile else None
+            spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if args.profile else None
             for name in limits:
                 gpu = bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
                 section[name] = {
@@ -692,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
                 }
             if spy is not None:
-                _stop_profile(spy)
+                pyspy.stop(spy)
             if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
                 gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
                 accounting.idle("idle-agents", max(gpu_windows))
