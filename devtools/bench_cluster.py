@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 import yaml
 
-from devtools import bench_api
+from devtools import bench_api, pyspy
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
 from predictor.progress import progress
@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                         help="seconds between two reports of one simulated agent (default 15, the chart's)")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
+    parser.add_argument("--profile", default="", metavar="FILE",
+                        help="sample the extender's processes with py-spy during the GPU phases and write their "
+                             "collapsed stacks to FILE.N.txt (N: the node count; py-spy must be on PATH or beside "
+                             "the interpreter)")
     parser.add_argument("--api-accounting", default="", metavar="FILE",
                         help="audit kube-apiserver and write each client's requests and the watch events per pod "
                              "(and in idle windows) to FILE; timings of such a run are not the benchmark's")
@@ -111,12 +115,15 @@ def _cpu_s(pid: int) -> float:
 
 def _scheduler_config(extender_port: int, kubeconfig: Path, qps: int, with_extender: bool) -> dict[str, Any]:
     """The chart's KubeSchedulerConfiguration (helm template), pointed at this extender and API server;
-    without the extender, its profile is renamed PLAIN_SCHEDULER and nothing else changes."""
+    without the extender, its profile is renamed PLAIN_SCHEDULER and nothing else changes. The verbs
+    are called over plain HTTP on loopback (extender.verbsAccess loopback, the extender's own default):
+    the chart's default, mTLS with certificates made in the pod by its init container, has no files
+    to point kube-scheduler at here (it failed with "open /etc/deepres/pod-tls/ca.crt")."""
     helm = str(Path(sys.executable).with_name("helm"))
     rendered = subprocess.run(
         [helm, "template", "deepres", str(REPO / "helm" / "deepres"), "--show-only",
          "templates/scheduler/configmap.yaml", "--set", f"extender.port={extender_port}",
-         "--set", "scheduler.leaderElection.enabled=false"],
+         "--set", "scheduler.leaderElection.enabled=false", "--set", "extender.verbsAccess=loopback"],
         capture_output=True, text=True, check=True).stdout
     config: dict[str, Any] = yaml.safe_load(yaml.safe_load(rendered)["data"]["scheduler-config.yaml"])
     config["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": qps, "burst": 2 * qps}
@@ -640,6 +647,7 @@ def run(args: argparse.Namespace) -> int:
             if accounting is not None:  # the background without pods: no agents, as in the plain phases
                 accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
             bench.start_agents()
+            spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if args.profile else None
             for name in limits:
                 gpu = bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
                 section[name] = {
@@ -653,11 +661,16 @@ def run(args: argparse.Namespace) -> int:
                     "extender_ms_per_call": gpu["extender_ms_per_call"],
                     "telemetry_reports_per_s": gpu["telemetry_reports_per_s"],
                     "gpu_cpu_ms_per_pod": gpu["cpu_ms_per_pod"], "plain_cpu_ms_per_pod": plain[name]["cpu_ms_per_pod"],
+                    # all processes' CPU per GPU pod over that per plain pod (the bench's own included in both)
+                    "cpu_ratio_gpu_over_plain": round(sum(gpu["cpu_ms_per_pod"].values())
+                                                      / max(sum(plain[name]["cpu_ms_per_pod"].values()), 1e-9), 2),
                     "apiserver_binding_ms": {"gpu": gpu["apiserver_binding_ms"],
                                              "plain": plain[name]["apiserver_binding_ms"]},
                     "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
                 }
+            if spy is not None:
+                pyspy.stop(spy)
             if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
                 gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
                 accounting.idle("idle-agents", max(gpu_windows))
@@ -673,6 +686,10 @@ def run(args: argparse.Namespace) -> int:
         if "default_limits" in section:
             section["extender_cpu_ms_per_pod"] = section["default_limits"]["extender_cpu_ms_per_pod"]
             section["extender_ms_per_call"] = section["default_limits"]["extender_ms_per_call"]
+        for name in ("high_qps", "default_limits"):  # the client limit at which CPU, not the limit, sets the pace
+            if "cpu_ratio_gpu_over_plain" in section.get(name, {}):
+                section["cpu_ratio_gpu_over_plain"] = section[name]["cpu_ratio_gpu_over_plain"]
+                break
         section["load_average_1m"] = max(load)
         section["load_average_1m_start_end"] = load
         report[f"nodes_{nodes}"] = section

@@ -114,6 +114,8 @@ class Intake(Part):
 
     # ---- cluster events ----
     def on_pod_changed(self, raw: dict[str, Any], deleted: bool) -> None:
+        if not deleted and self._nothing_to_restore(raw):
+            return
         try:
             pod = parse_pod(raw)
         except ProtocolError as err:
@@ -126,6 +128,23 @@ class Intake(Part):
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return
         self._restore(pod)
+
+    def _nothing_to_restore(self, raw: dict[str, Any]) -> bool:
+        """True for a live pod's event that changes nothing here, read off the watch's dict without
+        parsing the pod: not finished, and either without `assigned-gpus` on a node (pending, or not
+        placed by a GPU bind) or already holding its reservation. Most events of a GPU pod are such
+        (created, bound by this extender, started by the kubelet); the full path would parse each pod
+        only for `_restore` to return at its first line."""
+        meta, spec, status = raw.get("metadata"), raw.get("spec"), raw.get("status")
+        if not isinstance(meta, dict) or (isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES):
+            return False
+        annotations = meta.get("annotations")
+        if not (isinstance(annotations, dict) and annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS)):
+            return True
+        if not (isinstance(spec, dict) and spec.get("nodeName")):
+            return True
+        uid = meta.get("uid")
+        return isinstance(uid, str) and bool(uid) and self.ledger.reservation(uid) is not None
 
     def on_pods_listed(self, pods: list[dict[str, Any]]) -> None:
         alive: set[str] = set()
