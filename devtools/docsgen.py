@@ -170,6 +170,19 @@ def flags_of(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings}
 
 
+def _relative_paths(parser: Any) -> None:
+    """Defaults and help texts that name a path inside the checkout name it relative to the repository,
+    so the page is the same in every clone (and wraps the same)."""
+    root = f"{ROOT}/"
+    for action in parser._actions:
+        if isinstance(action.default, (str, Path)) and str(action.default).startswith(root):
+            action.default = str(action.default)[len(root):]
+        if isinstance(action.help, str) and root in action.help:
+            action.help = action.help.replace(root, "")
+    if parser.description and root in parser.description:
+        parser.description = parser.description.replace(root, "")
+
+
 def cli_reference() -> str:
     parts = [
         "# CLI reference",
@@ -181,6 +194,7 @@ def cli_reference() -> str:
     with _columns(HELP_WIDTH):
         for line, parser in command_parsers().items():
             parser.prog = line
+            _relative_paths(parser)
             parts += ["", f"## `{line}`", "", "```text", parser.format_help().rstrip(), "```"]
     return "\n".join(parts) + "\n"
 
