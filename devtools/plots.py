@@ -47,6 +47,11 @@ def capacity_series(capacity: Any) -> tuple[dict[str, list[tuple[float, float, f
     `policy`, `queue`, `slowdown`), preferring p95 queueing delay and the mean bounded slowdown.
     """
     rows = capacity.get("rows") if isinstance(capacity, dict) else capacity
+    if rows is None and isinstance(capacity, dict):  # reports/simulation.json: {dist: {per_rate: {rate: {policy}}}}
+        rows = [{"rate": _num(rate), "policy": f"{dist} {policy}", "p95_queue_s": m["p95_wait_s"],
+                 "mean_bounded_slowdown": m["mean_bounded_slowdown"]}
+                for dist, d in capacity.items() if isinstance(d, dict) and "per_rate" in d
+                for rate, by_policy in d["per_rate"].items() for policy, m in by_policy.items()]
     if not isinstance(rows, list) or not rows:
         raise ValueError("capacity has no rows")
     keys = list(rows[0])
