@@ -362,7 +362,8 @@ def capacity_results(reports: Path = REPORTS) -> str:
                 f"DeepRes / static-sjf: **{sjf['worst_seed_ratio']}** (by seed {sjf['by_seed']}). DeepRes at every "
                 f"rate it ran: max OOM rate {dr['max_oom_rate']}, max shared-job slowdown p95 "
                 f"{dr['max_shared_slowdown_p95']}, max failure rate {dr['max_failure_rate']}, at most "
-                f"{dr['max_preemptions']:g} preemptions and {dr['max_lost_gpu_hours']} GPU-hours thrown away a run.", ""]
+                f"{dr['max_preemptions']:g} preemptions and {dr['max_lost_gpu_hours']} GPU-hours thrown away "
+                "a run.", ""]
         worse = d.get("deepres_worse_bounded_slowdown_at") or []
         out += [f"DeepRes's mean bounded slowdown worse than static-sjf's at: {worse if worse else 'no (seed, rate)'}.",
                 "", "Per rate, mean over the seeds run (n); in brackets the zero-wait bound:", "",
@@ -372,10 +373,12 @@ def capacity_results(reports: Path = REPORTS) -> str:
             for policy, r in row.items():
                 out.append(
                     f"| {rate} | {policy} | {r['seeds_run']} | {r['p95_wait_s']:,.0f} | {_h(r['mean_jct_all_s'])} "
-                    f"({_h(r['zero_wait_mean_jct_s'])}) | {_h(r['median_jct_all_s'])} ({_h(r['zero_wait_median_jct_s'])}) "
+                    f"({_h(r['zero_wait_mean_jct_s'])}) | {_h(r['median_jct_all_s'])} "
+                    f"({_h(r['zero_wait_median_jct_s'])}) "
                     f"| {r['mean_bounded_slowdown']:.3f} ({r['zero_wait_mean_bounded_slowdown']:.3f}) "
                     f"| {r['shared_slowdown_p95']:.3f} | {r['oom_rate']:.4f} | {r['failure_rate']:.4f} "
-                    f"| {r['gpu_held']:.3f} | {r['gpu_busy']:.3f} | {r['preemptions']:.1f} | {r['lost_gpu_hours']:.2f} |")
+                    f"| {r['gpu_held']:.3f} | {r['gpu_busy']:.3f} | {r['preemptions']:.1f} "
+                    f"| {r['lost_gpu_hours']:.2f} |")
         out.append("")
     out.append(f"Never worse than static-sjf (mean bounded slowdown, every rate, seed and distribution): "
                f"**{cap['never_worse_than_static_sjf']}**. Made by `{cap.get('provenance', {}).get('command', '')}` "
