@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from extender.server.wsgicall import call_wsgi
 from predictor.parsing import ascii_digits
 
 log = logging.getLogger(__name__)
@@ -191,20 +192,5 @@ class RsgiBridge:
         return environ
 
     def _call(self, environ: dict[str, Any]) -> Answer:
-        started: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-            started[:] = [status, headers]
-
-        try:
-            result = self.app(environ, start_response)
-            try:
-                body = b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-        except Exception:  # the app answers its own errors; this is a bug in it: never a traceback out
-            log.exception("unexpected error on %s %s", environ["REQUEST_METHOD"], environ["PATH_INFO"])
-            return _error(500, "internal error; see the extender's log")
-        return int(started[0][:3]), list(started[1]), body
+        answer = call_wsgi(self.app, environ)
+        return answer if answer is not None else _error(500, "internal error; see the extender's log")

@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from extender.server.wsgicall import call_wsgi
 from predictor.parsing import ascii_digits
 
 log = logging.getLogger(__name__)
@@ -272,24 +273,10 @@ class SchedulerListener:
         return environ
 
     def _call(self, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
-        started: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-            started[:] = [status, headers]
-
-        try:
-            result = self.app(environ, start_response)
-            try:
-                body = b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-        except Exception:  # the app answers its own errors; this is a bug in it: never a traceback out
-            log.exception("unexpected error on %s %s (scheduler's port)", environ["REQUEST_METHOD"],
-                          environ["PATH_INFO"])
+        answer = call_wsgi(self.app, environ, " (scheduler's port)")
+        if answer is None:
             return 500, [("Content-Type", "application/json")], orjson.dumps({"error": "internal error"})
-        return int(started[0][:3]), list(started[1]), body
+        return answer
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, payload: Any, close: bool) -> None:
         await self._send(writer, status, [("Content-Type", "application/json")], orjson.dumps(payload), close)
