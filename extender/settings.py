@@ -535,8 +535,12 @@ def _coerce(hint: Any, value: Any, from_text: bool) -> Any:
     if origin is dict or origin is list:
         if from_text and isinstance(value, str):
             value = yaml.safe_load(value) if value.strip() else ({} if origin is dict else [])
-        if origin is dict and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-            return {str(k): v for k, v in value.items()}
+        if origin is dict and isinstance(value, dict):
+            value_hint = typing.get_args(hint)[1] if typing.get_args(hint) else str
+            try:  # each value as its declared type (dict[str, float]: a namespace's share floor)
+                return {str(k): _coerce(value_hint, v, True) for k, v in value.items()}
+            except ValueError as err:
+                raise ValueError(f"must be a mapping of {value_hint.__name__}, got {value!r}: {err}") from None
         if origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
             return list(value)
         kind = "a mapping of strings" if origin is dict else "a list of strings"

@@ -20,7 +20,9 @@ from tests.adversarial.ledger_support import gpu, report
 from tests.fixtures.kube.payloads import binding_args, extender_args, pod
 from tests.fixtures.kube.server import TOKEN, get, post
 
-DOUBLE = {"DEEPRES_PREDICTOR_FACTORY": "tests.fixtures.kube.doubles:make_predictor", "DEEPRES_TELEMETRY_GRACE_S": "1"}
+# the tiny pods declare a tiny GPU share; this namespace's declarations count (policy.default_gpu_share_floor 0)
+DOUBLE = {"DEEPRES_PREDICTOR_FACTORY": "tests.fixtures.kube.doubles:make_predictor", "DEEPRES_TELEMETRY_GRACE_S": "1",
+          "DEEPRES_DEFAULT_GPU_SHARE_FLOOR": "0"}
 GPU_MIB = 81_920.0
 
 

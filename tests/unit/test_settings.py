@@ -163,3 +163,16 @@ def test_the_worker_keeps_freed_memory_on_glibc() -> None:
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's; elsewhere the worker keeps the C library's defaults")
     assert keep_freed_memory() is True
+
+
+def test_namespace_share_floors_take_numbers_from_yaml_and_refuse_what_is_not_one(tmp_path: Path) -> None:
+    """`policy.namespace_gpu_share_floors` is a mapping of numbers: a YAML config's 0.0 is read as 0.0 (it was
+    refused as "not a mapping of strings"), a word or a value outside [0, 1] is refused naming the key."""
+    config = tmp_path / "settings.yaml"
+    config.write_text("policy:\n  namespace_gpu_share_floors:\n    research: 0.0\n    shared: 0.5\n")
+    policy = load_settings(config_file=str(config), env={}).policy
+    assert policy.share_floor("research") == 0.0 and policy.share_floor("shared") == 0.5
+    assert policy.share_floor("elsewhere") == 1.0
+    for bad in ("{research: lots}", "{research: 2}"):
+        with pytest.raises(SettingsError, match="(?i)namespace_gpu_share_floors"):
+            load_settings(env={"DEEPRES_NAMESPACE_GPU_SHARE_FLOORS": bad})
