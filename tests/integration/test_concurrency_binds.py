@@ -15,7 +15,8 @@ GPU_MIB = 10 * 1024 + 700  # room for exactly 10 of them
 
 
 def test_racing_binds_never_overcommit(tmp_path: Path) -> None:
-    with running_server(tmp_path, env={"DEEPRES_THREADS": "16"}) as url:
+    # memory decides here: the racers declare a tiny GPU share, which this namespace is trusted with
+    with running_server(tmp_path, env={"DEEPRES_THREADS": "16", "DEEPRES_DEFAULT_GPU_SHARE_FLOOR": "0"}) as url:
         body = report("racy", 1, time.time(), [(float(GPU_MIB), 0.0)])
         assert post(url + "/v1/telemetry", body, token=TOKEN)[0] == 200
         # tiny declared GPU shares: the sharing rule (compute) lets all of them share; memory decides here
