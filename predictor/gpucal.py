@@ -85,16 +85,3 @@ def on_gpu(demand: Demand, precision: str, gpu: str, path: str | None = None) ->
     traced = traced_equivalent(demand.memory_mib)
     memory = float(line["context_mib"]) + float(line["factor"]) * traced
     return OnGpu(round(memory, 1), round(memory * (1.0 + float(line["rel"])), 1), True)
-
-
-def fit_lines(traced: list[float], measured: list[float], under: float = UNDER) -> dict[str, float]:
-    """A GPU line and the margin above it that leaves `under` of these jobs uncovered."""
-    import numpy as np
-
-    from predictor.dataset.calibration import fit_line
-
-    line = fit_line(traced, measured)
-    above = np.asarray(measured) / (line.context_mib + line.factor * np.asarray(traced)) - 1.0
-    rel = float(np.quantile(above, 1.0 - under, method="higher"))
-    return {"context_mib": round(line.context_mib, 1), "factor": round(line.factor, 5), "rel": round(max(rel, 0.0), 4),
-            "n": len(traced)}

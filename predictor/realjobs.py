@@ -79,7 +79,7 @@ def held_out(rows: list[dict[str, Any]], found: list[Any]) -> dict[str, Any]:
         train = np.setdiff1d(idx, test)
         for p in set(precision[test].tolist()):
             fit_rows = train[precision[train] == p]
-            line = gpucal.fit_lines(traced[fit_rows].tolist(), truth[fit_rows].tolist())
+            line = fit_lines(traced[fit_rows].tolist(), truth[fit_rows].tolist())
             rows_p = test[precision[test] == p]
             point[rows_p] = line["context_mib"] + line["factor"] * traced[rows_p]
             bound[rows_p] = point[rows_p] * (1.0 + line["rel"])
@@ -109,7 +109,7 @@ def write_lines(rows: list[dict[str, Any]], exact_d: list[Any], family_d: list[A
             for i in use:
                 by_gpu.setdefault(gpu_model(rows[i]["gpu"])[0].name, []).append(i)
             for gpu, members in by_gpu.items():
-                line = gpucal.fit_lines([gpucal.traced_equivalent(found[i].memory_mib) for i in members],
+                line = fit_lines([gpucal.traced_equivalent(found[i].memory_mib) for i in members],
                                         [float(rows[i]["nvml_process_peak_mib"]) for i in members])
                 result["gpus"].setdefault(gpu, {}).setdefault(path_name, {})[p] = line
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -147,5 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def fit_lines(traced: list[float], measured: list[float], under: float = gpucal.UNDER) -> dict[str, float]:
+    """A GPU line and the margin above it that leaves `under` of these jobs uncovered."""
+    import numpy as np
+
+    from predictor.dataset.calibration import fit_line
+
+    line = fit_line(traced, measured)
+    above = np.asarray(measured) / (line.context_mib + line.factor * np.asarray(traced)) - 1.0
+    rel = float(np.quantile(above, 1.0 - under, method="higher"))
+    return {"context_mib": round(line.context_mib, 1), "factor": round(line.factor, 5), "rel": round(max(rel, 0.0), 4),
+            "n": len(traced)}
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
+

@@ -15,12 +15,15 @@ DEEPRES_CLUSTER_HELM_SET="key=value ..." adds chart values (e.g. to see a scenar
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -137,6 +140,8 @@ class LocalCluster(PodReads):
     #: the chart's MutatingAdmissionPolicy adds schedulerName and the GPU request: pods carry annotations only
     mutating_admission: bool = True
     scheduler: LocalPod | None = None
+    #: kube-scheduler's extender entry (urlPrefix, tlsConfig with local paths), read at its start
+    scheduler_extender: dict[str, Any] = field(default_factory=dict)
     agents: dict[str, LocalPod] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -158,6 +163,25 @@ class LocalCluster(PodReads):
             return int(err.code), err.read().decode(errors="replace")
         except OSError:
             return 0, ""
+
+    def verb(self, verb: str, body: dict[str, Any], timeout_s: float = 30.0) -> tuple[int, Any]:
+        """POST an extender verb as kube-scheduler does: to the extender's own scheduler port, with the
+        scheduler's client certificate where the chart's per-pod mTLS is on (the main port refuses verbs)."""
+        ext = self.scheduler_extender
+        assert ext, "the scheduler pod has not started"
+        tls = ext.get("tlsConfig") or {}
+        context = None
+        if ext.get("enableHTTPS"):
+            context = ssl.create_default_context(cafile=tls.get("caFile"))
+            if tls.get("certFile"):
+                context.load_cert_chain(tls["certFile"], tls["keyFile"])
+        request = urllib.request.Request(f"{str(ext['urlPrefix']).rstrip('/')}/{verb}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
+                return int(resp.status), json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            return int(err.code), json.loads(err.read() or b"null")
 
     def extender_metrics(self) -> str:
         status, text = self.http(f"http://127.0.0.1:{self.extender_port}/metrics")
@@ -202,6 +226,8 @@ class LocalCluster(PodReads):
         argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"], scheduler.localize),
                 f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
         local.run("kube-scheduler", argv, scheduler.env)
+        config = next(Path(a.split("=", 1)[1]) for a in argv if a.startswith("--config="))
+        self.scheduler_extender = yaml.safe_load(config.read_text())["extenders"][0]
         with self.lock:
             self.scheduler = local
         wait_for("the extender to be ready", self.extender_ready, 120, 0.5)

@@ -251,7 +251,7 @@ def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean
     latencies: list[float] = []
     while any(thread.is_alive() for thread in threads) or len(latencies) < 10:
         started = time.monotonic()
-        assert post(base + "/filter", probe)[0] == 200
+        assert cluster.verb("filter", probe)[0] == 200
         latencies.append(time.monotonic() - started)
         time.sleep(0.05)
     for thread in threads:
@@ -310,7 +310,7 @@ class _Reporters:
 
 def _prioritize(cluster: LocalCluster, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
     """The extender's own ranking of `names` for `pod` now (the verb kube-scheduler calls; no side effect)."""
-    status, answer = post(f"http://127.0.0.1:{cluster.extender_port}/prioritize", {"Pod": pod, "NodeNames": names})
+    status, answer = cluster.verb("prioritize", {"Pod": pod, "NodeNames": names})
     assert status == 200, answer
     return {h["Host"]: h["Score"] for h in answer}
 
@@ -450,7 +450,7 @@ def test_18_a_gpu_uuid_belongs_to_the_node_that_owns_it(clean: LocalCluster) -> 
         assert send(owner, ["GPU-uuid-owner-0"], claimer)[0] == 401  # speaks only for its own node
         assert send(owner, ["GPU-uuid-owner-0"], owner)[0] == 200
         pod = sized("uuid-fits", 6)
-        status, answer = post(url + "/filter", {"Pod": pod, "NodeNames": [owner, claimer]})
+        status, answer = cluster.verb("filter", {"Pod": pod, "NodeNames": [owner, claimer]})
         assert status == 200 and sorted(answer["NodeNames"]) == [claimer, owner], answer
         conflicts = sum(v for _, v in s.samples(cluster.extender_metrics(),
                                                 "deepres_extender_telemetry_uuid_conflicts_total"))

@@ -27,6 +27,10 @@ FOREIGN_FLAGS = {
     "--all", "--build-arg", "--create-namespace", "--field-selector", "--include", "--index-url",
     "--isolation", "--kube-api-qps", "--namespace", "--raw", "--reuse-values", "--set", "--set-json", "--v",
     "--variant", "--strict",
+    # kube-apiserver (docs/device-plugin.md) and pip (docs/trial.md's wheel download for a lent GPU)
+    "--runtime-config", "--no-cache-dir", "--no-compile", "--no-deps", "--no-index", "--only-binary", "--platform",
+    "--python-version", "--implementation", "--target", "--upgrade",
+    "--zygote",  # devtools/trial_jobs.py's job starter, which docs/trial.md describes
 }
 
 
@@ -72,12 +76,16 @@ def test_the_cli_reference_is_the_parsers(parsers: dict[str, argparse.ArgumentPa
 
 
 def test_every_deepres_flag_the_docs_name_exists(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    every_flag = set().union(*(docsgen.flags_of(p) for p in parsers.values()))
+    from devtools import trial
+
+    runner = argparse.ArgumentParser()  # `python -m devtools.trial` (docs/trial.md), a tool beside the CLI
+    trial.add_arguments(runner)
+    every_flag = set().union(*(docsgen.flags_of(p) for p in [*parsers.values(), runner]))
     problems = []
     for page in PAGES:
         text = page.read_text()
         problems += [f"{page.name}: {p}" for p in docsgen.unknown_flags(text, parsers)]
-        loose = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text)) - every_flag - FOREIGN_FLAGS
+        loose = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])(?![\w-])", text)) - every_flag - FOREIGN_FLAGS
         problems += [f"{page.name}: {flag} (no deepres command has it)" for flag in sorted(loose)]
     assert not problems, problems
 

@@ -37,13 +37,18 @@ def test_the_priority_example() -> None:
 
 def test_the_usage_example() -> None:
     res = Reservation("u", "ml", "cnn-small", "n1", ("GPU-0",), 20308.0, 20308.0, 7887.0, PriorityInputs(), NOW)
-    assert follow_usage(res, 7900.0, NOW + 60, PARAMS).memory_mib == 20308.0
-    after = follow_usage(res, 7900.0, NOW + 150, PARAMS).memory_mib
+    held = []
+    for t in (60, 150, 240, 330, 420):  # a report every 90 s, the same peak each time
+        res = follow_usage(res, 7900.0, NOW + t, PARAMS)
+        held.append(res.memory_mib)
+    assert held[:-1] == [20308.0] * 4, held  # the peak has not shown yet: the admission holds
+    after = held[-1]
     grown = follow_usage(res, 9500.0, NOW + 900, PARAMS).memory_mib
     says(f"moves the reservation to {after:,.0f} MiB (the peak x {PARAMS.usage_margin:.2f})")
     says(f"the {(20308.0 - after) / 1024:.1f} GiB given back")
     says(f"the reservation follows it up to {grown:,.0f} MiB")
     says(f"the warm-up is {PARAMS.usage_warmup_s:.0f} s")
+    says(f"flat for {PARAMS.usage_plateau_s:.0f} s over {PARAMS.usage_plateau_samples} reports")
 
 
 def test_the_sharing_example() -> None:

@@ -206,7 +206,15 @@ def test_old_reports_stay_valid_and_new_fields_round_trip() -> None:
     assert again.pods[0].gpu_duty == 0.4 and again.gpus[0].processes[0].sm_util == 0.4
 
 
-@pytest.mark.parametrize(("field", "value"), [("gpu_duty", 1.5), ("gpu_duty", -0.1), ("duty_source", "guess")])
+@pytest.mark.parametrize(("value", "clamped"), [(1.5, 1.0), (-0.1, 0.0)])
+def test_a_duty_outside_0_1_is_clamped_not_a_refused_report(value: float, clamped: float) -> None:
+    """Issue 34 row 11: one pod's duty out of range used to refuse the whole node's report."""
+    body = {"node": "n", "sequence": 1, "timestamp_s": 1.0, "agent_version": "0", "source": "nvml", "gpus": [],
+            "pods": [{"pod_uid": "p", "current_memory_mib": 5.0, "peak_memory_mib": 5.0, "gpu_duty": value}]}
+    assert parse_report(body).pods[0].gpu_duty == clamped
+
+
+@pytest.mark.parametrize(("field", "value"), [("gpu_duty", "lots"), ("duty_source", "guess")])
 def test_bad_duty_fields_are_refused_by_name(field: str, value: Any) -> None:
     from extender.telemetry import ReportError
 
