@@ -174,5 +174,5 @@ def test_namespace_share_floors_take_numbers_from_yaml_and_refuse_what_is_not_on
     assert policy.share_floor("research") == 0.0 and policy.share_floor("shared") == 0.5
     assert policy.share_floor("elsewhere") == 1.0
     for bad in ("{research: lots}", "{research: 2}"):
-        with pytest.raises(SettingsError, match="(?i)namespace_gpu_share_floors"):
+        with pytest.raises(SettingsError, match=r"(?i)namespace_gpu_share_floors"):
             load_settings(env={"DEEPRES_NAMESPACE_GPU_SHARE_FLOORS": bad})
