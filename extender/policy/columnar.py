@@ -260,11 +260,17 @@ def _repeats(names: tuple[str, ...], rows: I64) -> bool:
     return len(set(unknown)) != len(unknown)
 
 
-def fits_rows(a: _Arrays, rows: I64, gpus: int, need_mib: float) -> B:
-    """`filtering.gpus_fit` for the given rows at once (its vectorised twin, property-tested)."""
+def fits_rows(a: _Arrays, rows: I64, gpus: int, need_mib: float, whole: bool = False) -> B:
+    """`filtering.gpus_fit` for the given rows at once (its vectorised twin, property-tested); `whole`:
+    over the empty GPUs only, as `filtering.fit_free_desc` for a whole-GPU request."""
     count = max(gpus, 1)
     if count > a.free_desc.shape[1]:
         return np.zeros(len(rows), dtype=bool)
+    if whole:
+        free = np.where(a.empty[rows] > 0, a.free[rows], -np.inf)
+        nth = -np.sort(-free, axis=1)[:, count - 1]
+        whole_fits: B = (a.healthy[rows] >= count) & (nth >= need_mib)
+        return whole_fits
     fits: B = (a.healthy[rows] >= count) & (a.free_desc[rows, count - 1] >= need_mib)
     return fits
 
@@ -320,7 +326,8 @@ def filter_matrix(
     if not pod.gpu_job:  # not a GPU job: every node passes, telemetry or not
         ok = np.ones(len(unique), dtype=bool)
     else:
-        ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib)
+        ok = known & fresh_rows(a, safe, now_s, params) & fits_rows(a, safe, pod.gpus, pod.admission_mib,
+                                                                    pod.whole_gpu)
     if ok.all():  # every candidate passes (the usual answer in a cluster with room): no per-node work
         key = names if isinstance(names, tuple) else None
         passed_all = key if key is not None and len(key) == len(unique) else tuple(unique)
@@ -387,7 +394,7 @@ def score_matrix(
     known = rows >= 0
     safe = np.where(known, rows, 0)
     need = pod.admission_mib
-    ok = known & fits_rows(a, safe, 1, need)
+    ok = known & fits_rows(a, safe, 1, need, pod.whole_gpu)
     scores = np.zeros(len(unique), dtype=np.int64)
     sub = safe[ok]
     if len(sub):
@@ -395,7 +402,8 @@ def score_matrix(
         weight = min(max(params.fragmentation_weight, 0.0), 1.0)
         free = a.free[sub]
         # scoring.gpu_key for every candidate's GPUs at once
-        key = np.where(free >= need, gpu_keys(free, a.util[sub], a.empty[sub], need, spread), np.inf)
+        usable = (free >= need) & (a.empty[sub] > 0) if pod.whole_gpu else free >= need
+        key = np.where(usable, gpu_keys(free, a.util[sub], a.empty[sub], need, spread), np.inf)
         col = key.argmin(axis=1)
         at = np.arange(len(sub))
         f = free[at, col]

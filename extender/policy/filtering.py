@@ -41,6 +41,15 @@ def gpus_fit(free_desc: Sequence[float], gpus: int, need_mib: float) -> bool:
     return len(free_desc) >= count and free_desc[count - 1] >= need_mib
 
 
+def fit_free_desc(pod: PodRequest, node: NodeView) -> Sequence[float]:
+    """The free memory the fit test reads for `pod` on `node`, largest first: every healthy GPU's, or for
+    a whole-GPU request (reserved whole at bind) only the empty GPUs': a partly used GPU larger than the
+    request's size would otherwise pass and be reserved whole over what it already holds."""
+    if not pod.whole_gpu:
+        return node.free_desc
+    return sorted((g.free_mib for g in node.healthy if g.empty), reverse=True)
+
+
 def largest_gpu_mib(nodes: Iterable[NodeView | None], gpus: int) -> float:
     """The largest GPU memory a `gpus`-GPU pod could be given on `nodes`: the most, over the nodes
     with that many healthy GPUs, of the node's `gpus`-th largest GPU (its per-GPU size for such a
@@ -119,7 +128,7 @@ def node_failure(
         extra = f" ({unhealthy} unhealthy)" if unhealthy else ""
         return TOO_FEW_GPUS, f"needs {need_gpus} GPU(s), node has {have} healthy{extra}", True
     need = pod.admission_mib
-    if gpus_fit(free, need_gpus, need):
+    if gpus_fit(fit_free_desc(pod, node), need_gpus, need):
         return None
     size = node.capacity_desc[need_gpus - 1]
     if size < need:

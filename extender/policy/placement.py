@@ -30,7 +30,7 @@ def choose_gpus_for(
 ) -> tuple[GpuView, ...] | None:
     """The GPUs bind takes on `node`: the fragmentation-aware choice for a packing pod when `mix` has
     shapes, else `choose_gpus` (spread or best fit). None when the pod does not fit."""
-    if mix is not None and len(mix) and packs_by_mix(pod, params):
+    if mix is not None and len(mix) and packs_by_mix(pod, params) and not pod.whole_gpu:
         return choose_gpus_fragaware(pod, node, mix, cpu_left_milli, pod_cpu_milli)
     return choose_gpus(pod, node, params)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from extender.policy.filtering import gpus_fit
+from extender.policy.filtering import fit_free_desc, gpus_fit
 from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, is_partly_used
 
 MAX_SCORE = 10
@@ -67,13 +67,13 @@ def choose_gpus(pod: PodRequest, node: NodeView, params: PolicyParams) -> tuple[
     order, ties ending on the GPU index (deterministic). Bind takes these; the score rates them."""
     need = pod.admission_mib
     count = max(pod.gpus, 1)
-    if not gpus_fit(node.free_desc, count, need):
+    if not gpus_fit(fit_free_desc(pod, node), count, need):
         return None
     spread = spreads(pod, params)
-    if count == 1:  # the common case: one pass, no sorting
+    if count == 1 and not pod.whole_gpu:  # the common case: one pass, no sorting
         best = _pick_one(node, need, spread)
         return (best,) if best is not None else None
-    fitting = [g for g in node.healthy if g.free_mib >= need]
+    fitting = [g for g in node.healthy if g.free_mib >= need and (g.empty or not pod.whole_gpu)]
     fitting.sort(key=lambda g: (gpu_key(g.free_mib, g.utilization, g.empty, need, spread), g.index))
     return tuple(fitting[:count])
 

@@ -310,6 +310,23 @@ def _columnar(request: PodRequest, names: list[str], nodes: dict[str, NodeView])
     return filter_matrix(request, names, matrix, nodes, NOW, P)
 
 
+def test_a_multi_gpu_whole_gpu_request_takes_empty_gpus_only() -> None:
+    """Found by the property above: a 2-GPU pod falls back to whole GPUs of the second-largest size
+    (16 GiB) while the node also has a larger GPU half held (32 GiB, 16 GiB reserved, 16 GiB free). The
+    fit test saw 16 GiB free there, bind took it and reserved it whole (32 GiB) over the 16 GiB it
+    held: an over-commit. Whole GPUs are empty GPUs, in the reference and the columnar filter alike."""
+    mixed = node("n0", (32, 0, 16), (16, 0, 0))
+    request = fallback_pod(24, 16, gpus=2)
+    for result in (filter_nodes(request, ["n0"], {"n0": mixed}, NOW, P), _columnar(request, ["n0"], {"n0": mixed})):
+        assert result.passed == (), result
+    spare = node("n1", (32, 0, 16), (16, 0, 0), (16, 0, 0))
+    result = filter_nodes(request, ["n1"], {"n1": spare}, NOW, P)
+    assert result.passed == ("n1",) and result.request is not None and result.request.whole_gpu
+    assert _columnar(request, ["n1"], {"n1": spare}) == result
+    chosen = choose_gpus(result.request, spare, P)
+    assert chosen is not None and sorted(g.index for g in chosen) == [1, 2]
+
+
 # ---- scoring rules ----
 
 def test_low_priority_packs_into_partly_used_gpu() -> None:
