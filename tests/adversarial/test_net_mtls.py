@@ -44,6 +44,8 @@ def signed(name: str, by: str, cwd: Path, extension: str) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make certificates")
     d = tmp_path_factory.mktemp("pki")
     for name in ("server-ca", "scheduler-ca", "rogue-ca"):
         ca(name, d)

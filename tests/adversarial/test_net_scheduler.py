@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import socket
 import ssl
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from devtools.localserver import LocalServer, free_port
-from tests.adversarial.test_net_mtls import ca, signed
+from tests.adversarial.test_net_mtls import context as client
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, extender_args, pod, report
 from tests.fixtures.kube.server import TOKEN
 
@@ -109,26 +108,6 @@ def test_polling_connections_cannot_take_the_schedulers_slots(loopback_server: t
     status, _, out = filter_on(server.port)
     assert status == 403 and "scheduler_bind" in str(out)
     send_report(server)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make certificates")
-    d = tmp_path_factory.mktemp("pki34")
-    for name in ("server-ca", "scheduler-ca", "rogue-ca"):
-        ca(name, d)
-    signed("server", "server-ca", d, "subjectAltName=IP:127.0.0.1,DNS:localhost")
-    signed("scheduler", "scheduler-ca", d, "extendedKeyUsage=clientAuth")
-    signed("rogue", "rogue-ca", d, "extendedKeyUsage=clientAuth")
-    return d
-
-
-def client(pki: Path, cert: str | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki / "server-ca.crt"))
-    if cert:
-        ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
-    return ctx
 
 
 @pytest.mark.parametrize("scheduler_host", ["127.0.0.1", "0.0.0.0"], ids=["sidecar", "deployment"])
