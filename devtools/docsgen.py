@@ -243,7 +243,8 @@ def headline_figures(reports: Path = REPORTS) -> str:
         return json.loads((reports / name).read_text())
 
     predictor, interference = read("predictor.json"), read("interference.json")
-    replay, cluster = read("simulation.json")["replay"], read("bench-cluster.json")
+    simulation, cluster = read("simulation.json"), read("bench-cluster.json")
+    replay, capacity = simulation["replay"], simulation["capacity"]
     extender, make_run = read("bench-extender.json"), read("make-run.json")
     exact, family, runtime = predictor["realjobs"]["exact"], predictor["realjobs"]["family"], predictor["runtime"]
     logo, one_over_n = interference["leave_one_group_out"], interference["baselines"]["one_over_n"]
@@ -258,12 +259,14 @@ def headline_figures(reports: Path = REPORTS) -> str:
         f"{_pct(exact['median_abs_rel_err'])} (median), {_pct(exact['under_rate'])} of jobs above the admission "
         f"bound; family annotations ({family['n']} jobs): {_pct(family['median_abs_rel_err'])}, "
         f"{_pct(family['under_rate'])} above. [reports/predictor.json](reports/predictor.json) `realjobs`",
+        _live_calibration_line(predictor["live_calibration"]),
         f"- **Prediction cost**: p99 {runtime['p99_ms']:.2f} ms per uncached prediction, numpy only "
         f"(no torch when serving). [reports/predictor.json](reports/predictor.json) `runtime`",
         f"- **Interference model** (how fast co-located jobs run): {_pct(logo['median_abs_rel_err'])} median error "
         f"on held-out groups, against {_pct(one_over_n['median_abs_rel_err'])} for the 1/n rule "
         f"({interference['groups']} groups measured on one H100). "
         f"[reports/interference.json](reports/interference.json)",
+        _capacity_line(capacity),
         f"- **Compute-aware replay** ({gb['load']['jobs']:,} jobs of a public trace on {gb['load']['nodes']} nodes of "
         f"{gb['load']['gpus_per_node']} GPUs, {replay['seeds']} seeds, no oracle): mean JCT "
         f"{_change(vs['mean_jct_improvement'])} than static whole-GPU FIFO, median "
@@ -284,6 +287,33 @@ def headline_figures(reports: Path = REPORTS) -> str:
         f"[reports/make-run.json](reports/make-run.json)",
     ]
     return "\n".join(rows)
+
+
+def _live_calibration_line(live: dict[str, Any]) -> str:
+    """What the running extender learns on a GPU model the shipped predictor has no line for."""
+    exact, family = live["exact"], live["family"]
+    return (f"- **Live calibration on a GPU model it was never fitted on** (a running `deepres serve` learning from "
+            f"the peaks its agents report, scored on jobs it never placed): after {exact['pods_observed']} pods a "
+            f"named architecture is off by {_pct(exact['median_abs_rel_err'])} (median, "
+            f"{_pct(exact['uncalibrated']['median_abs_rel_err'])} before), {_pct(exact['under_rate'])} above the "
+            f"admission bound, bound {exact['median_bound_ratio']:.2f}x the real peak; family annotations "
+            f"{_pct(family['under_rate'])} above, bound {family['median_bound_ratio']:.2f}x. "
+            f"[reports/predictor.json](reports/predictor.json) `live_calibration`")
+
+
+def _capacity_line(cap: dict[str, Any]) -> str:
+    """The capacity yardstick's headline: worst-seed ratios per duty distribution, and what it cost."""
+    pai, philly = cap["pai"], cap["philly"]
+    oom = max(pai["deepres"]["max_oom_rate"], philly["deepres"]["max_oom_rate"])
+    slow = max(pai["deepres"]["max_shared_slowdown_p95"], philly["deepres"]["max_shared_slowdown_p95"])
+    return (f"- **Capacity at equal service** (the load the same GPUs carry with p95 queueing <= 30 min, replay of a "
+            f"public trace in a world that is not the policy's model, worst of {len(cap['seeds'])} seeds): DeepRes "
+            f"{pai['deepres_vs_static']['worst_seed_ratio']:g}x static whole-GPU FIFO with PAI-like duty "
+            f"({pai['deepres_vs_static_sjf']['worst_seed_ratio']:g}x static shortest-first), "
+            f"{philly['deepres_vs_static']['worst_seed_ratio']:g}x with Philly-like duty "
+            f"({philly['deepres_vs_static_sjf']['worst_seed_ratio']:g}x); at most {_pct(oom)} of jobs OOM-killed "
+            f"and shared jobs slowed {slow:.2f}x at p95. [reports/simulation.json](reports/simulation.json) "
+            f"`capacity`")
 
 
 def render_readme(text: str, reports: Path = REPORTS) -> str:
