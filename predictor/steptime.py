@@ -1,16 +1,24 @@
 """Step time per GPU model: how long one training iteration of a job takes on a given GPU.
 
-    step = fixed + per_layer x layers                      (launches, optimizer, Python: per step)
-         + GFLOPs / (peak TFLOPs of the precision x utilisation)   (compute)
-         + traced peak MiB x seconds per MiB                (memory traffic: what is written is read back)
+    step = fixed + per-layer cost of the family's kind of layer x layers   (kernel launches, Python: per step)
+         + per serial step x layers x sequence length (recurrent families: one cell after the other)
+         + GFLOPs x seconds per GFLOP of the precision                     (compute)
+         + traced peak MiB x seconds per MiB                               (memory traffic)
 
 fitted on the campaign's measured `step_s` (predictor/data/measured/h100-*.csv; the third
-iteration's wall time) by minimising the mean absolute log error, scored on architecture groups held out
-(5 folds by group). The coefficients are the H100's; another GPU model scales the compute term by
-the ratio of published dense peak throughputs and the traffic term by the ratio of memory
-bandwidths (GPU_MODELS: NVIDIA's data sheets), the per-step costs stay (they are the host's).
-An unknown GPU model is read as an A100 40GB (the reference GPU of `estimate_gpu_seconds`) and
-says so (`known_gpu`).
+iteration's wall time) by minimising the mean absolute log error, scored on architecture groups held
+out (5 folds by group). The campaign's step also holds two things that are not the job's: the
+co-runners (`ran_beside`: a step beside k others is the alone step x (1 + k)^c) and the benchmark's
+own input, drawn with `torch.randn` on the host inside the step (seconds per input element, fp32 and
+bf16: the largest single cost of a big-image step there). The fit models both; the runtime leaves
+both out (`CAMPAIGN_TERMS` in predictor/steptime_fit.py): a job's step here is on the GPU, alone, its
+data loader overlapping.
+
+The coefficients are the H100's; another GPU model scales the compute term by the ratio of
+published dense peak throughputs and the traffic term by the ratio of memory bandwidths
+(GPU_MODELS: NVIDIA's data sheets), the per-step costs stay (they are the host's and the launch
+latency's). An unknown GPU model is read as an A100 40GB (the reference GPU of
+`estimate_gpu_seconds`) and says so (`known_gpu`).
 
 Runtime: numpy-free arithmetic over predictor/data/steptime.json; `python -m predictor.steptime_fit`
 refits it (scipy) and prints the held-out figures.
@@ -50,7 +58,7 @@ GPU_MODELS: tuple[tuple[str, GpuModel], ...] = (
     ("h100 pcie", GpuModel("h100-pcie", 51.0, 756.0, 2.0)),
     ("h100", GpuModel("h100-sxm", 67.0, 989.0, 3.35)),
     ("a100-sxm4-80gb", GpuModel("a100-80gb", 19.5, 312.0, 2.039)),
-    ("a100 80gb", GpuModel("a100-80gb", 19.5, 312.0, 1.935)),
+    ("a100 80gb", GpuModel("a100-80gb-pcie", 19.5, 312.0, 1.935)),
     ("a100", GpuModel("a100-40gb", 19.5, 312.0, 1.555)),
     ("l40s", GpuModel("l40s", 91.6, 362.0, 0.864)),
     ("l40", GpuModel("l40", 90.5, 181.0, 0.864)),
@@ -79,24 +87,59 @@ def _half(precision: str) -> bool:
     return precision != "fp32"
 
 
-def features(layers: float, gflops: float, traced_mib: float, precision: str) -> tuple[float, ...]:
-    """(1, layers, GFLOPs if fp32, GFLOPs if half, traced MiB): the columns the coefficients multiply."""
+#: The family's kind of layer: what one of its `num-layers` costs in kernel launches differs (a
+#: transformer block runs tens of kernels, a conv layer a few, a linear layer one or two).
+LAYER_KINDS: dict[str, str] = {
+    "vit": "transformer", "gpt": "transformer", "transformer": "transformer",
+    "cnn": "conv", "resnet": "conv", "vgg": "conv",
+    "mlp": "mlp",
+    "rnn": "recurrent", "lstm": "recurrent", "gru": "recurrent",
+}
+#: The columns the coefficients multiply, in the order of `weights` in steptime.json.
+FEATURES: tuple[str, ...] = ("fixed", "layers_transformer", "layers_conv", "layers_mlp", "layers_recurrent",
+                             "recurrent_serial_steps", "gflops_fp32", "gflops_half", "traced_mib")
+#: Which part of the step each column is (`parts`): per-step (host and launch latency), compute, traffic.
+PER_STEP, COMPUTE, TRAFFIC = range(3)
+PART_OF: tuple[int, ...] = (PER_STEP,) * 6 + (COMPUTE, COMPUTE, TRAFFIC)
+
+
+def layer_kind(family: str) -> str:
+    """The kind of layer of a family (`JobSpec.model_type`); an unknown family counts as conv layers."""
+    return LAYER_KINDS.get(str(family).strip().lower(), "conv")
+
+
+def features(layers: float, gflops: float, traced_mib: float, precision: str, family: str = "cnn",
+             input_dim: float = 0.0) -> tuple[float, ...]:
+    """The columns (FEATURES) the coefficients multiply: 1, the layers in the column of the family's kind
+    of layer, layers x sequence length (`input_dim`) for recurrent families, GFLOPs in the column of
+    its precision, traced MiB."""
     half = _half(precision)
-    return 1.0, float(layers), 0.0 if half else float(gflops), float(gflops) if half else 0.0, float(traced_mib)
+    kind = layer_kind(family)
+    layers = float(layers)
+    per_kind = tuple(layers if kind == k else 0.0 for k in ("transformer", "conv", "mlp", "recurrent"))
+    serial = layers * float(input_dim) if kind == "recurrent" else 0.0
+    return (1.0, *per_kind, serial, 0.0 if half else float(gflops), float(gflops) if half else 0.0,
+            float(traced_mib))
 
 
 @cache
 def coefficients(path: str = str(COEFFICIENTS_PATH)) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(Path(path).read_text())
+    if data.get("features") != list(FEATURES) or len(data.get("weights", ())) != len(FEATURES):
+        raise ValueError(f"{path}: its `features`/`weights` are not this runtime's columns {FEATURES}: "
+                         "refit it with `python -m predictor.steptime_fit`")
     return data
 
 
-def parts(layers: float, gflops: float, traced_mib: float, precision: str,
-          coef: dict[str, Any] | None = None) -> tuple[float, float, float]:
-    """(per-step, compute, traffic) seconds of one step on the reference GPU (the H100 measured)."""
+def parts(layers: float, gflops: float, traced_mib: float, precision: str, coef: dict[str, Any] | None = None,
+          family: str = "cnn", input_dim: float = 0.0) -> tuple[float, float, float]:
+    """(per-step, compute, traffic) seconds of one step on the reference GPU (the H100 measured), the job alone."""
     w = (coef or coefficients())["weights"]
-    x = features(layers, gflops, traced_mib, precision)
-    return w[0] * x[0] + w[1] * x[1], w[2] * x[2] + w[3] * x[3], w[4] * x[4]
+    x = features(layers, gflops, traced_mib, precision, family, input_dim)
+    out = [0.0, 0.0, 0.0]
+    for weight, value, part in zip(w, x, PART_OF, strict=True):
+        out[part] += float(weight) * value
+    return out[0], out[1], out[2]
 
 
 def on_gpu(step_parts: tuple[float, ...], precision: str, gpu: str) -> float:
@@ -129,7 +172,8 @@ def traced_mib_of(spec: JobSpec, demand: Demand) -> float:
 
 
 def step_parts(spec: JobSpec, demand: Demand) -> tuple[float, float, float]:
-    return parts(spec.num_layers, demand.gflops_per_iteration, traced_mib_of(spec, demand), spec.precision)
+    return parts(spec.num_layers, demand.gflops_per_iteration, traced_mib_of(spec, demand), spec.precision,
+                 family=spec.model_type, input_dim=spec.input_dim)
 
 
 def step_seconds(spec: JobSpec, demand: Demand, gpu: str = REFERENCE_GPU) -> float:
