@@ -246,8 +246,12 @@ class Predictor:
                 warnings=tuple(dict.fromkeys(w for d in group for w in d.warnings)))
             demand = family_heads.apply(spec, exact.override(spec, demand))  # the task's head, family path
             parts = steptime.step_parts(spec, demand)
-            demand = replace(demand, step_seconds=_significant(sum(parts)),
-                             step_parts=tuple(_significant(p) for p in parts))
+            step = sum(parts)
+            # the job's GPU time is its steps on the reference GPU (the measured step-time model, issue 30
+            # point 5); the FLOPs-only estimate stays where no step could be computed
+            demand = replace(demand, step_seconds=_significant(step),
+                             step_parts=tuple(_significant(p) for p in parts),
+                             gpu_seconds=_significant(step * spec.iterations) if step > 0 else demand.gpu_seconds)
             if spec.notes:
                 demand = replace(demand, warnings=(*demand.warnings, *spec.notes))
             out.append(demand)

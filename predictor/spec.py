@@ -225,6 +225,8 @@ class Demand:
 
     `memory_mib` is the peak GPU memory as nvidia-smi shows it (tensors at the peak + allocator
     overhead + CUDA context); `memory_mib_upper` is a calibrated upper bound used for admission.
+    `gpu_seconds` is the whole job's GPU time on the reference GPU: `step_seconds` x iterations
+    (predictor/runtime.py), or `estimate_gpu_seconds` from the FLOPs alone where no step is known.
     `warnings` says when the prediction is less sure than usual (inputs outside what the model was
     trained on, for which the bound was widened): shown to the user, never silently dropped.
     """

@@ -24,11 +24,11 @@ def says(text: str) -> None:
 
 
 def test_the_priority_example() -> None:
-    a = priority_of(PriorityInputs(1, None, 436.0, 1), NOW, PARAMS)
+    a = priority_of(PriorityInputs(1, None, 614.0, 1), NOW, PARAMS)
     b = priority_of(PriorityInputs(1, NOW + 1800.0, 3600.0, 1), NOW, PARAMS)
     c = priority_of(PriorityInputs(0, None, 100_000.0, 8), NOW, PARAMS)
-    a_high = priority_of(PriorityInputs(2, None, 436.0, 1), NOW, PARAMS)
-    says(f"| 436 s | 1 | {a:.1f} = 10 + 0 + {a - 10:.1f} |")
+    a_high = priority_of(PriorityInputs(2, None, 614.0, 1), NOW, PARAMS)
+    says(f"| 614 s | 1 | {a:.1f} = 10 + 0 + {a - 10:.1f} |")
     says(f"| 3,600 s | 1 | {b:.1f} = 10 + 10 + {b - 20:.1f} |")
     says(f"| 100,000 s | 8 | {c:.1f} = 0 + 0 + {c:.1f} |")
     says(f"Were A `high`, it would score {a_high:.1f} and go before B")
@@ -70,6 +70,6 @@ def test_the_preemption_example() -> None:
          f"({PARAMS.preempt_max_loss_s:,.0f} s)")
     says(f"would lose {progress_lost_s(ck, NOW):.0f} s")
     assert not evictable(old, NOW, PARAMS) and evictable(ck, NOW, PARAMS)
-    a = priority_of(PriorityInputs(1, None, 436.0, 1), NOW, PARAMS)
+    a = priority_of(PriorityInputs(1, None, 614.0, 1), NOW, PARAMS)
     b = priority_of(PriorityInputs(1, NOW + 1800.0, 3600.0, 1), NOW, PARAMS)
     assert outranks(b, priority_of(inputs, NOW, PARAMS), PARAMS) and not outranks(a, a, PARAMS)
