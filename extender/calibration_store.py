@@ -54,6 +54,7 @@ class Placed:
     order: float
     peak_mib: float = 0.0
     upper_mib: float = 0.0  # the offline bound it was placed with
+    regime: str = ""  # its batch regime (extender.policy.calibration.regime)
 
 
 class CalibrationStore:
@@ -79,7 +80,7 @@ class CalibrationStore:
 
     # ---- writes ----
     def placed(self, pod_uid: str, node: str, gpu_model: str, software: str, path: str, point_mib: float,
-               upper_mib: float) -> None:
+               upper_mib: float, regime: str = "") -> None:
         """A pod deepres bound: its offline point and bound on this GPU model (before calibration)."""
         if not pod_uid or not gpu_model or path not in PATHS or not point_mib > 0:
             return
@@ -88,7 +89,7 @@ class CalibrationStore:
                 return
             self._order += 1.0
             self._pods[pod_uid] = Placed(node, gpu_model, software, path, float(point_mib), self._order,
-                                          upper_mib=float(upper_mib))
+                                          upper_mib=float(upper_mib), regime=regime)
             while len(self._pods) > PODS_MAX:
                 self._pods.popitem(last=False)
                 self._dirty = True
@@ -120,7 +121,7 @@ class CalibrationStore:
             if self._dirty and (self._new_pod or now - self._learned_s >= RELEARN_EVERY_S):
                 self._learned_s, self._new_pod = now, False
                 self._shifts = learn(Observation(uid, p.node, p.gpu_model, p.software, p.path, p.point_mib,
-                                                 p.peak_mib, p.order, p.upper_mib)
+                                                 p.peak_mib, p.order, p.upper_mib, p.regime)
                                      for uid, p in self._pods.items() if p.peak_mib > 0)
                 self._dirty = False
             return self._shifts
@@ -189,12 +190,13 @@ def _file_problem(data: Any) -> str:
     if not isinstance(pods, dict):
         return "'pods' must be an object"
     for uid, fields in pods.items():
-        if not isinstance(fields, dict) or set(fields) != {"node", "gpu_model", "software", "path", "point_mib",
-                                                           "order", "peak_mib", "upper_mib"}:
+        if not isinstance(fields, dict) or set(fields) - {"regime"} != {
+                "node", "gpu_model", "software", "path", "point_mib", "order", "peak_mib", "upper_mib"}:
             return (f"pods[{uid!r}]: fields must be node, gpu_model, software, path, point_mib, order, peak_mib, "
-                    "upper_mib")
+                    "upper_mib (and regime)")
         numbers = ("point_mib", "order", "peak_mib", "upper_mib")
-        if not all(isinstance(fields[k], str) for k in ("node", "gpu_model", "software", "path")) or not all(
+        texts = ("node", "gpu_model", "software", "path", "regime")
+        if not all(isinstance(fields.get(k, ""), str) for k in texts) or not all(
                 isinstance(fields[k], int | float) and fields[k] >= 0 for k in numbers):
             return f"pods[{uid!r}]: bad field types"
     return ""

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from extender.ledger import Ledger
 from extender.policy import FilterResult, PodRequest, PolicyParams, corrected_admission
-from extender.policy.calibration import corrected
+from extender.policy.calibration import corrected, regime
 from extender.settings import Settings
 from extender.telemetry import NodeReport
 from predictor import gpucal
@@ -37,6 +37,7 @@ class OnModel:
     calibrated: bool
     pods: int  # the pods the calibration was learned from
     admission_mib: float  # what the filter admits: the bound, corrected by the job's observed peaks
+    regime: str = ""  # the batch regime the calibration's bound scale is taken in
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,16 +60,18 @@ def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
 
 
 def on_model(ledger: Ledger, params: PolicyParams, demand: Demand, precision: str, gpu: str, software: str,
-             upper_to_admission: Any) -> OnModel:
+             upper_to_admission: Any, batch_size: int = 0) -> OnModel:
     """`demand` on GPU model `gpu` with node software `software`. `upper_to_admission(bound)`: the
     usage rule's correction of a bound into the admission (`corrected_admission` with the job's
     correction)."""
     path = gpucal.path_of(demand)
     offline = gpucal.on_gpu(demand, precision, gpu, path)
-    fixed = corrected(offline.memory_mib, offline.memory_mib_upper, ledger.calibration.shifts(), (gpu, software, path))
+    batch = regime(batch_size)
+    fixed = corrected(offline.memory_mib, offline.memory_mib_upper, ledger.calibration.shifts(), (gpu, software, path),
+                      batch)
     return OnModel(gpu, software, path, offline.memory_mib, offline.memory_mib_upper, offline.calibrated,
                    fixed.memory_mib, fixed.memory_mib_upper, fixed.calibrated, fixed.pods,
-                   float(upper_to_admission(fixed.memory_mib_upper)))
+                   float(upper_to_admission(fixed.memory_mib_upper)), batch)
 
 
 class ModelDemands:
@@ -79,15 +82,15 @@ class ModelDemands:
         self.params = params
 
     def on(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
-           gpu: str, software: str) -> OnModel | None:
+           gpu: str, software: str, batch_size: int = 0) -> OnModel | None:
         """None for a pod admitted without a model prediction (not a GPU job, a gpu-memory override)."""
         if demand is None or not req.gpu_job or not req.fallback:
             return None
         return on_model(self.ledger, self.params, demand, precision, gpu, software,
-                        lambda upper: corrected_admission(upper, signature_correction, self.params))
+                        lambda upper: corrected_admission(upper, signature_correction, self.params), batch_size)
 
     def by_model(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
-                 names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
+                 names: Iterable[str], batch_size: int = 0) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
         """`names` grouped by GPU model with the request admitted on each; None when every group
         admits `req` as it is (no line, no calibration: one filter call as before)."""
         if demand is None or not req.gpu_job or not req.fallback:
@@ -99,7 +102,7 @@ class ModelDemands:
         for key, members in groups.items():
             variant = req
             if key is not None:
-                model = self.on(req, demand, precision, signature_correction, *key)
+                model = self.on(req, demand, precision, signature_correction, *key, batch_size)
                 if model is not None and abs(model.admission_mib - req.admission_mib) > 0.05:
                     variant = on_request(req, model)
             out.append((variant, tuple(members)))

@@ -144,8 +144,9 @@ class Planner:
     def on_model(self, plan: Plan, gpu: str, software: str) -> OnModel | None:
         """The plan's demand on GPU model `gpu` (line + live calibration + the job's observed peaks)."""
         precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        batch = plan.job.spec.batch_size if plan.job.spec is not None else 0
         return self.models.on(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
-                              gpu, software)
+                              gpu, software, batch)
 
     def on_named_model(self, plan: Plan, gpu: str, software: str | None) -> OnModel | None:
         """`on_model` for /v1/predict: the node software the calibration saw most pods of when none is named."""
@@ -176,7 +177,7 @@ class Planner:
         model = self.on_model(plan, *key) if key is not None else None
         if model is not None:
             self.ledger.calibration.placed(res.pod_uid, res.node, model.gpu, model.software, model.path,
-                                           model.offline_mib, model.offline_upper_mib)
+                                           model.offline_mib, model.offline_upper_mib, model.regime)
 
     def place_restored(self, node: str) -> None:
         """`node` reported: record the pods restored on it before (`placed(..., later=True)`)."""
@@ -190,8 +191,9 @@ class Planner:
     def by_model(self, plan: Plan, names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
         """`names` grouped by GPU model, each with the request admitted there (None: one request for all)."""
         precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        batch = plan.job.spec.batch_size if plan.job.spec is not None else 0
         return self.models.by_model(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
-                                    names)
+                                    names, batch)
 
     # ---- the whole-GPU fallback and the score ----
     def whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:
