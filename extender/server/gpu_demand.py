@@ -6,6 +6,7 @@ models, so a filter computes it once per model among its nodes, not per node (`b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -20,6 +21,8 @@ from extender.settings import Settings
 from extender.telemetry import NodeReport
 from predictor import gpucal
 from predictor.spec import Demand
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,28 @@ def calibration_file(settings: Settings) -> str:
     --state-file F`: `F.calibration.json`); "" (in memory) otherwise."""
     state = settings.kube.state_file
     return f"{state}.calibration.json" if settings.kube.no_kube and state else ""
+
+
+def calibration_keeper(settings: Settings, cluster: Any) -> Any:
+    """The ConfigMap keeping the online calibration with the API server (`kube.calibration_configmap`
+    in the extender's namespace: POD_NAMESPACE, else the ServiceAccount's), or None."""
+    name = settings.kube.calibration_configmap
+    if settings.kube.no_kube or not name or not hasattr(cluster, "write_config_map"):
+        return None
+    import os
+    from pathlib import Path
+
+    from extender.kube.calibration_configmap import ConfigMapKeeper
+
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    account = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if not namespace and account.is_file():
+        namespace = account.read_text().strip()
+    if not namespace:
+        log.error("calibration: kube.calibration_configmap=%s but no namespace (POD_NAMESPACE unset, no "
+                  "ServiceAccount namespace file): the calibration is kept in memory only", name)
+        return None
+    return ConfigMapKeeper(cluster, namespace, name)
 
 
 class CalibrationCollector(Collector):
