@@ -53,13 +53,30 @@ def node_software(report: NodeReport) -> str:
     return f"{report.driver_version or '?'}/{report.cuda_version or '?'}"
 
 
-def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
-    """(GPU model, node software) of `node` from its last report (its first GPU's model), or None."""
+def node_models(ledger: Ledger, node: str) -> tuple[tuple[str, ...], str] | None:
+    """(the distinct GPU models of `node` in GPU order, node software) from its last report, or None."""
     telemetry = ledger.telemetry(node)
     if telemetry is None or not telemetry.report.gpus:
         return None
     report = telemetry.report
-    return report.gpus[0].model, node_software(report)
+    return tuple(dict.fromkeys(g.model for g in report.gpus)), node_software(report)
+
+
+def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
+    """(GPU model, node software) of `node` (its first GPU's model: see `node_models`), or None."""
+    found = node_models(ledger, node)
+    return (found[0][0], found[1]) if found is not None else None
+
+
+def gpu_model_of(ledger: Ledger, node: str, uuid: str) -> tuple[str, str] | None:
+    """(GPU model, node software) of GPU `uuid` on `node` (the model a bound pod got), or None."""
+    telemetry = ledger.telemetry(node)
+    if telemetry is None:
+        return None
+    for gpu in telemetry.report.gpus:
+        if gpu.uuid == uuid:
+            return gpu.model, node_software(telemetry.report)
+    return None
 
 
 def on_model(ledger: Ledger, params: PolicyParams, demand: Demand, precision: str, gpu: str, software: str,
@@ -83,6 +100,7 @@ class ModelDemands:
     def __init__(self, ledger: Ledger, params: PolicyParams) -> None:
         self.ledger = ledger
         self.params = params
+        self._mixed: set[str] = set()  # nodes mixing GPU models, said once in the log
 
     def on(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
            gpu: str, software: str, batch_size: int = 0) -> OnModel | None:
@@ -92,20 +110,36 @@ class ModelDemands:
         return on_model(self.ledger, self.params, demand, precision, gpu, software,
                         lambda upper: corrected_admission(upper, signature_correction, self.params), batch_size)
 
+    def on_node(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
+                models: tuple[str, ...], software: str, batch_size: int = 0, node: str = "") -> OnModel | None:
+        """The demand on a node with GPUs of `models`: on a node mixing GPU models, the largest demand
+        among them (a pod is admitted on each of its GPUs at its demand there or more: never under;
+        the filter does not tell the models of one node apart), said once per node in the log."""
+        found = [self.on(req, demand, precision, signature_correction, gpu, software, batch_size) for gpu in models]
+        ons = [m for m in found if m is not None]
+        if not ons:
+            return None
+        if len(ons) > 1 and node and node not in self._mixed:
+            self._mixed.add(node)
+            log.warning("node %s has GPUs of several models (%s): a pod is admitted on any of its GPUs at its "
+                        "largest demand among those models (docs/calibration.md)", node, ", ".join(models))
+        return max(ons, key=lambda m: m.admission_mib)
+
     def by_model(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
                  names: Iterable[str], batch_size: int = 0) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
-        """`names` grouped by GPU model with the request admitted on each; None when every group
-        admits `req` as it is (no line, no calibration: one filter call as before)."""
+        """`names` grouped by GPU model (the set of models on a node mixing them, admitted at the
+        largest: `on_node`) with the request admitted on each; None when every group admits `req` as
+        it is (no line, no calibration: one filter call as before)."""
         if demand is None or not req.gpu_job or not req.fallback:
             return None
-        groups: dict[tuple[str, str] | None, list[str]] = {}
+        groups: dict[tuple[tuple[str, ...], str] | None, list[str]] = {}
         for name in names:
-            groups.setdefault(node_model(self.ledger, name), []).append(name)
+            groups.setdefault(node_models(self.ledger, name), []).append(name)
         out: list[tuple[PodRequest, tuple[str, ...]]] = []
         for key, members in groups.items():
             variant = req
             if key is not None:
-                model = self.on(req, demand, precision, signature_correction, *key, batch_size)
+                model = self.on_node(req, demand, precision, signature_correction, *key, batch_size, members[0])
                 if model is not None and abs(model.admission_mib - req.admission_mib) > 0.05:
                     variant = on_request(req, model)
             out.append((variant, tuple(members)))
