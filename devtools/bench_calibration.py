@@ -1,7 +1,8 @@
 """`live_calibration` of reports/predictor.json, measured through a running `deepres serve --no-kube`.
 
 A GPU model the shipped predictor has no line for ("NVIDIA Unseen-GPU 80GB", carrying the real H100
-campaign's peaks: predictor/data/measured/h100-*.csv, so no per-GPU line applies) on 8 nodes. Per
+campaign's peaks: predictor/data/measured/h100-*.csv, so no per-GPU line applies) on 8 nodes per
+path (16 GPUs each: a pod per GPU, the sharing rule keeps busy GPUs apart). Per
 path (exact: `deepres.io/model`; family: the family annotations by the README's rules), pods of
 seeded-random campaign rows are filtered and bound through the verbs, one at a time over the nodes,
 and their measured NVML peaks reported through /v1/telemetry as the agent does; after each pod,
@@ -161,12 +162,13 @@ def score(url: str, rows: list[tuple[dict[str, str], float]]) -> dict[str, Any]:
 def measure(url: str, token: str, seed: int = 0, train: int = TRAIN, more: int = MORE,
             log: Any = sys.stderr) -> dict[str, Any]:
     """The figures at `train` observed pods per path (and at `more`, under `after_more`)."""
-    fleet = Fleet(url, token)
-    fleet.report_all()
     data = annotated_rows(seed)
     result: dict[str, Any] = {}
     to_calibrate: dict[str, int | None] = {}
     for path, rows in data.items():
+        # a fleet per path (same GPU model and software): MORE pods fit on one path's 8 x 16 GPUs
+        fleet = Fleet(url, token, prefix=f"cal-{path}")
+        fleet.report_all()
         candidates = 2 * more  # rows that may be bound; the rest are held out, never bound
         probe, held = rows[0][0], rows[candidates:]
         before = score(url, held)
@@ -212,8 +214,8 @@ def _get(run: dict[str, Any], path: str, part: str, key: str) -> float:
 
 def _summary(run: dict[str, Any]) -> dict[str, Any]:
     keys = ("median_abs_rel_err", "under_rate", "median_bound_ratio")
-    return {path: {**{k: run[path][k] for k in keys}, "after_more": {k: run[path]["after_more"][k] for k in keys}}
-            for path in ("exact", "family")}
+    return {path: {**{k: run[path][k] for k in keys}, "after_more": {
+        k: run[path]["after_more"][k] for k in (*keys, "pods_observed")}} for path in ("exact", "family")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,6 +89,9 @@ def test_the_calibration_is_kept_in_its_configmap_merged_on_conflict_and_read_af
     uid2 = cluster.pod("calib-2").metadata.uid
     wait_for("calib-2 kept next to calib-1 and the twelve others (merged after the conflict)",
              lambda: {uid1, uid2, *(f"earlier-{i}" for i in range(12))} <= set(kept(cluster, name)[1]), 60, 0.5)
+    key = (gpu, software, "exact")
+    expected = sum(1 for p in kept(cluster, name)[1].values() if (p["gpu_model"], p["software"], p["path"]) == key)
+    assert expected >= 13  # calib-2 may have landed on a GPU of another model
     # 4. the pods go (nothing left to relearn from), the extender restarts: what was kept is read back
     for pod in ("calib-1", "calib-2"):
         cluster.core.delete_namespaced_pod(pod, JOBS_NAMESPACE, grace_period_seconds=0)
@@ -97,6 +100,6 @@ def test_the_calibration_is_kept_in_its_configmap_merged_on_conflict_and_read_af
     cluster.restart_scheduler_pod()
     wait_for("the extender ready", cluster.extender_ready, 120, 0.5)
     wait_for("deepres_calibration_pods_seen read back from the ConfigMap",
-             lambda: seen(cluster).get((gpu, software, "exact")) == 14.0, 60, 0.5)
+             lambda: seen(cluster).get(key) == expected, 60, 0.5)
     answer = predict(cluster, gpu, software)
     assert answer["calibrated"] and answer["pods"] >= 12, answer
