@@ -6,11 +6,16 @@ same readings, already refused when 0 or above the GPU's capacity); the binder r
 placement (`placed`). Reads of the learned shifts take a snapshot that is recomputed only after a
 pod's peak changed. Under its own small lock, never calling back into the ledger.
 
-Kept across restarts in a JSON file (`path`; in local mode next to the state file:
-`<state file>.calibration.json`), written atomically (temporary file, fsync, rename) when a pod
-shows its first peak and at most every SAVE_EVERY_S otherwise. A file that does not read is kept
-aside and the store starts empty (the calibration is then relearned from new pods: never unsafe,
-a key without a shift admits at the offline bound).
+Kept across restarts:
+- local mode: a JSON file (`path`: `<state file>.calibration.json`), written atomically (temporary
+  file, fsync, rename) when a pod shows its first peak and at most every SAVE_EVERY_S otherwise. A
+  file that does not read is kept aside and the store starts empty (the calibration is then
+  relearned from new pods: never unsafe, a key without a shift admits at the offline bound);
+- with the API server: a `Keeper` (extender/kube/calibration_configmap.py: a ConfigMap) on a thread of
+  its own, so no verb and no telemetry report ever waits on the API: it reads what was kept first
+  (retried with backoff; nothing is written before that read succeeded, so a failed read never
+  overwrites what was learned), merges it with the pods placed meanwhile, then writes at most every
+  KEEPER_EVERY_S after a peak changed, the KEPT_PODS_MAX most recent observed pods (bounded size).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from extender.policy.calibration import PATHS, Key, Observation, Shift, learn
 
@@ -40,6 +45,26 @@ SAVE_EVERY_S = 5.0
 #: The shifts are learned again at most this often after peaks grew (a filter reads them); at once
 #: after a pod's first peak.
 RELEARN_EVERY_S = 1.0
+#: A keeper (the ConfigMap) is written at most this often, after a peak changed.
+KEEPER_EVERY_S = 10.0
+#: Observed pods a keeper keeps (the most recent): the policy's WINDOW of 200 for 10 keys, about
+#: 200 bytes each (a ConfigMap holds 1 MiB at most).
+KEPT_PODS_MAX = 2_000
+#: Retries of a keeper's first read, from 1 s doubling to this.
+KEEPER_BACKOFF_MAX_S = 60.0
+
+
+class Keeper(Protocol):
+    """Where the pods are kept with the API server (extender/kube/calibration_configmap.py)."""
+
+    where: str
+
+    def read(self) -> dict[str, Any] | None:
+        """The kept payload; None when nothing is kept yet. Raises on any failure to read."""
+
+    def write(self, payload: dict[str, Any], merge: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Keep `payload`; on a conflict (another writer since our read) the kept payload is passed to
+        `merge`, whose answer is written instead. Raises when it could not."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +79,18 @@ class Placed:
     order: float
     peak_mib: float = 0.0
     upper_mib: float = 0.0  # the offline bound it was placed with
+    regime: str = ""  # its batch regime (extender.policy.calibration.regime)
 
 
 class CalibrationStore:
     """Placements and peaks -> learned shifts per (GPU model, node software, path)."""
 
-    def __init__(self, path: str = "", monotonic: Callable[[], float] | None = None) -> None:
+    def __init__(self, path: str = "", monotonic: Callable[[], float] | None = None,
+                 keeper: Keeper | None = None) -> None:
         import time
 
         self.path = Path(path) if path else None
+        self.keeper = keeper
         self._mono = monotonic or time.monotonic
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, Placed] = OrderedDict()
@@ -74,12 +102,17 @@ class CalibrationStore:
         self._learned_s = float("-inf")
         self._new_pod = False  # a pod showed its first peak since the last learning: learn at the next read
         self.load_problem = ""
+        self.keeper_read = False  # the keeper's content was read (or found empty): writes may start
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         if self.path is not None:
             self._load(self.path)
+        if keeper is not None:
+            threading.Thread(target=self._keep, name="deepres-calibration-keeper", daemon=True).start()
 
     # ---- writes ----
     def placed(self, pod_uid: str, node: str, gpu_model: str, software: str, path: str, point_mib: float,
-               upper_mib: float) -> None:
+               upper_mib: float, regime: str = "") -> None:
         """A pod deepres bound: its offline point and bound on this GPU model (before calibration)."""
         if not pod_uid or not gpu_model or path not in PATHS or not point_mib > 0:
             return
@@ -88,7 +121,7 @@ class CalibrationStore:
                 return
             self._order += 1.0
             self._pods[pod_uid] = Placed(node, gpu_model, software, path, float(point_mib), self._order,
-                                          upper_mib=float(upper_mib))
+                                          upper_mib=float(upper_mib), regime=regime)
             while len(self._pods) > PODS_MAX:
                 self._pods.popitem(last=False)
                 self._dirty = True
@@ -106,12 +139,90 @@ class CalibrationStore:
             now = self._mono()
             if self.path is not None and (first or now - self._saved_s >= SAVE_EVERY_S):
                 self._save(self.path, now)
+        if self.keeper is not None:
+            self._wake.set()
 
     def flush(self) -> None:
         """Write what is not written yet (shutdown)."""
         with self._lock:
             if self.path is not None and self._unsaved:
                 self._save(self.path, self._mono())
+
+    def stop(self) -> None:
+        """End the keeper's thread (tests)."""
+        self._stop.set()
+        self._wake.set()
+
+    # ---- the keeper (API server) ----
+    def _keep(self) -> None:
+        assert self.keeper is not None
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                kept = self.keeper.read()
+            except Exception as err:  # the API down, RBAC missing: learn in memory, write nothing yet
+                log.error("calibration: reading %s failed (%s); retrying in %.0f s, nothing is written there "
+                          "until it reads", self.keeper.where, err, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2.0, KEEPER_BACKOFF_MAX_S)
+                continue
+            if kept is not None:
+                self.merge(kept, source=self.keeper.where)
+            self.keeper_read = True
+            break
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.wait(KEEPER_EVERY_S):  # debounce: one write for the peaks of this while
+                return
+            with self._lock:
+                if not self._unsaved:
+                    continue
+                self._unsaved = False
+                payload = self._payload(kept_only=True)
+            try:
+                self.keeper.write(payload, self._merged_payload)
+            except Exception as err:
+                with self._lock:
+                    self._unsaved = True
+                self._wake.set()  # tried again after KEEPER_EVERY_S
+                log.warning("calibration: writing %s failed (%s); learning goes on in memory, retried in %.0f s",
+                            self.keeper.where, err, KEEPER_EVERY_S)
+
+    def _merged_payload(self, kept: dict[str, Any]) -> dict[str, Any]:
+        """Another writer's payload merged into ours (a conflict), and ours to write now."""
+        self.merge(kept, source=f"{self.keeper.where if self.keeper else ''} (conflict)")
+        with self._lock:
+            return self._payload(kept_only=True)
+
+    def merge(self, payload: dict[str, Any], source: str = "") -> int:
+        """Pods of a kept payload merged in: unknown ones added (older than any placed since the start),
+        known ones keep the higher peak. A payload that does not read is refused (logged, 0)."""
+        problem = _file_problem(payload)
+        if problem:
+            log.error("calibration: %s: %s; not used", source, problem)
+            return 0
+        loaded = {uid: Placed(**fields) for uid, fields in payload["pods"].items()}
+        with self._lock:
+            top = max((p.order for p in loaded.values()), default=0.0)
+            mine = list(self._pods.items())
+            merged: dict[str, Placed] = dict(loaded)
+            for uid, pod in mine:  # placed since the start: after the kept ones
+                old = merged.get(uid)
+                pod = replace(pod, order=pod.order + top)
+                merged[uid] = pod if old is None or pod.peak_mib >= old.peak_mib else replace(old, order=pod.order)
+            ordered = sorted(merged.items(), key=lambda item: item[1].order)[-PODS_MAX:]
+            self._pods = OrderedDict(ordered)
+            self._order = max((p.order for p in self._pods.values()), default=0.0)
+            self._dirty = self._new_pod = True
+        log.info("calibration: %d observed pods read from %s", len(loaded), source)
+        return len(loaded)
+
+    def _payload(self, *, kept_only: bool = False) -> dict[str, Any]:
+        pods = list(self._pods.items())
+        if kept_only:
+            pods = [(uid, p) for uid, p in pods if p.peak_mib > 0][-KEPT_PODS_MAX:]
+        return {"format": FORMAT, "version": VERSION, "pods": {uid: asdict(p) for uid, p in pods}}
 
     # ---- reads ----
     def shifts(self) -> Mapping[Key, Shift]:
@@ -120,7 +231,7 @@ class CalibrationStore:
             if self._dirty and (self._new_pod or now - self._learned_s >= RELEARN_EVERY_S):
                 self._learned_s, self._new_pod = now, False
                 self._shifts = learn(Observation(uid, p.node, p.gpu_model, p.software, p.path, p.point_mib,
-                                                 p.peak_mib, p.order, p.upper_mib)
+                                                 p.peak_mib, p.order, p.upper_mib, p.regime)
                                      for uid, p in self._pods.items() if p.peak_mib > 0)
                 self._dirty = False
             return self._shifts
@@ -167,7 +278,7 @@ class CalibrationStore:
         log.error("calibration file %s: %s; kept aside as %s, starting empty", path, problem, aside)
 
     def _save(self, path: Path, now: float) -> None:
-        payload = {"format": FORMAT, "version": VERSION, "pods": {uid: asdict(p) for uid, p in self._pods.items()}}
+        payload = self._payload()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
@@ -189,12 +300,13 @@ def _file_problem(data: Any) -> str:
     if not isinstance(pods, dict):
         return "'pods' must be an object"
     for uid, fields in pods.items():
-        if not isinstance(fields, dict) or set(fields) != {"node", "gpu_model", "software", "path", "point_mib",
-                                                           "order", "peak_mib", "upper_mib"}:
+        if not isinstance(fields, dict) or set(fields) - {"regime"} != {
+                "node", "gpu_model", "software", "path", "point_mib", "order", "peak_mib", "upper_mib"}:
             return (f"pods[{uid!r}]: fields must be node, gpu_model, software, path, point_mib, order, peak_mib, "
-                    "upper_mib")
+                    "upper_mib (and regime)")
         numbers = ("point_mib", "order", "peak_mib", "upper_mib")
-        if not all(isinstance(fields[k], str) for k in ("node", "gpu_model", "software", "path")) or not all(
+        texts = ("node", "gpu_model", "software", "path", "regime")
+        if not all(isinstance(fields.get(k, ""), str) for k in texts) or not all(
                 isinstance(fields[k], int | float) and fields[k] >= 0 for k in numbers):
             return f"pods[{uid!r}]: bad field types"
     return ""

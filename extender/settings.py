@@ -262,6 +262,11 @@ class KubeSettings:
     local_expiry_s: float = 3600.0
     """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
     mentioned this long is released (there are no pod deletions to say so)."""
+    calibration_configmap: str = ""
+    """With the API server: the ConfigMap (in the extender's namespace, POD_NAMESPACE) that keeps the
+    online calibration's observed pods across restarts (docs/calibration.md; the chart names
+    `<release>-calibration` and grants get/create/update on it). Empty: kept in memory only, relearned
+    from the pods still running after a restart. Local mode keeps it next to the state file."""
 
 
 @dataclass

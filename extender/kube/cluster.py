@@ -63,6 +63,10 @@ class WatchExpired(RuntimeError):
     """The API server ended a watch with an ERROR event (410 Gone: the resourceVersion is too old)."""
 
 
+class ConflictError(RuntimeError):
+    """An update refused for a stale resourceVersion (HTTP 409): read again, merge, retry."""
+
+
 class ClusterError(RuntimeError):
     """An API call that failed; the message says which call and why."""
 
@@ -421,6 +425,41 @@ class KubeCluster:
         if pool is None or pool.pool is None:  # none yet, or closed by the pool manager: take its current one
             pool = self._host_pool = manager.connection_from_url(host)
         return pool, urllib.parse.urlsplit(host).path
+
+    def read_config_map(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
+        """(resourceVersion, data) of a ConfigMap; None when there is none."""
+        try:
+            resp = self._core.read_namespaced_config_map(name, namespace, _preload_content=False,
+                                                         _request_timeout=self.api_timeout_s)
+            obj = _json(resp)
+        except Exception as err:
+            if getattr(err, "status", None) == 404:
+                return None
+            raise ClusterError(f"read configmap {namespace}/{name}: {_api_reason(err)}") from None
+        data = obj.get("data") if isinstance(obj, dict) else None
+        return _object_version(obj) or "", data if isinstance(data, dict) else {}
+
+    def write_config_map(self, namespace: str, name: str, data: Mapping[str, str], resource_version: str,
+                         labels: Mapping[str, str] | None = None) -> str:
+        """Create the ConfigMap (`resource_version` "") or replace it at `resource_version`; its new
+        resourceVersion. Raises ConflictError when it exists already or changed since (409)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
+        try:
+            if resource_version:
+                resp = self._core.replace_namespaced_config_map(name, namespace, body, _preload_content=False,
+                                                                _request_timeout=self.api_timeout_s)
+            else:
+                resp = self._core.create_namespaced_config_map(namespace, body, _preload_content=False,
+                                                               _request_timeout=self.api_timeout_s)
+            obj = _json(resp)
+        except Exception as err:
+            if getattr(err, "status", None) == 409:
+                raise ConflictError(f"configmap {namespace}/{name}: {_api_reason(err)}") from None
+            raise ClusterError(f"write configmap {namespace}/{name}: {_api_reason(err)}") from None
+        return _object_version(obj) or ""
 
     def evict(self, namespace: str, name: str, uid: str) -> None:
         c: Any = self._client

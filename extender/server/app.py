@@ -40,7 +40,7 @@ from extender.protocol import PodInfo
 from extender.server.auth import TelemetryAuth
 from extender.server.binding import Binder
 from extender.server.events import PodEvents
-from extender.server.gpu_demand import CalibrationCollector, calibration_file
+from extender.server.gpu_demand import CalibrationCollector, calibration_file, calibration_keeper
 from extender.server.intake import Intake
 from extender.server.metrics import CachedExposition, ExtenderMetrics, StateFileCollector
 from extender.server.openapi import openapi_document
@@ -100,7 +100,8 @@ class Extender:
         self.settings = settings
         self.params = settings.policy.params()
         self.ledger = Ledger(self.params, settings.policy.peak_store_size,
-                             CalibrationStore(calibration_file(settings), monotonic))
+                             CalibrationStore(calibration_file(settings), monotonic,
+                                              calibration_keeper(settings, cluster)))
         self.state = self.ledger  # the name older callers use
         self.cluster = cluster
         self.clock = clock

@@ -6,6 +6,7 @@ models, so a filter computes it once per model among its nodes, not per node (`b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -15,11 +16,13 @@ from prometheus_client.registry import Collector
 
 from extender.ledger import Ledger
 from extender.policy import FilterResult, PodRequest, PolicyParams, corrected_admission
-from extender.policy.calibration import corrected
+from extender.policy.calibration import corrected, regime
 from extender.settings import Settings
 from extender.telemetry import NodeReport
 from predictor import gpucal
 from predictor.spec import Demand
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class OnModel:
     calibrated: bool
     pods: int  # the pods the calibration was learned from
     admission_mib: float  # what the filter admits: the bound, corrected by the job's observed peaks
+    regime: str = ""  # the batch regime the calibration's bound scale is taken in
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,26 +53,45 @@ def node_software(report: NodeReport) -> str:
     return f"{report.driver_version or '?'}/{report.cuda_version or '?'}"
 
 
-def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
-    """(GPU model, node software) of `node` from its last report (its first GPU's model), or None."""
+def node_models(ledger: Ledger, node: str) -> tuple[tuple[str, ...], str] | None:
+    """(the distinct GPU models of `node` in GPU order, node software) from its last report, or None."""
     telemetry = ledger.telemetry(node)
     if telemetry is None or not telemetry.report.gpus:
         return None
     report = telemetry.report
-    return report.gpus[0].model, node_software(report)
+    return tuple(dict.fromkeys(g.model for g in report.gpus)), node_software(report)
+
+
+def node_model(ledger: Ledger, node: str) -> tuple[str, str] | None:
+    """(GPU model, node software) of `node` (its first GPU's model: see `node_models`), or None."""
+    found = node_models(ledger, node)
+    return (found[0][0], found[1]) if found is not None else None
+
+
+def gpu_model_of(ledger: Ledger, node: str, uuid: str) -> tuple[str, str] | None:
+    """(GPU model, node software) of GPU `uuid` on `node` (the model a bound pod got), or None."""
+    telemetry = ledger.telemetry(node)
+    if telemetry is None:
+        return None
+    for gpu in telemetry.report.gpus:
+        if gpu.uuid == uuid:
+            return gpu.model, node_software(telemetry.report)
+    return None
 
 
 def on_model(ledger: Ledger, params: PolicyParams, demand: Demand, precision: str, gpu: str, software: str,
-             upper_to_admission: Any) -> OnModel:
+             upper_to_admission: Any, batch_size: int = 0) -> OnModel:
     """`demand` on GPU model `gpu` with node software `software`. `upper_to_admission(bound)`: the
     usage rule's correction of a bound into the admission (`corrected_admission` with the job's
     correction)."""
     path = gpucal.path_of(demand)
     offline = gpucal.on_gpu(demand, precision, gpu, path)
-    fixed = corrected(offline.memory_mib, offline.memory_mib_upper, ledger.calibration.shifts(), (gpu, software, path))
+    batch = regime(batch_size)
+    fixed = corrected(offline.memory_mib, offline.memory_mib_upper, ledger.calibration.shifts(), (gpu, software, path),
+                      batch)
     return OnModel(gpu, software, path, offline.memory_mib, offline.memory_mib_upper, offline.calibrated,
                    fixed.memory_mib, fixed.memory_mib_upper, fixed.calibrated, fixed.pods,
-                   float(upper_to_admission(fixed.memory_mib_upper)))
+                   float(upper_to_admission(fixed.memory_mib_upper)), batch)
 
 
 class ModelDemands:
@@ -77,29 +100,46 @@ class ModelDemands:
     def __init__(self, ledger: Ledger, params: PolicyParams) -> None:
         self.ledger = ledger
         self.params = params
+        self._mixed: set[str] = set()  # nodes mixing GPU models, said once in the log
 
     def on(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
-           gpu: str, software: str) -> OnModel | None:
+           gpu: str, software: str, batch_size: int = 0) -> OnModel | None:
         """None for a pod admitted without a model prediction (not a GPU job, a gpu-memory override)."""
         if demand is None or not req.gpu_job or not req.fallback:
             return None
         return on_model(self.ledger, self.params, demand, precision, gpu, software,
-                        lambda upper: corrected_admission(upper, signature_correction, self.params))
+                        lambda upper: corrected_admission(upper, signature_correction, self.params), batch_size)
+
+    def on_node(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
+                models: tuple[str, ...], software: str, batch_size: int = 0, node: str = "") -> OnModel | None:
+        """The demand on a node with GPUs of `models`: on a node mixing GPU models, the largest demand
+        among them (a pod is admitted on each of its GPUs at its demand there or more: never under;
+        the filter does not tell the models of one node apart), said once per node in the log."""
+        found = [self.on(req, demand, precision, signature_correction, gpu, software, batch_size) for gpu in models]
+        ons = [m for m in found if m is not None]
+        if not ons:
+            return None
+        if len(ons) > 1 and node and node not in self._mixed:
+            self._mixed.add(node)
+            log.warning("node %s has GPUs of several models (%s): a pod is admitted on any of its GPUs at its "
+                        "largest demand among those models (docs/calibration.md)", node, ", ".join(models))
+        return max(ons, key=lambda m: m.admission_mib)
 
     def by_model(self, req: PodRequest, demand: Demand | None, precision: str, signature_correction: Any,
-                 names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
-        """`names` grouped by GPU model with the request admitted on each; None when every group
-        admits `req` as it is (no line, no calibration: one filter call as before)."""
+                 names: Iterable[str], batch_size: int = 0) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
+        """`names` grouped by GPU model (the set of models on a node mixing them, admitted at the
+        largest: `on_node`) with the request admitted on each; None when every group admits `req` as
+        it is (no line, no calibration: one filter call as before)."""
         if demand is None or not req.gpu_job or not req.fallback:
             return None
-        groups: dict[tuple[str, str] | None, list[str]] = {}
+        groups: dict[tuple[tuple[str, ...], str] | None, list[str]] = {}
         for name in names:
-            groups.setdefault(node_model(self.ledger, name), []).append(name)
+            groups.setdefault(node_models(self.ledger, name), []).append(name)
         out: list[tuple[PodRequest, tuple[str, ...]]] = []
         for key, members in groups.items():
             variant = req
             if key is not None:
-                model = self.on(req, demand, precision, signature_correction, *key)
+                model = self.on_node(req, demand, precision, signature_correction, *key, batch_size, members[0])
                 if model is not None and abs(model.admission_mib - req.admission_mib) > 0.05:
                     variant = on_request(req, model)
             out.append((variant, tuple(members)))
@@ -138,6 +178,28 @@ def calibration_file(settings: Settings) -> str:
     --state-file F`: `F.calibration.json`); "" (in memory) otherwise."""
     state = settings.kube.state_file
     return f"{state}.calibration.json" if settings.kube.no_kube and state else ""
+
+
+def calibration_keeper(settings: Settings, cluster: Any) -> Any:
+    """The ConfigMap keeping the online calibration with the API server (`kube.calibration_configmap`
+    in the extender's namespace: POD_NAMESPACE, else the ServiceAccount's), or None."""
+    name = settings.kube.calibration_configmap
+    if settings.kube.no_kube or not name or not hasattr(cluster, "write_config_map"):
+        return None
+    import os
+    from pathlib import Path
+
+    from extender.kube.calibration_configmap import ConfigMapKeeper
+
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    account = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if not namespace and account.is_file():
+        namespace = account.read_text().strip()
+    if not namespace:
+        log.error("calibration: kube.calibration_configmap=%s but no namespace (POD_NAMESPACE unset, no "
+                  "ServiceAccount namespace file): the calibration is kept in memory only", name)
+        return None
+    return ConfigMapKeeper(cluster, namespace, name)
 
 
 class CalibrationCollector(Collector):

@@ -102,7 +102,9 @@ _ON_GPU: dict[str, Any] = {"type": "object", "nullable": True, "description": (
         "memory_mib": {"type": "number"}, "memory_mib_upper": {"type": "number"},
         "calibrated": {"type": "boolean", "description": "the live calibration applied"},
         "pods": {"type": "integer", "description": "pods the calibration was learned from"},
-        "admission_mib": {"type": "number", "description": "what the filter admits the pod at on this model"}}}
+        "admission_mib": {"type": "number", "description": "what the filter admits the pod at on this model"},
+        "regime": {"type": "string", "enum": ["small", "large"],
+                   "description": "the batch regime whose scale the calibrated bound is taken at"}}}
 
 RESPONSE_SCHEMAS: dict[str, Any] = {
     "ExtenderFilterResult": {"type": "object", "properties": {

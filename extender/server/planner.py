@@ -33,7 +33,7 @@ from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.usage import is_corrected
 from extender.protocol import PodInfo
-from extender.server.gpu_demand import ModelDemands, OnModel, node_model, on_request
+from extender.server.gpu_demand import ModelDemands, OnModel, gpu_model_of, node_model, node_models, on_request
 from extender.server.metrics import ExtenderMetrics
 from extender.settings import Settings
 from predictor.gpucal import path_of
@@ -144,8 +144,9 @@ class Planner:
     def on_model(self, plan: Plan, gpu: str, software: str) -> OnModel | None:
         """The plan's demand on GPU model `gpu` (line + live calibration + the job's observed peaks)."""
         precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        batch = plan.job.spec.batch_size if plan.job.spec is not None else 0
         return self.models.on(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
-                              gpu, software)
+                              gpu, software, batch)
 
     def on_named_model(self, plan: Plan, gpu: str, software: str | None) -> OnModel | None:
         """`on_model` for /v1/predict: the node software the calibration saw most pods of when none is named."""
@@ -156,9 +157,13 @@ class Planner:
         return self.on_model(plan, gpu, software)
 
     def request_on(self, plan: Plan, node: str) -> PodRequest:
-        """The plan's request admitted on `node`'s GPU model (bind's node)."""
-        key = node_model(self.ledger, node)
-        model = self.on_model(plan, *key) if key is not None else None
+        """The plan's request admitted on `node`'s GPU models (bind's node; the largest demand among
+        them on a node mixing models, as the filter admitted it)."""
+        key = node_models(self.ledger, node)
+        spec = plan.job.spec
+        model = self.models.on_node(plan.request, plan.demand, spec.precision if spec is not None else "",
+                                    self.ledger.correction(plan.job.signature), *key,
+                                    spec.batch_size if spec is not None else 0, node) if key is not None else None
         if model is None or abs(model.admission_mib - plan.request.admission_mib) <= 0.05:
             return plan.request
         return on_request(plan.request, model)
@@ -168,7 +173,8 @@ class Planner:
         restored before its node reported (`later`) is recorded at the node's next report
         (`place_restored`): the agent reports its peak again, so the calibration is learned anew from
         the pods still running, wherever it is not kept in a file."""
-        key = node_model(self.ledger, res.node)
+        key = (gpu_model_of(self.ledger, res.node, res.gpu_uuids[0]) if res.gpu_uuids else None) or node_model(
+            self.ledger, res.node)  # the model of the GPU it got (a node may mix models)
         if key is None and later:
             with self._lock:
                 self._unplaced.setdefault(res.node, []).append((plan, res))
@@ -176,7 +182,7 @@ class Planner:
         model = self.on_model(plan, *key) if key is not None else None
         if model is not None:
             self.ledger.calibration.placed(res.pod_uid, res.node, model.gpu, model.software, model.path,
-                                           model.offline_mib, model.offline_upper_mib)
+                                           model.offline_mib, model.offline_upper_mib, model.regime)
 
     def place_restored(self, node: str) -> None:
         """`node` reported: record the pods restored on it before (`placed(..., later=True)`)."""
@@ -190,8 +196,9 @@ class Planner:
     def by_model(self, plan: Plan, names: Iterable[str]) -> list[tuple[PodRequest, tuple[str, ...]]] | None:
         """`names` grouped by GPU model, each with the request admitted there (None: one request for all)."""
         precision = plan.job.spec.precision if plan.job.spec is not None else ""
+        batch = plan.job.spec.batch_size if plan.job.spec is not None else 0
         return self.models.by_model(plan.request, plan.demand, precision, self.ledger.correction(plan.job.signature),
-                                    names)
+                                    names, batch)
 
     # ---- the whole-GPU fallback and the score ----
     def whole_gpu_on(self, req: PodRequest, names: Iterable[str], *, few: bool = False) -> PodRequest:

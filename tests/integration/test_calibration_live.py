@@ -184,3 +184,34 @@ def test_without_a_file_a_restart_relearns_from_the_pods_still_running() -> None
         again = wait_for(relearned)
         assert again and again["pods"] == 16
         assert again["memory_mib"] == pytest.approx(learned["memory_mib"], rel=0.001)
+
+
+def test_a_node_mixing_gpu_models_admits_a_pod_at_its_largest_demand_among_them() -> None:
+    """A node with GPUs of two models, its first GPU of the one the pod needs less on: the pod is
+    admitted at its (calibrated, larger) demand on the other model too. Read by its first GPU alone,
+    the node took the pod on a GPU of the other model below what it shows there."""
+    probe = job(3)
+    with serving(None) as url:
+        fleet = Fleet(url, TOKEN, GPU, nodes=4, gpus=8, capacity_mib=81920.0)
+        fleet.report_all()
+        learn_honest(url, fleet, 16)  # GPU learned at 600 MiB + 1.3 x the offline point
+        high = wait_for(lambda: (a := predict(url, probe, GPU))["calibrated"] and a)
+        low = predict(url, probe, "Another GPU")  # not calibrated: the offline bound
+        assert high and high["memory_mib"] > low["admission_mib"], (high, low)
+        capacity = (low["admission_mib"] + high["memory_mib"]) / 2  # fits the other model's demand only
+        body = {"node": "mixed", "sequence": 1, "timestamp_s": time.time(), "agent_version": "test",
+                "source": "simulated", "interval_s": 5.0, "boot_id": "mixed-boot", "driver_version": fleet.driver,
+                "cuda_version": fleet.cuda, "pods": [],
+                "gpus": [{"uuid": f"mixed-gpu{i}", "index": i, "model": model, "memory_total_mib": capacity,
+                          "memory_used_mib": 0.0} for i, model in enumerate(("Another GPU", GPU))]}
+        status, answer = post(url + "/v1/telemetry", body, token=TOKEN)
+        assert status == 200, answer
+        pod = {"metadata": {"name": "mix", "namespace": "default", "uid": "uid-mix", "annotations": probe},
+               "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "c", "image": "x"}]}}
+        status, answer = post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["mixed"]})
+        reasons = {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}
+        assert status == 200 and answer["NodeNames"] == [], answer
+        assert f"{high['admission_mib'] / 1024:.1f} GiB" in reasons["mixed"], reasons
+        status, answer = post(url + "/bind", {"PodName": "mix", "PodNamespace": "default", "PodUID": "uid-mix",
+                                              "Node": "mixed"})
+        assert answer["Error"], "bind must refuse the node as the filter did"

@@ -49,15 +49,40 @@ def test_needs_enough_pods_on_enough_nodes(count: int, nodes: int, learned: bool
     assert (KEY in cal.learn(pods(count, noisy, nodes=nodes))) is learned
 
 
-def test_a_holding_offline_bound_is_kept_until_many_pods_say_how_to_tighten_it() -> None:
-    exact = pods(40, lambda p, rnd: p * rnd.uniform(0.7, 0.98), upper_share=1.5)  # loose, holding bound
-    shift = cal.learn(exact)[KEY]
-    assert shift.offline_holds and not shift.tighten
-    assert cal.corrected(10_000.0, 15_000.0, {KEY: shift}, KEY).memory_mib_upper == 15_000.0
-    many = cal.learn(pods(150, lambda p, rnd: p * rnd.uniform(0.7, 0.98), upper_share=1.5))[KEY]
-    assert many.tighten
+def test_a_holding_offline_bound_is_kept_while_few_pods_then_tightened() -> None:
+    """A loose offline bound (1.5 x the point) that no pod went above: kept while the pods are too few
+    for a conformal rank below their largest ratio, replaced by the tighter calibrated bound once
+    they are not; a calibrated bound never goes below the readings' reach (0.98 x the point)."""
+    reading = lambda p, rnd: p * rnd.uniform(0.7, 0.98)  # noqa: E731
+    few = cal.learn(pods(20, reading, upper_share=1.5))[KEY]
+    assert few.offline_holds
+    assert cal.corrected(10_000.0, 15_000.0, {KEY: few}, KEY).memory_mib_upper == 15_000.0
+    many = cal.learn(pods(150, reading, upper_share=1.5))[KEY]
+    assert not many.offline_holds
     tightened = cal.corrected(10_000.0, 15_000.0, {KEY: many}, KEY).memory_mib_upper
-    assert 9_500.0 <= tightened < 15_000.0 * 0.8  # the readings reach 0.98 x the point
+    assert 9_500.0 <= tightened < 15_000.0 * 0.8
+
+
+def test_the_bound_scale_is_per_batch_regime() -> None:
+    """Small-batch pods scattering 2% and large-batch ones 15% around the same line: a small-batch
+    pod's bound is tighter than a large-batch one's, and each covers its regime's new pods."""
+    def obs(n: int, seed: int, start: int = 0) -> list[cal.Observation]:
+        rnd = random.Random(seed)
+        out = []
+        for i in range(start, start + n):
+            point, small = rnd.uniform(2_000.0, 30_000.0), i % 2 == 0
+            peak = point * rnd.lognormvariate(0.0, 0.02 if small else 0.15)
+            out.append(cal.Observation(f"p{i}", f"n{i % 4}", *KEY, point, peak, float(i), point * 0.9,
+                                       cal.regime(8 if small else 128)))
+        return out
+    shift = cal.learn(obs(200, 0))[KEY]
+    assert not shift.offline_holds
+    assert shift.factor("small") < shift.factor("large")
+    new = obs(2_000, 1, start=1_000)
+    for r in ("small", "large"):
+        mine = [o for o in new if o.regime == r]
+        under = sum(o.peak_mib > shift.bound(o.point_mib, o.upper_mib, r) for o in mine) / len(mine)
+        assert under <= 0.06, (r, under)
 
 
 @pytest.mark.parametrize("factor", [10.0, 0.1, 3.0])

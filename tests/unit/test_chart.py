@@ -653,10 +653,23 @@ def test_rbac_is_least_privilege(tmp_path: Path) -> None:
     lease = find(objs, "Role", "deepres-scheduler-leader-election")
     assert ("coordination.k8s.io", "leases", "update") in flat_rules(lease)
     assert all(r.get("resourceNames") == ["deepres-scheduler"] for r in lease["rules"] if "update" in r["verbs"])
+    # the online calibration's ConfigMap: get/update on that name only, in the release namespace; create
+    # (RBAC cannot limit a create to a name); bound to the identity the extender runs as
+    calibration = find(objs, "Role", "deepres-extender-calibration")
+    assert calibration["metadata"]["namespace"] == "deepres"
+    assert flat_rules(calibration) == {("", "configmaps", "get"), ("", "configmaps", "update"),
+                                       ("", "configmaps", "create")}
+    named = [r for r in calibration["rules"] if {"get", "update"} & set(r["verbs"])]
+    assert named and all(r.get("resourceNames") == ["deepres-calibration"] for r in named)
+    env = {e["name"]: e.get("value") for o in workloads(objs) for c in o["spec"]["template"]["spec"]["containers"]
+           if c["name"] == "extender" for e in c.get("env", [])}
+    assert env["DEEPRES_CALIBRATION_CONFIGMAP"] == "deepres-calibration"
+    assert find(objs, "RoleBinding", "deepres-extender-calibration")["subjects"][0]["name"] == "deepres-scheduler"
     # Sidecar mode: the extender runs under the scheduler's ServiceAccount; separate mode: its own.
     assert bindings["deepres-extender"]["subjects"][0]["name"] == "deepres-scheduler"
     separate = render(tmp_path, VALUE_SETS["separate-extender"])
     assert find(separate, "ClusterRoleBinding", "deepres-extender")["subjects"][0]["name"] == "deepres-extender"
+    assert find(separate, "RoleBinding", "deepres-extender-calibration")["subjects"][0]["name"] == "deepres-extender"
 
 
 def workloads(objs: list[Obj]) -> Iterator[Obj]:

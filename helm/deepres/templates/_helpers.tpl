@@ -184,6 +184,9 @@ mtls
       valueFrom:
         fieldRef:
           fieldPath: metadata.namespace
+    # the online calibration's observed pods, kept across restarts (docs/calibration.md; rbac.yaml's Role)
+    - name: DEEPRES_CALIBRATION_CONFIGMAP
+      value: {{ include "deepres.componentName" (dict "root" . "component" "calibration") | quote }}
     - name: HOME
       value: /tmp
     {{- with .Values.extender.env }}
