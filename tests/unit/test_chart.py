@@ -644,7 +644,8 @@ def flat_rules(role: Obj) -> set[tuple[str, str, str]]:
 def test_rbac_is_least_privilege(tmp_path: Path) -> None:
     objs = render(tmp_path, {})
     for name, expected in EXPECTED_RULES.items():
-        assert flat_rules(find(objs, "ClusterRole", name)) == expected, f"{name}: rights differ from the README list"
+        assert flat_rules(find(objs, "ClusterRole", name)) == expected, \
+            f"{name}: rights differ from docs/security.md's list"
     bindings = {b["metadata"]["name"]: b for b in objs if b["kind"] == "ClusterRoleBinding"}
     assert {b["roleRef"]["name"] for b in bindings.values()} == {
         "system:kube-scheduler", "system:volume-scheduler", "deepres-extender", "deepres-agent",
