@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ EXPIRY_EVERY_S = 10.0
 #: A restored pod whose recorded memory figures do not parse holds its GPUs whole: more than any GPU has
 #: (the largest `gpu-memory` accepted), so nothing else is admitted there until the usage rule follows it.
 UNREADABLE_BOOKING_MIB = ann.GPU_MEMORY_RANGE_MIB[1]
+#: Pods whose `assigned-gpus` left them nothing to book, remembered (at most this many) so that their
+#: later watch events and relists do not restore, refuse and warn again.
+REFUSED_MAX = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,7 @@ class Intake(Part):
         self._last_expiry_s = -math.inf
         self._unsettled: dict[str, dict[str, Unsettled]] = {}  # node -> pod uid -> restored, not yet checked
         self._unsettled_lock = threading.Lock()
+        self._refused: OrderedDict[str, None] = OrderedDict()  # pod uids left with no GPU to book (REFUSED_MAX)
 
     # ---- telemetry ----
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
@@ -204,13 +209,14 @@ class Intake(Part):
         takes a GPU past its memory after earlier binds. `settle=False`: the caller settles (a relist
         restores every pod first, so that the earlier bind wins whatever the list's order)."""
         text = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
-        if not text or not pod.node_name or self.ledger.reservation(pod.uid) is not None:
+        if not text or not pod.node_name or self.ledger.reservation(pod.uid) is not None or pod.uid in self._refused:
             return
         claimed = claimed_gpus(text)
         gpus = ",".join(claimed.gpu_uuids)
         if claimed.problems:
             self._warn_invalid(pod.namespace, pod.name, pod.uid, text, claimed.problems)
         if not claimed.gpu_uuids:
+            self._refuse(pod.uid)
             return
         now, mono = self.clock(), self.mono()
         problems: list[tuple[str, str]] = []  # (metric part, what the Event says)
@@ -293,6 +299,8 @@ class Intake(Part):
             settled = settle_restored(res.gpu_uuids, entry.wanted, node, uuids, observed.get(uid, ()))
             if settled.gpu_uuids != res.gpu_uuids:
                 self.ledger.rebook(uid, settled.gpu_uuids)
+                if not settled.gpu_uuids:
+                    self._refuse(uid)
                 log.warning("pod=%s restored on node=%s: GPUs %s booked instead of %s", res.key, node,
                             ",".join(settled.gpu_uuids) or "none", ",".join(res.gpu_uuids))
             if settled.problems:
@@ -311,6 +319,13 @@ class Intake(Part):
                                 f"this one, which books {res.memory_mib:.0f} MiB more; kept booked, so nothing "
                                 "else is admitted on it")], booked=res.gpu_uuids, event="RestoredOverbooked")
 
+    def _refuse(self, uid: str) -> None:
+        """`uid` was left nothing to book: not restored again (bounded, oldest forgotten first)."""
+        with self._unsettled_lock:
+            self._refused[uid] = None
+            while len(self._refused) > REFUSED_MAX:
+                self._refused.popitem(last=False)
+
     def _warn_invalid(self, namespace: str, name: str, uid: str, named: str, problems: Any,
                       booked: tuple[str, ...] | None = None, event: str = "RestoredInvalid") -> None:
         """Say what was wrong with a restored pod's `assigned-gpus`: a Warning Event on the pod, a log
@@ -322,7 +337,7 @@ class Intake(Part):
                        f"{what}{kept}")
             log.warning("pod=%s/%s: %s", namespace, name, message)
             target = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
-            self.events.record(target, event, message, warning=True)
+            self.events.warn_once(target, uid, event, message)
 
     def _recorded_memory(self, pod: PodInfo, problems: list[tuple[str, str]]) -> tuple[float, float]:
         """(admission, predicted) MiB per GPU from the annotations bind wrote. One that does not parse

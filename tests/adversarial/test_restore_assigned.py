@@ -92,7 +92,8 @@ def test_another_nodes_gpu_is_not_claimed_from_its_agent() -> None:
     """Before: the restore claimed the named GPU for the pod's node, so its real node's agent was
     answered 409 and its GPU was lost to placement (issue 34 row 3, through an annotation)."""
     cluster = api_server()
-    cluster.add_pod(bound("thief", "n1", "n2-gpu0", 10 * GIB))
+    thief = bound("thief", "n1", "n2-gpu0", 10 * GIB)
+    cluster.add_pod(thief)
     with cluster_mode(cluster, settings=settings()) as (url, ext):
         status, answer = post(url + "/v1/telemetry", report("n2", 1, [gpu("n2-gpu0", GPU_MIB)]), token="token-n2")
         assert status == 200, answer
@@ -100,6 +101,9 @@ def test_another_nodes_gpu_is_not_claimed_from_its_agent() -> None:
         post(url + "/v1/telemetry", report("n1", 1, [gpu("n1-gpu0", GPU_MIB)]), token="token-n1")
         assert gpus_of(ext) == {}  # it names no GPU of its node, and no process of it runs on one
         assert metric(url, "unknown_gpu") == 1.0 and fits(url, "n1", 10)
+        ext.on_pod_changed(thief, False)  # its next watch event: not restored (nor warned) again
+        ext.on_pods_listed([thief])
+        assert gpus_of(ext) == {} and metric(url, "unknown_gpu") == 1.0
 
 
 @pytest.mark.parametrize("uses", [None, "n1-gpu1"])
