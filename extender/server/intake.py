@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -47,7 +48,6 @@ class Unsettled:
     """A restored reservation whose GPUs wait for its node's report to be checked (`Intake._settle`)."""
 
     wanted: int | None  # the pod's GPU request (None: its annotations did not parse)
-    rank: tuple[float, float, str]  # (bind on the monotonic clock, creation, uid): the earlier wins a GPU
 
 
 class Intake(Part):
@@ -59,6 +59,8 @@ class Intake(Part):
         self._unsettled: dict[str, dict[str, Unsettled]] = {}  # node -> pod uid -> restored, not yet checked
         self._unsettled_lock = threading.Lock()
         self._refused: OrderedDict[str, None] = OrderedDict()  # pod uids left with no GPU to book (REFUSED_MAX)
+        #: restored pods: (bind wall time, creation, uid), who wins a GPU two pods name (`_bind_wall`)
+        self._ranks: dict[str, tuple[float, float, str]] = {}
 
     # ---- telemetry ----
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
@@ -144,6 +146,7 @@ class Intake(Part):
         if deleted or pod.phase in TERMINAL_PHASES:
             if self.planner.has_holds():
                 self.planner.release_holds(pod.uid)
+            self._ranks.pop(pod.uid, None)
             if self.ledger.release(pod.uid) is not None:
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return
@@ -186,6 +189,7 @@ class Intake(Part):
         for res in self.ledger.reservations():
             if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
                 self.ledger.release(res.pod_uid)
+                self._ranks.pop(res.pod_uid, None)
                 log.info("released pod=%s (gone at relist)", res.key)
         if self.readiness.synced_s is None:
             self.readiness.first_sync(self.ledger.nodes_with_reservations())
@@ -256,19 +260,23 @@ class Intake(Part):
                                    f"{what}", warning=True)
             wanted = plan.request.gpus if plan is not None and plan.request.gpu_job else None
             with self._unsettled_lock:
-                self._unsettled.setdefault(pod.node_name, {})[pod.uid] = Unsettled(
-                    wanted, (self._rank_mono(pod, now, mono, bound_s), pod.created_s or now, pod.uid))
+                self._unsettled.setdefault(pod.node_name, {})[pod.uid] = Unsettled(wanted)
+                self._ranks[pod.uid] = (self._bind_wall(pod, now), pod.created_s if pod.created_s is not None else now,
+                                        pod.uid)
             if settle:
                 self._settle(pod.node_name)
 
-    def _rank_mono(self, pod: PodInfo, now: float, mono: float, bound_s: float) -> float:
-        """When the pod was bound, on the monotonic clock, for who wins a GPU: its `bound-at` (capped as
-        `_bound_mono` does); without one, its PodScheduled condition or else its creation (both the API
-        server's)."""
-        if ann.PREFIX + ann.BOUND_AT in pod.annotations:
-            return bound_s
-        since = pod.scheduled_s if pod.scheduled_s is not None else pod.created_s
-        return bound_s if since is None else mono - max(now - since, 0.0)
+    @staticmethod
+    def _bind_wall(pod: PodInfo, now: float) -> float:
+        """When the pod was bound (wall clock, exact: the timestamps as written), for who wins a GPU: its
+        `bound-at`, never before its creation nor its PodScheduled condition (both set by the API server,
+        as `_bound_mono` caps it); without a readable `bound-at`, the later of those two; none: now."""
+        times = [t for t in (pod.created_s, pod.scheduled_s) if t is not None]
+        text = pod.annotations.get(ann.PREFIX + ann.BOUND_AT)
+        if text is not None:
+            with contextlib.suppress(ValueError, OverflowError, OSError):  # unreadable: as if absent
+                times.append(ann.parse_time(text))
+        return max(times) if times else now
 
     def _settle(self, node: str) -> None:
         """Check the GPUs of the pods restored on `node` against its report (`policy.restoring`): keep
@@ -307,10 +315,12 @@ class Intake(Part):
                 self._warn_invalid(res.namespace, res.name, uid, ",".join(res.gpu_uuids), settled.problems,
                                    booked=settled.gpu_uuids)
         held = self.ledger.reservations_on(node)
-        ranks = {uid: entry.rank for uid, entry in waiting.items()}
+        now, mono = self.clock(), self.mono()
+        ranks = {r.pod_uid: self._ranks.get(r.pod_uid) or (now - (mono - r.bound_s), math.inf, r.pod_uid)
+                 for r in held}  # a pod bound since the restart: after every restored one
         capacity = {g.uuid: g.memory_total_mib for g in report.gpus}
-        found = overbooked([(ranks.get(r.pod_uid, (r.bound_s, math.inf, r.pod_uid)), r.pod_uid, r.gpu_uuids,
-                             r.memory_mib) for r in held], capacity, ranks)
+        found = overbooked([(ranks[r.pod_uid], r.pod_uid, r.gpu_uuids, r.memory_mib) for r in held], capacity,
+                           waiting)
         for res in held:
             if res.pod_uid in found:
                 gpu, before, cap = found[res.pod_uid]
@@ -323,6 +333,7 @@ class Intake(Part):
         """`uid` was left nothing to book: not restored again (bounded, oldest forgotten first)."""
         with self._unsettled_lock:
             self._refused[uid] = None
+            self._ranks.pop(uid, None)
             while len(self._refused) > REFUSED_MAX:
                 self._refused.popitem(last=False)
 

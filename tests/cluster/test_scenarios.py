@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from extender.annotations import parse_time
 from tests.cluster.conftest import DEVICE_RESOURCE, LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
@@ -470,7 +471,13 @@ def test_19_a_forged_assignment_never_outranks_the_pod_deepres_bound(clean: Loca
     cluster = clean
     create(cluster, sized("honest", 70))  # only an 80 GB A100 holds it
     node = scheduled(cluster, "honest")
-    honest_gpu = cluster.pod("honest").metadata.annotations[f"{PREFIX}assigned-gpus"]
+    honest = cluster.pod("honest")
+    honest_gpu = honest.metadata.annotations[f"{PREFIX}assigned-gpus"]
+    # the API server's times have whole seconds: the forged pod is created in a later second than the
+    # honest pod's bind (else the two tie on time, and the uid decides)
+    bound = max([parse_time(honest.metadata.annotations[f"{PREFIX}bound-at"])] + [
+        c.last_transition_time.timestamp() for c in honest.status.conditions or () if c.type == "PodScheduled"])
+    wait_for("a second past the honest pod's bind", lambda: time.time() >= bound + 1.0, 5, 0.05)
     forged = s.workload("forged", {f"{PREFIX}gpu-memory": "70Gi", f"{PREFIX}assigned-gpus": f"{honest_gpu},GPU-forged",
                                    f"{PREFIX}admission-memory-mib": "71680", f"{PREFIX}predicted-memory-mib": "71680",
                                    f"{PREFIX}bound-at": "2020-01-01T00:00:00Z"})
