@@ -3,7 +3,7 @@
 A GPU model the shipped predictor has no line for ("NVIDIA Unseen-GPU 80GB", carrying the real H100
 campaign's peaks: predictor/data/measured/h100-*.csv, so no per-GPU line applies) on 8 nodes per
 path (16 GPUs each: a pod per GPU, the sharing rule keeps busy GPUs apart). Per
-path (exact: `deepres.io/model`; family: the family annotations by the README's rules), pods of
+path (exact: `deepres.io/model`; family: the family annotations by docs/data-scientist.md's rules), pods of
 seeded-random campaign rows are filtered and bound through the verbs, one at a time over the nodes,
 and their measured NVML peaks reported through /v1/telemetry as the agent does; after each pod,
 /v1/predict with `gpu` says whether that model is calibrated (`pods_to_calibrate`: pods bound until

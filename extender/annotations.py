@@ -80,7 +80,7 @@ class Accepted:
     choices: tuple[str, ...] = ()
 
 
-#: Every key a pod may carry (without the prefix), in the order of the README's table.
+#: Every key a pod may carry (without the prefix), in the order of docs/data-scientist.md's table.
 ACCEPTED: dict[str, Accepted] = {
     "model-type": Accepted("choice", choices=tuple(sorted(MODEL_ALIASES))),
     "params-millions": Accepted("number", *PARAMS_MILLIONS_RANGE),

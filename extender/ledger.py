@@ -425,11 +425,31 @@ class Ledger:
                 return False
             self._add(res)
             self._bound[res.pod_uid] = res.node
-            for uuid in res.gpu_uuids:  # the pod's annotations say whose GPU it is
-                if uuid not in self._owner:
-                    self._claim(uuid, res.node)
+            # no GPU is claimed for the node here: an annotation is no proof of where a GPU is (a forged
+            # one would blind the real owner); the node's own reports claim its GPUs (`_own_gpus`)
             self._demand.admit(res.admission_mib, len(res.gpu_uuids))
             return True
+
+    def rebook(self, pod_uid: str, gpu_uuids: tuple[str, ...]) -> Reservation | None:
+        """Move a restored reservation to `gpu_uuids` (its GPUs checked against the node's report:
+        `policy.restoring`); none: released. Returns the reservation now held, None if none."""
+        with self._lock:
+            res = self._reservations.get(pod_uid)
+            if res is None or res.gpu_uuids == gpu_uuids:
+                return res
+            self._shift(res, -res.memory_mib)
+            if not gpu_uuids:
+                self._reservations.pop(pod_uid, None)
+                self._seen.pop(pod_uid, None)
+                self._by_node.get(res.node, set()).discard(pod_uid)
+                self._emptied_now(res.node)
+                self._rebuild(res.node)
+                return None
+            res = replace(res, gpu_uuids=gpu_uuids)
+            self._reservations[pod_uid] = res
+            self._shift(res, res.memory_mib)
+            self._rebuild(res.node)
+            return res
 
     def expire_unseen(self, now_s: float, older_than_s: float) -> list[Reservation]:
         """Release the reservations no report has named for `older_than_s` since they were made

@@ -241,7 +241,7 @@ class KubeSettings:
     """Also record a `Placed` Event per bound GPU pod (its text is always in the pod's
     `deepres.io/placement` annotation, written by the Binding). Off: the Event is a second API write
     per pod (the API server's, etcd's and the extender's CPU; kube-scheduler records its own
-    `Scheduled` Event either way), measured in `deepres bench cluster` (README, "Benchmark")."""
+    `Scheduled` Event either way), measured in `deepres bench cluster` (docs/benchmarks.md, "End to end")."""
     preemption_grace_s: float = 120.0
     """After evicting for a pod, wait this long for the victims to go before evicting for it again."""
     api_timeout_s: float = 10.0

@@ -335,7 +335,7 @@ def shape_columns(cols: dict[str, npt.NDArray[Any]], names: npt.NDArray[Any],
     """The optional shape annotations of each row's architecture (predictor/dataset/shapes.py's table
     next to the dataset), 0 where the architecture has none or the table is absent. The table's
     activation count is at the architecture's default input; a row at another input reads it scaled
-    as the README tells a user to scale a model card's figure: by the input units (pixels of an
+    as docs/data-scientist.md tells a user to scale a model card's figure: by the input units (pixels of an
     image, tokens of a sequence; an MLP's count does not depend on its input features)."""
     table = read_shapes_table(table_path)
     out = {c: np.asarray([float(table.get(str(n), {}).get(c, 0)) for n in names], dtype=np.float64)
@@ -427,7 +427,7 @@ def shape_features(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
 
 def image_input(cols: Mapping[str, npt.NDArray[Any]]) -> FloatArray:
     """1 for a model of images: every vision family, and an MLP whose annotation says it trains with data
-    augmentation (the README's rule sets it for image models: MLP-Mixer, ResMLP). Augmentation runs in
+    augmentation (docs/data-scientist.md's rule sets it for image models: MLP-Mixer, ResMLP). Augmentation runs in
     the CPU loader and costs no GPU memory; as an input of its own it only told image rows apart (the
     dataset sets it for every image model), and a vision pod that left it at its default `false` fell
     off the trained range (3.5 GB for resnet18 at batch 32 instead of 1.9 GB)."""
@@ -504,7 +504,7 @@ SPEC_COLUMNS = ("model_type", "params_millions", "batch_size", "input_dim", "num
                 "precision", "optimizer", "learning_rate", "regularization", "data_augmentation")
 
 
-#: The README's rule for vision mixers (MLP-Mixer, ResMLP, gMLP): annotate them `vit` (patch tokens
+#: docs/data-scientist.md's rule for vision mixers (MLP-Mixer, ResMLP, gMLP): annotate them `vit` (patch tokens
 #: through blocks, input-dim the image side), not `mlp` (whose input-dim is a feature count). The
 #: dataset keeps their family `mlp` (what the shipped network was trained on); a user, and
 #: `row_spec`, write `vit`.
@@ -512,7 +512,7 @@ MIXER_RULE = "vision mixers (MLP-Mixer, ResMLP, gMLP) are annotated vit"
 
 
 def row_spec(row: Mapping[str, str], activations_millions: float = 0.0) -> JobSpec | None:
-    """A dataset row as the annotations a user writes by the README's rules (None: the row does not
+    """A dataset row as the annotations a user writes by docs/data-scientist.md's rules (None: the row does not
     parse): a real vision mixer (`family` mlp, not a torch.nn stack) as `vit` (MIXER_RULE)."""
     raw = {c.replace("_", "-"): row[c] for c in SPEC_COLUMNS if row.get(c) not in (None, "")}
     for key in ("regularization", "data-augmentation"):

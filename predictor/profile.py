@@ -116,7 +116,7 @@ def guess_model_type(model: nn.Module) -> str:
         return "gpt"
     if any("attention" in k for k in kinds):
         return "vit" if any("conv2d" in k or "patch" in k for k in kinds) else "transformer"
-    if any("conv" in k for k in kinds):  # the README's rule by the network's class name (ResNet, VGG...)
+    if any("conv" in k for k in kinds):  # docs/data-scientist.md's rule by the network's class name (ResNet, VGG...)
         from predictor.dataset.archs import image_family
 
         family = image_family(type(model).__name__.lower(), "")

@@ -4,7 +4,7 @@ On the campaign's measured rows (predictor/data/measured/h100-*.csv: real traini
 per-process peaks), each path reads the job as a user would annotate it:
 
 - `exact`: `deepres.io/model` (the traced table; the rows whose architecture it holds);
-- `family`: the family annotations by the README's rules (`features.annotated_specs`; vision
+- `family`: the family annotations by docs/data-scientist.md's rules (`features.annotated_specs`; vision
   mixers as `vit`, `MIXER_RULE`), through the shipped network;
 
 and its Demand is read on the measured GPU's line (`predictor.gpucal`), fitted on the other
@@ -124,7 +124,8 @@ def figures() -> dict[str, Any]:
             "method": "each path's Demand read on the measured GPU's line per precision (predictor.gpucal), the "
                       f"lines fitted on the other architecture groups ({FOLDS} folds by group, seed 0); bound = line x "
                       f"(1 + the margin leaving {gpucal.UNDER:.0%} of the fitted jobs above it); family annotations "
-                      f"by the README rules (features.row_spec: {MIXER_RULE}); `uncalibrated`: the Demand bound"}
+                      f"by docs/data-scientist.md's rules (features.row_spec: {MIXER_RULE}); `uncalibrated`: the "
+                      "Demand bound"}
 
 
 def merge(report: Path, key: str, value: Any) -> None:

@@ -513,10 +513,11 @@ def _without_shapes_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         "### The same test jobs without the optional activation count",
         "",
-        "The rows above carry `activations-millions` as the dataset's rule fills it (README, \"How to fill the "
-        "family annotations\"). A user may leave it out; the models were fitted with it dropped for half the "
-        "architectures, and the bound of a job without it has margins calibrated on held-out predictions made "
-        "without it. The same jobs without it (`splits.grouped.memory_without_shapes` in predictor.json):",
+        "The rows above carry `activations-millions` as the dataset's rule fills it (docs/data-scientist.md, "
+        "\"How to fill the family annotations\"). A user may leave it out; the models were fitted with it "
+        "dropped for half the architectures, and the bound of a job without it has margins calibrated on "
+        "held-out predictions made without it. The same jobs without it "
+        "(`splits.grouped.memory_without_shapes` in predictor.json):",
         "",
         "| model | median rel. error (with) | median (without) | p90 (with) | p90 (without) | under-rate (without) "
         "| over-reservation (without) |",

@@ -70,7 +70,7 @@ def blend_points(*members: FloatArray) -> FloatArray:
     Why a blend: on jobs of architectures none of them saw, the members err differently (the network
     extrapolates along the log sizes, the boosted trees stay inside what they saw, AdaBoost's weighted
     median of trees least of all), so the median errs less and the margin the bound needs shrinks
-    (nested grouped folds: see README "How the bound is calibrated")."""
+    (nested grouped folds: see docs/predictor.md)."""
     logs = np.log(np.maximum(np.stack([np.asarray(m, dtype=np.float64) for m in members]), TINY_DENSITY))
     out: FloatArray = np.exp(np.median(logs, axis=0))
     return out

@@ -84,7 +84,7 @@ NUM_LAYERS_RANGE = (1, 10_000)
 ITERATIONS_RANGE = (1, 10**12)
 LEARNING_RATE_RANGE = (0.0, 100.0)
 TRACED_PEAK_RANGE_MIB = (0.0, 16.0 * 1024 * 1024)  # 0 means "not given"; 16 TiB is a typo
-# The optional activation count (README "How to fill the family annotations"); 0 means "not given".
+# The optional activation count (docs/data-scientist.md, "How to fill the family annotations"); 0 means "not given".
 ACTIVATIONS_MILLIONS_RANGE = (0.0, 10_000_000.0)
 
 _TRUE = frozenset({"true", "yes", "1", "on"})
@@ -115,7 +115,7 @@ class JobSpec:
     traced_peak_mib: float = 0.0  # the user's own traced peak (`deepres profile`); 0: none
     # optional: one sample's forward activation count at input-dim, in millions (timm's model cards'
     # "Activations (M)", `deepres profile`): how much a network of this size keeps for backward, which
-    # the family fields cannot tell (README "How to fill the family annotations"); 0: not given
+    # the family fields cannot tell (docs/data-scientist.md, "How to fill the family annotations"); 0: not given
     activations_millions: float = 0.0
     # what the model is trained for (`predictor.tasks`): "" the default head of the model or family;
     # `target_dim` the target length of a seq2seq task in tokens (0: a quarter of the input)
@@ -169,7 +169,7 @@ class JobSpec:
         """
         values: dict[str, Any] = {}
         defaulted: set[str] = set()
-        if "model" in raw:  # the exact architecture fills what the user left out, by the README's rule
+        if "model" in raw:  # the exact architecture fills what the user left out, by docs/data-scientist.md's rule
             from predictor import table
 
             name = table.resolve(raw["model"])

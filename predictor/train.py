@@ -83,7 +83,7 @@ TRAIN_THREADS = 1
 #: under-rate, three network seeds: the network alone 0.43-0.51, LightGBM alone 0.43, AdaBoost alone 0.32,
 #: the network with LightGBM (geometric mean, the previous release) 0.37-0.41, the median of the three
 #: 0.32-0.34. They err on unseen architectures, but not together; the median drops the one that errs
-#: most, and keeps the network, which errs least on the largest jobs (README).
+#: most, and keeps the network, which errs least on the largest jobs (docs/predictor.md).
 #: The blend's tree members, in order, and their settings (the grid values `deepres evaluate` picks on
 #: the grouped split's calibration fold; AdaBoost picks the same on all rows' calibration fold).
 BLEND_TREES: dict[str, dict[str, Any]] = {"lightgbm": {"num_leaves": 15}, "adaboost": {"max_depth": 8}}

@@ -1,4 +1,4 @@
-"""Who may call the extender, and how that is checked (README, "Threat model").
+"""Who may call the extender, and how that is checked (docs/security.md, "Threat model").
 
 - The verbs (/filter, /prioritize, /preempt, /bind) move real pods, so only the scheduler may call
   them. `verb_caller_refused` enforces `server.verbs_access`: `loopback` (sidecar mode: the caller's

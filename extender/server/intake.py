@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from extender import annotations as ann
@@ -13,6 +17,7 @@ from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
 from extender.ledger import ACCEPTED, GPU_CONFLICT, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
 from extender.policy import PriorityInputs, Reservation
+from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, settle_restored
 from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
@@ -33,6 +38,16 @@ EXPIRY_EVERY_S = 10.0
 #: A restored pod whose recorded memory figures do not parse holds its GPUs whole: more than any GPU has
 #: (the largest `gpu-memory` accepted), so nothing else is admitted there until the usage rule follows it.
 UNREADABLE_BOOKING_MIB = ann.GPU_MEMORY_RANGE_MIB[1]
+#: Pods whose `assigned-gpus` left them nothing to book, remembered (at most this many) so that their
+#: later watch events and relists do not restore, refuse and warn again.
+REFUSED_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Unsettled:
+    """A restored reservation whose GPUs wait for its node's report to be checked (`Intake._settle`)."""
+
+    wanted: int | None  # the pod's GPU request (None: its annotations did not parse)
 
 
 class Intake(Part):
@@ -41,6 +56,11 @@ class Intake(Part):
         self.local = self.settings.kube.no_kube
         self.telemetry_wanted_s = -math.inf  # mono time a filter last failed nodes for missing telemetry
         self._last_expiry_s = -math.inf
+        self._unsettled: dict[str, dict[str, Unsettled]] = {}  # node -> pod uid -> restored, not yet checked
+        self._unsettled_lock = threading.Lock()
+        self._refused: OrderedDict[str, None] = OrderedDict()  # pod uids left with no GPU to book (REFUSED_MAX)
+        #: restored pods: (bind wall time, creation, uid), who wins a GPU two pods name (`_bind_wall`)
+        self._ranks: dict[str, tuple[float, float, str]] = {}
 
     # ---- telemetry ----
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]:
@@ -58,6 +78,8 @@ class Intake(Part):
             self._expire_local(mono)
         before = self.ledger.telemetry(report.node)
         outcome = self.ledger.apply_report(report, mono)
+        if outcome in (ACCEPTED, GPU_CONFLICT) and self._unsettled:  # restored pods of the node: checked now
+            self._settle(report.node)
         if outcome == GPU_CONFLICT:  # the owners keep their GPUs: asked after, the same answer
             return self._conflict(report, self.ledger.gpu_conflicts(report))
         if outcome in (UNKNOWN_NODE, TOO_MANY_NODES):
@@ -124,6 +146,7 @@ class Intake(Part):
         if deleted or pod.phase in TERMINAL_PHASES:
             if self.planner.has_holds():
                 self.planner.release_holds(pod.uid)
+            self._ranks.pop(pod.uid, None)
             if self.ledger.release(pod.uid) is not None:
                 log.info("released pod=%s (%s)", pod.key, "deleted" if deleted else pod.phase)
             return
@@ -157,13 +180,16 @@ class Intake(Part):
                 continue
             alive.add(pod.uid)
             try:
-                self._restore(pod)
+                self._restore(pod, settle=False)
             except Exception:  # one pod never keeps the others from being rebuilt, nor the extender unready
                 log.exception("pod=%s: restore failed", pod.key)
+        for node in list(self._unsettled):  # all restored first: the earlier bind wins a GPU whatever the order
+            self._settle(node)
         recent = self.mono() - RELIST_GRACE_S
         for res in self.ledger.reservations():
             if res.pod_uid not in alive and res.bound_s < recent:  # a younger one may postdate the list
                 self.ledger.release(res.pod_uid)
+                self._ranks.pop(res.pod_uid, None)
                 log.info("released pod=%s (gone at relist)", res.key)
         if self.readiness.synced_s is None:
             self.readiness.first_sync(self.ledger.nodes_with_reservations())
@@ -172,16 +198,29 @@ class Intake(Part):
         for node in self.ledger.set_known_nodes(names):
             log.info("forgot node=%s (not in the cluster's node list)", node)
 
-    def _restore(self, pod: PodInfo) -> None:
+    def _restore(self, pod: PodInfo, *, settle: bool = True) -> None:
         """Rebuild a bound pod's reservation from the annotations written at bind.
 
         Never fatal and never frees what the pod holds: the GPUs in `assigned-gpus` are booked whatever
         else the annotations say (a user may have changed them since the bind). Job annotations that no
         longer parse give the default priority; recorded memory figures that do not parse book the GPUs
         whole; an unreadable `bound-at` counts attained service from now. Each is a Warning Event on the
-        pod and `deepres_extender_restore_unparsable_pods_total{part}`."""
-        gpus = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
-        if not gpus or not pod.node_name or self.ledger.reservation(pod.uid) is not None:
+        pod and `deepres_extender_restore_unparsable_pods_total{part}`.
+
+        The GPU list itself is checked (`policy.restoring`): names that cannot be GPUs are left out at
+        once; the rest is booked as named until the node reports, then `_settle` keeps only the node's
+        GPUs, as many as the pod asks for (those its processes use first), and names a pod whose booking
+        takes a GPU past its memory after earlier binds. `settle=False`: the caller settles (a relist
+        restores every pod first, so that the earlier bind wins whatever the list's order)."""
+        text = pod.annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS, "")
+        if not text or not pod.node_name or self.ledger.reservation(pod.uid) is not None or pod.uid in self._refused:
+            return
+        claimed = claimed_gpus(text)
+        gpus = ",".join(claimed.gpu_uuids)
+        if claimed.problems:
+            self._warn_invalid(pod.namespace, pod.name, pod.uid, text, claimed.problems)
+        if not claimed.gpu_uuids:
+            self._refuse(pod.uid)
             return
         now, mono = self.clock(), self.mono()
         problems: list[tuple[str, str]] = []  # (metric part, what the Event says)
@@ -200,7 +239,7 @@ class Intake(Part):
         except Exception:  # never fatal: a restore that raised kept the extender from ever becoming ready
             log.exception("pod=%s: planning at restore failed; restored at the default priority", pod.key)
             problems.append(("annotations", "its annotations could not be read; restored at the default priority"))
-        res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, tuple(gpus.split(",")), admission,
+        res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, claimed.gpu_uuids, admission,
                           admission, predicted, inputs, bound_s, signature,
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""),
                           checkpoint_interval_s=checkpoint)
@@ -219,6 +258,97 @@ class Intake(Part):
                 self.events.record(target, "RestoredUnparsable",
                                    f"GPUs {ann.shown(gpus, quoted=False)} kept booked after an extender restart: "
                                    f"{what}", warning=True)
+            wanted = plan.request.gpus if plan is not None and plan.request.gpu_job else None
+            with self._unsettled_lock:
+                self._unsettled.setdefault(pod.node_name, {})[pod.uid] = Unsettled(wanted)
+                self._ranks[pod.uid] = (self._bind_wall(pod, now), pod.created_s if pod.created_s is not None else now,
+                                        pod.uid)
+            if settle:
+                self._settle(pod.node_name)
+
+    @staticmethod
+    def _bind_wall(pod: PodInfo, now: float) -> float:
+        """When the pod was bound (wall clock, exact: the timestamps as written), for who wins a GPU: its
+        `bound-at`, never before its creation nor its PodScheduled condition (both set by the API server,
+        as `_bound_mono` caps it); without a readable `bound-at`, the later of those two; none: now."""
+        times = [t for t in (pod.created_s, pod.scheduled_s) if t is not None]
+        text = pod.annotations.get(ann.PREFIX + ann.BOUND_AT)
+        if text is not None:
+            with contextlib.suppress(ValueError, OverflowError, OSError):  # unreadable: as if absent
+                times.append(ann.parse_time(text))
+        return max(times) if times else now
+
+    def _settle(self, node: str) -> None:
+        """Check the GPUs of the pods restored on `node` against its report (`policy.restoring`): keep
+        the node's own GPUs, as many as each pod asks for, those its processes use first; then name each
+        whose booking takes a GPU past its memory after the pods bound before it. Its booking is kept (it
+        may run there: freeing it could over-commit the GPU), so the GPU shows full until the usage rule
+        follows the pods. Each finding is a Warning Event and `deepres_extender_restore_invalid_pods_total`."""
+        telemetry = self.ledger.telemetry(node)
+        if telemetry is None:
+            return
+        with self._unsettled_lock:
+            waiting = self._unsettled.pop(node, {})
+        if not waiting:
+            return
+        report = telemetry.report
+        uuids = [g.uuid for g in report.gpus]
+        observed: dict[str, list[str]] = {}
+        for usage in report.pods:
+            observed.setdefault(usage.pod_uid, []).extend(usage.gpu_uuids)
+        for g in report.gpus:
+            for process in g.processes:
+                if process.pod_uid:
+                    observed.setdefault(process.pod_uid, []).append(g.uuid)
+        for uid, entry in waiting.items():
+            res = self.ledger.reservation(uid)
+            if res is None or res.node != node:
+                continue
+            settled = settle_restored(res.gpu_uuids, entry.wanted, node, uuids, observed.get(uid, ()))
+            if settled.gpu_uuids != res.gpu_uuids:
+                self.ledger.rebook(uid, settled.gpu_uuids)
+                if not settled.gpu_uuids:
+                    self._refuse(uid)
+                log.warning("pod=%s restored on node=%s: GPUs %s booked instead of %s", res.key, node,
+                            ",".join(settled.gpu_uuids) or "none", ",".join(res.gpu_uuids))
+            if settled.problems:
+                self._warn_invalid(res.namespace, res.name, uid, ",".join(res.gpu_uuids), settled.problems,
+                                   booked=settled.gpu_uuids)
+        held = self.ledger.reservations_on(node)
+        now, mono = self.clock(), self.mono()
+        ranks = {r.pod_uid: self._ranks.get(r.pod_uid) or (now - (mono - r.bound_s), math.inf, r.pod_uid)
+                 for r in held}  # a pod bound since the restart: after every restored one
+        capacity = {g.uuid: g.memory_total_mib for g in report.gpus}
+        found = overbooked([(ranks[r.pod_uid], r.pod_uid, r.gpu_uuids, r.memory_mib) for r in held], capacity,
+                           waiting)
+        for res in held:
+            if res.pod_uid in found:
+                gpu, before, cap = found[res.pod_uid]
+                self._warn_invalid(res.namespace, res.name, res.pod_uid, ",".join(res.gpu_uuids), [(
+                    OVERBOOKED, f"GPU {gpu} ({cap:.0f} MiB) already holds {before:.0f} MiB of pods bound before "
+                                f"this one, which books {res.memory_mib:.0f} MiB more; kept booked, so nothing "
+                                "else is admitted on it")], booked=res.gpu_uuids, event="RestoredOverbooked")
+
+    def _refuse(self, uid: str) -> None:
+        """`uid` was left nothing to book: not restored again (bounded, oldest forgotten first)."""
+        with self._unsettled_lock:
+            self._refused[uid] = None
+            self._ranks.pop(uid, None)
+            while len(self._refused) > REFUSED_MAX:
+                self._refused.popitem(last=False)
+
+    def _warn_invalid(self, namespace: str, name: str, uid: str, named: str, problems: Any,
+                      booked: tuple[str, ...] | None = None, event: str = "RestoredInvalid") -> None:
+        """Say what was wrong with a restored pod's `assigned-gpus`: a Warning Event on the pod, a log
+        line and `deepres_extender_restore_invalid_pods_total{reason}`."""
+        kept = "" if booked is None else f"; booked: {', '.join(booked) or 'none'}"
+        for reason, what in problems:
+            self.metrics.restore_invalid.labels(reason).inc()
+            message = (f"{ann.PREFIX}{ann.ASSIGNED_GPUS}={ann.shown(named)} after an extender restart: "
+                       f"{what}{kept}")
+            log.warning("pod=%s/%s: %s", namespace, name, message)
+            target = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
+            self.events.warn_once(target, uid, event, message)
 
     def _recorded_memory(self, pod: PodInfo, problems: list[tuple[str, str]]) -> tuple[float, float]:
         """(admission, predicted) MiB per GPU from the annotations bind wrote. One that does not parse

@@ -64,6 +64,13 @@ class ExtenderMetrics:
             "the job, restored at default priority; memory: the recorded figures, the GPUs booked whole; bound_at: "
             "the bind time, attained service counted from the restart). Their GPUs stay booked.", ["part"],
             registry=r)
+        self.restore_invalid = Counter(
+            "deepres_extender_restore_invalid_pods_total",
+            "Bound pods rebuilt after a restart whose deepres.io/assigned-gpus the checks refused in part, by "
+            "reason (gpu_list: not a list of GPU uuids; unknown_gpu: names a GPU the node does not report; "
+            "gpu_count: more or fewer GPUs than the pod asks for; overbooked: with the earlier pods on a GPU, "
+            "more than its memory). Extra names are dropped; GPUs its processes use are kept.", ["reason"],
+            registry=r)
         r.register(_StateCollector(state, clock))
         if merits is not None:
             r.register(_MeritsCollector(merits))

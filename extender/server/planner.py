@@ -241,7 +241,7 @@ class Planner:
         prioritize score (`policy.shortlist`), and no failed nodes. kube-scheduler drops every node not
         named in NodeNames and needs the failures' reasons only when no node is left (its "0/N nodes
         are available" message, its preemption), so it then scores and sends to /prioritize a few
-        dozen nodes instead of thousands (README: "Filter shortlist").
+        dozen nodes instead of thousands (docs/values.md, `extender.filterShortlist`).
 
         The shortlist's scores are kept for the pod's prioritize, which kube-scheduler sends next with
         these names (`kept_shortlist`): over the shortlist the score gives each node the value it had

@@ -14,7 +14,7 @@ thread. Computation is serialised by the GIL either way, and the hand-off to a t
 cost more than a small verb itself; worse, the loop then waited for the GIL behind busy request
 threads (every request in a thread gave 0.51-0.83x the pods/s with 500 names).
 
-What the bridge costs against granian's WSGI interface (README, "Benchmark"): the app's own work is
+What the bridge costs against granian's WSGI interface (docs/benchmarks.md, "The extender alone"): the app's own work is
 the same (in-process, 0.19 ms a filter and 0.14 ms a prioritize with 500 names, either way) and the
 bridge's Python adds 0.02-0.03 ms a call; the rest, ~0.1 ms a call, is granian's RSGI transport.
 granian's I/O thread must take the GIL twice per request, to schedule the request on the loop and

@@ -9,7 +9,7 @@ and the server refuses to start.
 Why granian by default: the single worker's Python thread is the extender's bottleneck, and
 granian parses HTTP and moves bytes in Rust outside the GIL. Measured here, an empty request costs
 the worker 0.23 ms of CPU under granian against 0.71 ms under gunicorn's gthread worker, which is
-most of the difference between the two in `deepres bench extender` (README, "Benchmark"). granian
+most of the difference between the two in `deepres bench extender` (docs/benchmarks.md). granian
 runs the app through its RSGI interface and `extender/server/rsgi.py`, which reads bodies on the event
 loop with a deadline (granian's WSGI interface reads them in request threads without one).
 gunicorn stays available (`--engine gunicorn`) for sites that standardise on it. `verbs_access: mtls`
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", metavar="FILE", help="PEM key for --tls-cert")
     parser.add_argument("--tls-client-ca", metavar="FILE", help="PEM CA of the scheduler's client certificate")
     parser.add_argument("--verbs-access", choices=VERBS_ACCESS,
-                        help="who may call the verbs: loopback (default), mtls, any (README: Threat model)")
+                        help="who may call the verbs: loopback (default), mtls, any (docs/security.md)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
     parser.add_argument("--threads", type=int, help="request threads of the worker (default 32)")
     parser.add_argument("--engine", choices=ENGINES, help="WSGI server (default granian)")
@@ -240,7 +240,7 @@ class GranianServer:
         self.settings.server.max_connections = connection_cap(self.settings.server.max_connections)
         if self.settings.server.tls_cert:
             log.warning("granian sets no deadline on the TLS handshake: a connection that never sends its "
-                        "ClientHello holds one of server.max_connections=%d slots until it closes (README, "
+                        "ClientHello holds one of server.max_connections=%d slots until it closes (docs/security.md, "
                         "\"Threat model\"); keep the port behind the chart's NetworkPolicy",
                         self.settings.server.max_connections)
         server = Server("extender.server.app:create_app", **granian_options(self.settings))

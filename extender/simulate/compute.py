@@ -375,8 +375,8 @@ def _pct(x: float) -> str:
 
 
 def readme_section(replay_doc: dict[str, Any]) -> str:
-    """The README's paragraph on the compute-aware replay, every figure from `replay_doc` (the report's
-    "replay"); tests/unit/test_readme_compute.py holds the README to it."""
+    """docs/evaluation.md's paragraph on the compute-aware replay, every figure from `replay_doc` (the report's
+    "replay"); tests/unit/test_readme_compute.py holds docs/evaluation.md to it."""
     gb, de = replay_doc["gpu_bound"], replay_doc["default"]
     vs, vr, vj = gb["deepres_vs_static"], gb["deepres_vs_request"], gb["deepres_vs_static_sjf"]
     d = gb["deepres"]

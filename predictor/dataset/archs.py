@@ -11,7 +11,7 @@ Four sources, all built on the meta device without any weights:
 Each architecture carries what the grouped splits need: `group` (resnet50 and resnet50d are one
 group: a timm module, the same module for torchvision's copy of a timm family, an HF model type
 with its close relatives) and `family`, the `deepres.io/model-type` a data scientist would write.
-The rules (README, "How to fill the family annotations"):
+The rules (docs/data-scientist.md, "How to fill the family annotations"):
 
 - model-type: `vit` for image models whose blocks are attention (ViT, DeiT, BEiT, EVA, Swin, CaiT,
   XCiT, PVT, MaxViT, CoAtNet, LeViT...: the timm modules in `_VIT_MODULES`); `mlp` for MLP-Mixer,

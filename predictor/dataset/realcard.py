@@ -418,7 +418,7 @@ def write_datacard(done: dict[str, dict[str, Any]], summary: dict[str, Any], pat
         "this, so none of (a)-(c) is measured here. The GPUMemNet FakeTensor table, its",
         "`Results_plotter_for_paper/data.csv`, the Test_Pipeline spreadsheets and CARMA's measurements are",
         "kept out of training and tuning: they are the independent check.",
-        "", "## Annotation rules (the same as the README's \"How to fill the family annotations\")", "",
+        "", "## Annotation rules (the same as docs/data-scientist.md's \"How to fill the family annotations\")", "",
         "`params_millions` = trainable parameters of the model as traced (at that input); `input_dim` = image",
         "side / sequence length / features; `num_layers` = the depth in the name when it states one (resnet50",
         "50, vgg16 16, densenet121 121), else blocks for attention/mixer image models (ViT-B 12, Swin-T 12), else",

@@ -1,10 +1,10 @@
 """The optional activation count of every architecture (`deepres.io/activations-millions`), derived by
-the written rule a data scientist follows (README, "How to fill the family annotations"): the output
+the written rule a data scientist follows (docs/data-scientist.md, "How to fill the family annotations"): the output
 elements of every convolution and matrix product (Conv2d, Linear, matmul) of one sample's forward pass,
 in millions, at the job's input. It is fvcore's activation count, the "Activations (M)" of timm's model
 cards (resnet50 11.1, efficientnet_b0 6.7, vit_base_patch16_224 16.5 at 224 px), what `deepres profile`
 prints for the user's own code. Counted here on the meta device in eval mode at the architecture's
-default input; the training rows at other inputs scale it by the input units, as the README tells a
+default input; the training rows at other inputs scale it by the input units, as docs/data-scientist.md tells a
 user to scale a card's figure (`predictor.features.shape_columns`). Written by `deepres dataset real
 --shapes` to predictor/data/real_shapes.json (name -> {activations_millions, input_default}).
 

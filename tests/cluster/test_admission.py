@@ -127,6 +127,31 @@ def test_only_the_extender_writes_the_assignment(cluster: LocalCluster, as_exten
     cluster.core.patch_namespaced_pod(elsewhere, UNGOVERNED, patch)
 
 
+def test_only_the_extender_writes_the_bind_time(cluster: LocalCluster, as_extender: Any,
+                                                pending: list[tuple[str, str]]) -> None:
+    """`deepres.io/bound-at` decides, after a restart, how much progress preemption protects and which pod
+    keeps a GPU two pods name (the earlier bind): a user may not set, change or remove it."""
+    bound_at = "deepres.io/bound-at"
+    backdated = {"metadata": {"annotations": {bound_at: "2020-01-01T00:00:00Z"}}}
+    target = stored(cluster, pending, GOVERNED, "backdated")
+    assert "only the deepres extender" in refusal(lambda: cluster.core.patch_namespaced_pod(target, GOVERNED,
+                                                                                             backdated))
+    assert "only the deepres extender" in refusal(lambda: create(cluster, GOVERNED, pod(
+        "born-bound", annotations={bound_at: "2020-01-01T00:00:00Z"}, scheduler="nobody")))
+    assert "only the deepres extender" in refusal(lambda: cluster.core.create_namespaced_pod_binding(
+        target, GOVERNED, binding(target, {bound_at: "2020-01-01T00:00:00Z"}), _preload_content=False))
+    # the extender's bind writes it; nobody else may move it afterwards, nor remove it
+    as_extender.create_namespaced_pod_binding(target, GOVERNED, binding(target, {
+        ASSIGNED: "GPU-bound-at-test", bound_at: "2026-11-28T12:00:00Z"}), _preload_content=False)
+    assert cluster.core.read_namespaced_pod(target, GOVERNED).metadata.annotations[bound_at] == "2026-11-28T12:00:00Z"
+    for change in ("2020-01-01T00:00:00Z", None):
+        assert "only the deepres extender" in refusal(lambda c=change: cluster.core.patch_namespaced_pod(
+            target, GOVERNED, {"metadata": {"annotations": {bound_at: c}}}))
+    # without the policy the same patch is admitted
+    elsewhere = stored(cluster, pending, UNGOVERNED, "backdated")
+    cluster.core.patch_namespaced_pod(elsewhere, UNGOVERNED, backdated)
+
+
 def test_an_annotated_pod_is_admitted_with_its_wiring_added(cluster: LocalCluster) -> None:
     body = pod("annotations-only", annotations={"deepres.io/model-type": "cnn", "deepres.io/batch-size": "32"})
     admitted = create(cluster, GOVERNED, body)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from extender.annotations import parse_time
 from tests.cluster.conftest import DEVICE_RESOURCE, LocalCluster, node_body
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
@@ -458,3 +459,48 @@ def test_18_a_gpu_uuid_belongs_to_the_node_that_owns_it(clean: LocalCluster) -> 
     finally:
         for name in (owner, claimer):
             cluster.core.delete_node(name)
+
+
+def test_19_a_forged_assignment_never_outranks_the_pod_deepres_bound(clean: LocalCluster) -> None:
+    """The restore trusts `deepres.io/assigned-gpus` no further than it can check, against the real API
+    server. A pod created straight onto a node (spec.nodeName, in the release namespace, which the chart's
+    admission policy leaves out) names the GPU deepres gave a running 70 GiB pod, plus a GPU that does not
+    exist, and backdates its `bound-at`. After a restart the phantom GPU is not booked, the forged pod (the
+    later one: its `bound-at` is capped by its creation) gets a Warning Event and the metric, the honest
+    pod's GPU stays booked, and a new 70 GiB pod goes to the other 80 GB GPU."""
+    cluster = clean
+    create(cluster, sized("honest", 70))  # only an 80 GB A100 holds it
+    node = scheduled(cluster, "honest")
+    honest = cluster.pod("honest")
+    honest_gpu = honest.metadata.annotations[f"{PREFIX}assigned-gpus"]
+    # the API server's times have whole seconds: the forged pod is created in a later second than the
+    # honest pod's bind (else the two tie on time, and the uid decides)
+    bound = max([parse_time(honest.metadata.annotations[f"{PREFIX}bound-at"])] + [
+        c.last_transition_time.timestamp() for c in honest.status.conditions or () if c.type == "PodScheduled"])
+    wait_for("a second past the honest pod's bind", lambda: time.time() >= bound + 1.0, 5, 0.05)
+    forged = s.workload("forged", {f"{PREFIX}gpu-memory": "70Gi", f"{PREFIX}assigned-gpus": f"{honest_gpu},GPU-forged",
+                                   f"{PREFIX}admission-memory-mib": "71680", f"{PREFIX}predicted-memory-mib": "71680",
+                                   f"{PREFIX}bound-at": "2020-01-01T00:00:00Z"})
+    forged["metadata"]["namespace"] = s.NAMESPACE
+    forged["spec"]["nodeName"] = node
+    cluster.core.create_namespaced_pod(s.NAMESPACE, forged)
+    try:
+        cluster.restart_scheduler_pod()
+
+        def found() -> dict[str, float]:
+            return {labels["reason"]: v for labels, v in s.samples(cluster.extender_metrics(),
+                                                                   "deepres_extender_restore_invalid_pods_total")}
+
+        reasons = wait_for("the forged pod's GPUs refused in part", lambda: (got := found()).get("overbooked") and got,
+                           30, 0.5)
+        assert reasons.get("unknown_gpu", 0.0) >= 1.0, reasons
+        events = wait_for("a RestoredOverbooked event", lambda: [
+            e for e in cluster.events("forged", s.NAMESPACE) if e.reason == "RestoredOverbooked"], 30, 0.5)
+        assert events[0].type == "Warning" and honest_gpu in events[0].message, events[0].message
+        assert not [e for e in cluster.events("honest") if e.reason.startswith("Restored")]
+        create(cluster, sized("after-restart", 70))
+        scheduled(cluster, "after-restart")
+        assert cluster.pod("after-restart").metadata.annotations[f"{PREFIX}assigned-gpus"] != honest_gpu
+        s.assert_no_gpu_overcommitted(cluster)
+    finally:
+        cluster.core.delete_namespaced_pod("forged", s.NAMESPACE, grace_period_seconds=0)

@@ -644,7 +644,8 @@ def flat_rules(role: Obj) -> set[tuple[str, str, str]]:
 def test_rbac_is_least_privilege(tmp_path: Path) -> None:
     objs = render(tmp_path, {})
     for name, expected in EXPECTED_RULES.items():
-        assert flat_rules(find(objs, "ClusterRole", name)) == expected, f"{name}: rights differ from the README list"
+        assert flat_rules(find(objs, "ClusterRole", name)) == expected, \
+            f"{name}: rights differ from docs/security.md's list"
     bindings = {b["metadata"]["name"]: b for b in objs if b["kind"] == "ClusterRoleBinding"}
     assert {b["roleRef"]["name"] for b in bindings.values()} == {
         "system:kube-scheduler", "system:volume-scheduler", "deepres-extender", "deepres-agent",
@@ -725,6 +726,13 @@ def test_only_the_extenders_own_identity_may_write_the_assignment(tmp_path: Path
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     excluded = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert excluded["operator"] == "NotIn" and NAMESPACE in excluded["values"], "the agent's namespace is left out"
+    # every annotation the extender writes at bind is one only it may write (`bound-at` was not: a user
+    # could set it, and the restore trusted it for attained service and for who wins a GPU)
+    from extender.annotations import PREFIX, WRITTEN_KEYS
+
+    guarded = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["writtenKeys"]
+    for key in WRITTEN_KEYS:
+        assert key.startswith("assigned-") or f"'{PREFIX}{key}'" in guarded, f"{PREFIX}{key} is not guarded"
 
 
 def test_the_mutating_policy_is_rendered_where_the_api_server_serves_it(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The replay's job pool: it reads the real-architecture dataset the shipped predictor is trained on,
-annotates jobs as the README tells a user to (the activation count scaled to the job's input, given
+annotates jobs as docs/data-scientist.md tells a user to (the activation count scaled to the job's input, given
 for half of the architectures), and falls back to the template dataset only when that file is absent."""
 
 from __future__ import annotations
