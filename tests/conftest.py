@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# A property fails on what it finds, never on how long one example took on a loaded machine: hypothesis's
+# default 200 ms deadline made test_annotations' parser property fail under load (a timing flake).
+settings.register_profile("deepres", deadline=None)
+settings.load_profile("deepres")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
