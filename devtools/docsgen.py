@@ -298,7 +298,8 @@ def _live_calibration_line(live: dict[str, Any]) -> str:
             f"{_pct(exact['uncalibrated']['median_abs_rel_err'])} before), {_pct(exact['under_rate'])} above the "
             f"admission bound, bound {exact['median_bound_ratio']:.2f}x the real peak; family annotations "
             f"{_pct(family['under_rate'])} above, bound {family['median_bound_ratio']:.2f}x. "
-            f"[reports/predictor.json](reports/predictor.json) `live_calibration`")
+            f"[reports/predictor.json](reports/predictor.json) `live_calibration` "
+            f"(`python -m devtools.bench_calibration`)")
 
 
 def _capacity_line(cap: dict[str, Any]) -> str:
@@ -313,7 +314,7 @@ def _capacity_line(cap: dict[str, Any]) -> str:
             f"{philly['deepres_vs_static']['worst_seed_ratio']:g}x with Philly-like duty "
             f"({philly['deepres_vs_static_sjf']['worst_seed_ratio']:g}x); at most {_pct(oom)} of jobs OOM-killed "
             f"and shared jobs slowed {slow:.2f}x at p95. [reports/simulation.json](reports/simulation.json) "
-            f"`capacity`")
+            f"`capacity` (`deepres simulate --experiment capacity --seeds 42..46 --no-cache`)")
 
 
 def render_readme(text: str, reports: Path = REPORTS) -> str:
