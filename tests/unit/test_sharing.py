@@ -152,3 +152,49 @@ def test_attained_service_reads_the_clock_of_the_bind() -> None:
     high = PodRequest("h", "ns", "h", 1, 40 * GIB, 40 * GIB, 30.0)
     assert plan_victims(high, node, [young], wall, P) is None  # read on the wrong clock: 1.8e9 s attained
     assert plan_victims(high, node, [young], wall, P, service_now_s=mono) == ("young",)
+
+
+def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger's wait over every node (asked by each filter and bind) is the least, over the nodes,
+    of the k-th shortest wait of a node's GPUs (issue 31: computed by going through every node's GPUs
+    and reservations, O(cluster) per pod). Where a node without reservations has k healthy GPUs the
+    answer is 0 at once; elsewhere the full answer, the same as node by node."""
+    import random
+
+    import extender.ledger as ledger_module
+    from extender.ledger import Ledger
+    from extender.telemetry import GpuReport, NodeReport
+
+    rng = random.Random(31)
+    ledger = Ledger(P)
+    names = [f"n{i:03d}" for i in range(200)]
+    for name in names:
+        gpus = tuple(GpuReport(f"{name}-g{j}", j, "H100", 80 * GIB, 0.0) for j in range(4))
+        ledger.apply_report(NodeReport(name, 1, 1.0, "0", "nvml", gpus, boot_id="b"), 0.0)
+
+    def place(i: int, node: str, gpus: int = 1) -> bool:
+        job = PodRequest(f"p{i}", "ns", f"p{i}", gpus, 50 * GIB, 50 * GIB, 10.0, duty=0.05, predicted_run_s=0.0)
+        template = Reservation(f"p{i}", "ns", f"p{i}", node, (), 50 * GIB, 50 * GIB, 50 * GIB,
+                               PriorityInputs(gpu_seconds=rng.uniform(60.0, 7200.0)), rng.uniform(0.0, 1.0),
+                               duty=0.05)
+        return not isinstance(ledger.reserve_on(job, template, 1.0), str)  # telemetry fresh (sent at 0)
+
+    def node_by_node(k: int, now: float) -> float:  # the rule's definition, per node
+        return min(ledger.wait_for_empty_s(k, now, [n]) for n in names)
+
+    calls = []
+    real = ledger_module.wait_for_empty_s
+    monkeypatch.setattr(ledger_module, "wait_for_empty_s", lambda now, gpus: calls.append(1) or real(now, gpus))
+    for i in range(150):  # most nodes still empty: the wait is 0, found without a scan
+        place(i, names[i % 60])
+    calls.clear()
+    assert ledger.wait_for_empty_s(2, 150.0) == 0.0
+    assert len(calls) < 4 * 5, f"{len(calls)} GPUs looked at for a wait an empty node answers"
+    i = 150
+    for name in names:  # every GPU holds a pod now (one 50 GiB pod each): the full answer, exact
+        while place(i, name, rng.choice((1, 2))) or place(i + 1, name):
+            i += 2
+    for k in (1, 2, 4):
+        for now in (150.0, 900.0, 5000.0):
+            assert ledger.wait_for_empty_s(k, now) == pytest.approx(node_by_node(k, now))
+    assert node_by_node(1, 150.0) > 0.0  # (the case above is not the trivial one)
