@@ -79,7 +79,7 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float)
 
 def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float) -> NodeView:
     """`node` as `pod` may use it: each busy GPU it may not join (`may_join`) shown full."""
-    if not pod.gpu_job or not params.sharing:
+    if not pod.gpu_job or not params.sharing or not node.busy_count:  # (no busy GPU: nothing to show full)
         return node
     gpus = []
     changed = False
