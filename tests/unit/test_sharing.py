@@ -198,3 +198,49 @@ def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypat
         for now in (150.0, 900.0, 5000.0):
             assert ledger.wait_for_empty_s(k, now) == pytest.approx(node_by_node(k, now))
     assert node_by_node(1, 150.0) > 0.0  # (the case above is not the trivial one)
+
+
+def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
+    """`apply_sharing` (the filter) decides without building `sharing_view` (issue 31); bind decides
+    on the view (`Ledger.reserve_on`). Over random nodes, pods and waits both pass the same nodes."""
+    import random
+
+    from extender.policy.filtering import gpus_fit
+    from extender.policy.sharing import apply_sharing
+    from extender.policy.types import FilterResult
+
+    rng = random.Random(7)
+    for trial in range(300):
+        nodes = {}
+        for i in range(6):
+            gpus = []
+            for j in range(rng.choice((1, 2, 4, 8))):
+                used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
+                duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
+                gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
+                                    foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
+            nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+        need = rng.choice((0.0, 8 * GIB, 40 * GIB))
+        request = PodRequest("p", "ns", "p", rng.choice((1, 2, 3)), need, need, rng.choice((5.0, 10.0, 30.0)),
+                             duty=rng.choice((0.05, 0.5, 1.0)), predicted_run_s=rng.choice((0.0, 600.0, 7200.0)))
+        wait = rng.choice((0.0, 300.0, 1e5))
+        result = FilterResult(passed=tuple(nodes), failed={}, unresolvable={}, kinds={"passed": len(nodes)},
+                              request=request)
+        shared = apply_sharing(request, result, nodes, P, wait)
+        views = {n: sharing_view(request, v, P, wait) for n, v in nodes.items()}  # unchanged: passed on memory
+        by_view = tuple(n for n, v in views.items()
+                        if v is nodes[n] or gpus_fit(v.free_desc, request.gpus, request.admission_mib))
+        assert shared.passed == by_view, (trial, shared.passed, by_view)
+
+
+def test_the_filters_sharing_rule_builds_no_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter's rule builds no per-node view (issue 31: one GpuView per busy GPU of every node that
+    fits, per filter); its answer is the views' (test above)."""
+    from extender.policy import sharing
+    from extender.policy.types import FilterResult
+
+    node = NodeView("n", (busy((0.9,), index=0), empty(1)), 0.0)
+    request = pod(duty=1.0, run_s=3600.0, need=8 * GIB)
+    monkeypatch.setattr(sharing, "sharing_view", lambda *a: pytest.fail("the filter built a view"))
+    result = FilterResult(passed=("n",), failed={}, unresolvable={}, kinds={"passed": 1}, request=request)
+    assert sharing.apply_sharing(request, result, {"n": node}, P, 0.0).passed == ("n",)  # the empty GPU fits
