@@ -88,11 +88,8 @@ class RsgiBridge:
                  may_block: Callable[[dict[str, Any]], bool] = lambda environ: True,
                  body_limit: Callable[[str], int] | None = None,
                  refusal: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda environ: None,
-                 keeps_connection: Callable[[str, int], bool] = lambda path, status: True,
-                 on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None,
-                 on_loop_end: Callable[[], None] | None = None) -> None:
+                 keeps_connection: Callable[[str, int], bool] = lambda path, status: True) -> None:
         self.app = app
-        self.on_loop, self.on_loop_end = on_loop, on_loop_end  # e.g. the scheduler's listener, on granian's loop
         self.keeps_connection = keeps_connection
         self.may_block = may_block
         self.refusal = refusal
@@ -109,14 +106,9 @@ class RsgiBridge:
         }
 
     def __rsgi_init__(self, loop: Any) -> None:
-        """granian's event loop, before it serves: `on_loop` may serve more on it (the pool starts its
-        threads on demand)."""
-        if self.on_loop is not None:
-            self.on_loop(loop)
+        """Nothing to prepare: the pool starts its threads on demand."""
 
     def __rsgi_del__(self, loop: Any) -> None:
-        if self.on_loop_end is not None:
-            self.on_loop_end()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def __rsgi__(self, scope: Any, protocol: Any) -> None:

@@ -3,8 +3,7 @@
 On the main port every client shares `server.max_connections`: 8,256 kept-alive connections that
 each poll every ~8 s held it full, and a fresh /filter waited seconds (issue 34). kube-scheduler holds
 a handful of kept-alive connections and nothing else should ever call the verbs, so they get a port
-of their own, served in the worker process (one ledger) by an asyncio server (on granian's event
-loop, or on a thread of its own; see the end):
+of their own, served in the worker process (one ledger) by an asyncio server on a thread of its own:
 
 - only the verbs (and /healthz) are answered; `server.verbs_access` is enforced at the connection:
   `mtls` requires a client certificate signed by `server.tls_client_ca` in the TLS handshake (a
@@ -23,12 +22,7 @@ loop, or on a thread of its own; see the end):
   per request) cost ~17 us each on this machine, a quarter of the listener's CPU per request;
 - a verb that may wait on the API server (/bind, /preempt) runs in a small pool of threads, the others
   on the listener's thread; both call the same WSGI app as the main port, marked as an admitted caller.
-Works the same under granian and gunicorn (it does not go through either engine). Under granian it
-serves on granian's own event loop (`attach`, from the RSGI bridge's `__rsgi_init__`), beside the
-main port's requests: one Python thread for every HTTP request, instead of a thread of its own that
-took the GIL back and forth with granian's (in `deepres bench cluster` at 1,000 nodes, a listener on
-its own thread placed 37-42 GPU pods/s against 52-71 on the main port, issue 31). Under gunicorn,
-whose workers have no event loop, it runs one on a thread of its own (`start`).
+Works the same under granian and gunicorn (it does not go through either engine).
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ import asyncio
 import io
 import ipaddress
 import logging
-import socket
 import ssl
 import threading
 import time
@@ -132,8 +125,6 @@ class SchedulerListener:
         self.thread: threading.Thread | None = None
         self.started = threading.Event()
         self.error: BaseException | None = None
-        self.sock: socket.socket | None = None  # bound by listen(), served by attach()
-        self.sweeper: asyncio.Task[None] | None = None
 
     # ---- life ----
     def start(self, timeout_s: float = 10.0) -> SchedulerListener:
@@ -145,33 +136,6 @@ class SchedulerListener:
                  "TLS" + (" with client certificates" if self._client_certs else "") if self.ssl_context else "plain",
                  self.access, self.max_connections)
         return self
-
-    def listen(self) -> SchedulerListener:
-        """Bind the port now (a port taken or a bad address raises here, at the worker's start);
-        `attach` serves it on an event loop later."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        try:
-            self.sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
-        except OSError as err:
-            raise RuntimeError(f"the scheduler listener could not start on {self.host}:{self.port}: {err}") from err
-        self.sock.setblocking(False)
-        return self
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Serve the port bound by `listen` on `loop` (granian's, from its thread, before or while it
-        runs): the verbs then run on that loop's thread, beside the engine's requests."""
-        if self.sock is None:
-            self.listen()
-        self.loop = loop
-
-        async def serve() -> None:
-            self.server = await asyncio.start_server(self._serve, sock=self.sock, limit=MAX_HEADER_BYTES)
-            log.info("scheduler listener on %s:%d (on the engine's event loop, verbs_access=%s, at most %d "
-                     "connections)", self.host, self.port, self.access, self.max_connections)
-
-        loop.create_task(serve())
-        self.sweeper = loop.create_task(self._sweep())
-        self.started.set()
 
     @property
     def _client_certs(self) -> bool:
@@ -220,10 +184,7 @@ class SchedulerListener:
                     self.server.close()
                 for writer in list(self.conns):
                     writer.close()
-                if self.sweeper is not None:
-                    self.sweeper.cancel()
-                if self.thread is not None:  # its own loop; an attached one is the engine's
-                    loop.stop()
+                loop.stop()
             loop.call_soon_threadsafe(close)
         if self.thread is not None:
             self.thread.join(5)

@@ -144,10 +144,9 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
         die_with_parent(main_pid)
     keep_freed_memory()
     app = create_app(settings)
-    listener = scheduler_listener(settings, app) if settings.server.scheduler_bind else None
+    if settings.server.scheduler_bind:
+        start_scheduler_listener(settings, app)
     if settings.server.engine != "granian":
-        if listener is not None:
-            listener.start()  # gunicorn's worker has no event loop: a thread of its own
         return app
     from extender.server.rsgi import RsgiBridge
     from extender.server.wsgi_verbs import VerbRoutes
@@ -160,15 +159,11 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
                       max_body_bytes=max(s.max_body_bytes, settings.telemetry.telemetry_max_bytes),
                       buffer_budget_bytes=s.body_buffer_bytes, may_block=routes.may_block,
                       body_limit=routes.body_limit, refusal=routes.refusal,
-                      keeps_connection=routes.keeps_connection,
-                      # bound now (a taken port fails the worker's start), served on granian's loop
-                      on_loop=listener.listen().attach if listener is not None else None,
-                      on_loop_end=listener.stop if listener is not None else None)
+                      keeps_connection=routes.keeps_connection)
 
 
-def scheduler_listener(settings: Settings, app: Any) -> Any:
-    """The scheduler's own listener (`server.scheduler_bind`) in this worker, beside the engine's port;
-    not yet listening (`start`: on a thread of its own; `listen` and `attach`: on the engine's loop)."""
+def start_scheduler_listener(settings: Settings, app: Any) -> Any:
+    """The scheduler's own listener (`server.scheduler_bind`) in this worker, beside the engine's port."""
     from extender.server.scheduler_listener import SchedulerListener, server_context
 
     s = settings.server
@@ -177,7 +172,7 @@ def scheduler_listener(settings: Settings, app: Any) -> Any:
     return SchedulerListener(app, bind=s.scheduler_bind, ssl_context=context, access=s.verbs_access,
                              max_connections=s.scheduler_max_connections, header_timeout_s=s.header_timeout_s,
                              body_timeout_s=s.body_timeout_s, max_body_bytes=s.max_body_bytes,
-                             threads=max(2, min(s.threads, 8)))
+                             threads=max(2, min(s.threads, 8))).start()
 
 
 #: How often a worker checks that the process that started it is still there (die_with_parent).
