@@ -8,11 +8,12 @@ agents' projected tokens are), so the extender's default telemetry TTL (30 s) ho
 Per client-limit setting (kube-scheduler's defaults, qps 50 / burst 100; and `--kube-api-qps 500`),
 `--pods` plain pods are created at once and placed by kube-scheduler with the chart's
 KubeSchedulerConfiguration (`helm template`) without the extender, then as many GPU pods by the same
-configuration with it; the verbs go as the chart's default sidecar sends them (`--verbs-access mtls`:
-to the extender's own listener, `server.scheduler_bind`, over TLS with kube-scheduler's client
-certificate, the per-pod certificates made here by `deepres pod-certs`), or with `--verbs-access
-loopback` over plain HTTP to the main port. The plain phases run first, with the agents silent and no pod of the
-extender's scheduler (what a cluster without deepres has); the agents start before the GPU phases.
+configuration with it; the verbs go over plain HTTP to the main port (`--verbs-access loopback`, the
+default, as the earlier reports ran), or as the chart's default sidecar sends them (`--verbs-access
+mtls`: to the extender's own listener, `server.scheduler_bind`, over TLS with kube-scheduler's client
+certificate, the per-pod certificates made here by `deepres pod-certs`). The plain phases run first,
+with the agents silent and no pod of the extender's scheduler (what a cluster without deepres has);
+the agents start before the GPU phases.
 Latency: from the pod's creation (client clock) to the watch showing it bound. CPU: utime+stime of
 every process over each phase (the extender's process tree, kube-scheduler, kube-apiserver, etcd,
 kwok, kube-controller-manager, and this process: the pod creator, the watch, the agents), per
@@ -68,9 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="client-limit settings to run (default both); others keep their figures in the report")
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                         help="seconds between two reports of one simulated agent (default 15, the chart's)")
-    parser.add_argument("--verbs-access", choices=("mtls", "loopback"), default="mtls",
-                        help="how kube-scheduler calls the verbs: mtls (the chart's default: the extender's own "
-                             "listener, TLS with a client certificate) or loopback (plain HTTP to the main port)")
+    parser.add_argument("--verbs-access", choices=("loopback", "mtls"), default="loopback",
+                        help="how kube-scheduler calls the verbs: loopback (default: plain HTTP to the main port) "
+                             "or mtls (the chart's default: the extender's own listener, TLS with a client "
+                             "certificate)")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -119,7 +121,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _scheduler_config(ports: tuple[int, int], kubeconfig: Path, qps: int, with_extender: bool,
-                      verbs_access: str = "mtls", client_dir: Path | None = None) -> dict[str, Any]:
+                      verbs_access: str = "loopback", client_dir: Path | None = None) -> dict[str, Any]:
     """The chart's KubeSchedulerConfiguration (helm template), pointed at this extender and API server;
     without the extender, its profile is renamed PLAIN_SCHEDULER and nothing else changes. `ports`:
     the extender's main port and its scheduler's listener. With `verbs_access` mtls (the chart's
@@ -159,7 +161,7 @@ class _Run:
     """One control plane with N nodes, the extender, and its simulated agents."""
 
     def __init__(self, root: Path, nodes: int, heartbeat_s: float, accounting: str = "",
-                 verbs_access: str = "mtls") -> None:
+                 verbs_access: str = "loopback") -> None:
         client: Any = importlib.import_module("kubernetes.client")
         config: Any = importlib.import_module("kubernetes.config")
         audit = bench_api.apiserver_args(root / "audit") if accounting else []
