@@ -18,6 +18,7 @@ TARGETS: dict[str, str] = {
     "slowbody": "devtools.bench_slowbody",
     "idle": "devtools.bench_idle",
     "cluster": "devtools.bench_cluster",
+    "transport": "devtools.bench_transport",
 }
 
 

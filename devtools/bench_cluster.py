@@ -8,8 +8,12 @@ agents' projected tokens are), so the extender's default telemetry TTL (30 s) ho
 Per client-limit setting (kube-scheduler's defaults, qps 50 / burst 100; and `--kube-api-qps 500`),
 `--pods` plain pods are created at once and placed by kube-scheduler with the chart's
 KubeSchedulerConfiguration (`helm template`) without the extender, then as many GPU pods by the same
-configuration with it. The plain phases run first, with the agents silent and no pod of the
-extender's scheduler (what a cluster without deepres has); the agents start before the GPU phases.
+configuration with it; the verbs go over plain HTTP to the main port (`--verbs-access loopback`, the
+default, as the earlier reports ran), or as the chart's default sidecar sends them (`--verbs-access
+mtls`: to the extender's own listener, `server.scheduler_bind`, over TLS with kube-scheduler's client
+certificate, the per-pod certificates made here by `deepres pod-certs`). The plain phases run first,
+with the agents silent and no pod of the extender's scheduler (what a cluster without deepres has);
+the agents start before the GPU phases.
 Latency: from the pod's creation (client clock) to the watch showing it bound. CPU: utime+stime of
 every process over each phase (the extender's process tree, kube-scheduler, kube-apiserver, etcd,
 kwok, kube-controller-manager, and this process: the pod creator, the watch, the agents), per
@@ -28,7 +32,6 @@ import importlib
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -43,11 +46,12 @@ import orjson
 import yaml
 
 from devtools import bench_api, pyspy
+from devtools.bench_cluster_agents import GPU_MEMORY_MIB, GPUS_PER_NODE, _Agents, _report_body
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
+from extender.server import podcerts
 from predictor.progress import progress
 
-GPU_MODEL, GPU_MEMORY_MIB, GPUS_PER_NODE = "NVIDIA A100-SXM4-80GB", 81920.0, 8
 BENCH_NS = "deepres-bench"
 AGENT_SA = "agent"
 AUDIENCE = "deepres-extender"
@@ -56,7 +60,6 @@ GPU_SCHEDULER = "deepres-scheduler"
 PLAIN_SCHEDULER = "plain-scheduler"
 LIMITS = {"default_limits": 50, "high_qps": 500}
 HEARTBEAT_S = 15.0  # helm/deepres/values.yaml agent.heartbeatSeconds
-AGENT_THREADS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="client-limit settings to run (default both); others keep their figures in the report")
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                         help="seconds between two reports of one simulated agent (default 15, the chart's)")
+    parser.add_argument("--verbs-access", choices=("loopback", "mtls"), default="loopback",
+                        help="how kube-scheduler calls the verbs: loopback (default: plain HTTP to the main port) "
+                             "or mtls (the chart's default: the extender's own listener, TLS with a client "
+                             "certificate)")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -113,19 +120,26 @@ def _cpu_s(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _scheduler_config(extender_port: int, kubeconfig: Path, qps: int, with_extender: bool) -> dict[str, Any]:
+def _scheduler_config(ports: tuple[int, int], kubeconfig: Path, qps: int, with_extender: bool,
+                      verbs_access: str = "loopback", client_dir: Path | None = None) -> dict[str, Any]:
     """The chart's KubeSchedulerConfiguration (helm template), pointed at this extender and API server;
-    without the extender, its profile is renamed PLAIN_SCHEDULER and nothing else changes. The verbs
-    are called over plain HTTP on loopback (extender.verbsAccess loopback, the extender's own default):
-    the chart's default, mTLS with certificates made in the pod by its init container, has no files
-    to point kube-scheduler at here (it failed with "open /etc/deepres/pod-tls/ca.crt")."""
+    without the extender, its profile is renamed PLAIN_SCHEDULER and nothing else changes. `ports`:
+    the extender's main port and its scheduler's listener. With `verbs_access` mtls (the chart's
+    default, sidecar mode) the verbs go to the scheduler's listener over TLS with kube-scheduler's
+    client certificate, the per-pod files (`deepres pod-certs`) at `client_dir` instead of the pod's
+    mount; with loopback, over plain HTTP to the main port (granian)."""
     helm = str(Path(sys.executable).with_name("helm"))
+    access = [] if verbs_access == "mtls" else ["--set", f"extender.verbsAccess={verbs_access}"]
     rendered = subprocess.run(
         [helm, "template", "deepres", str(REPO / "helm" / "deepres"), "--show-only",
-         "templates/scheduler/configmap.yaml", "--set", f"extender.port={extender_port}",
-         "--set", "scheduler.leaderElection.enabled=false", "--set", "extender.verbsAccess=loopback"],
+         "templates/scheduler/configmap.yaml", "--set", f"extender.port={ports[0]}",
+         "--set", f"extender.schedulerPort={ports[1]}", "--set", "scheduler.leaderElection.enabled=false", *access],
         capture_output=True, text=True, check=True).stdout
     config: dict[str, Any] = yaml.safe_load(yaml.safe_load(rendered)["data"]["scheduler-config.yaml"])
+    for extender in config.get("extenders") or ():
+        tls = extender.get("tlsConfig")
+        if tls and client_dir is not None:  # the pod's mount -> this run's files
+            extender["tlsConfig"] = {k: str(client_dir / Path(v).name) for k, v in tls.items()}
     config["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": qps, "burst": 2 * qps}
     if not with_extender:
         config.pop("extenders", None)
@@ -143,132 +157,11 @@ def _pod(name: str, gpu: bool) -> dict[str, Any]:
                                      "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
 
 
-def _report_body(node: str) -> bytes:
-    return _ReportTemplate(node).body(time.time_ns() // 1000, time.time())
-
-
-class _ReportTemplate:
-    """One node's report as bytes with the sequence and timestamp left open: the GPUs of a simulated
-    node never change, and encoding them anew for each of 5,000 nodes' reports took this process's
-    CPU from what it measures."""
-
-    def __init__(self, node: str) -> None:
-        gpus = [{"uuid": f"GPU-{node}-{i}", "index": i, "model": GPU_MODEL,
-                 "memory_total_mib": GPU_MEMORY_MIB, "memory_used_mib": 0.0, "utilization_gpu": 0.0}
-                for i in range(GPUS_PER_NODE)]
-        head = json.dumps({"node": node})[:-1]
-        tail = json.dumps({"agent_version": "bench", "source": "simulated", "gpus": gpus, "pods": []})[1:]
-        self.head, self.tail = f'{head}, "sequence": '.encode(), f", {tail}".encode()
-
-    def body(self, sequence: int, timestamp_s: float) -> bytes:
-        return b"".join((self.head, str(sequence).encode(), b', "timestamp_s": ', repr(timestamp_s).encode(),
-                         self.tail))
-
-
-class _AgentConnection:
-    """A keep-alive HTTP/1.1 connection that posts prepared reports and reads the status and body of
-    each answer (Content-Length framed, as the extender answers): the simulated agents' client,
-    leaner than http.client, whose per-request Python work was most of this process's CPU at 5,000
-    nodes (~340 reports a second)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.sock: socket.socket | None = None
-        self.pending = b""
-
-    def post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
-        if self.sock is None:
-            self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
-            self.pending = b""
-        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-        try:
-            self.sock.sendall(head + body)
-            return self._answer()
-        except (OSError, ValueError):
-            self.close()
-            raise
-
-    def _answer(self) -> tuple[int, bytes]:
-        while b"\r\n\r\n" not in self.pending:
-            self.pending += self._recv()
-        head, _, rest = self.pending.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        fields = {k.strip().lower(): v.strip().lower() for k, _, v in (line.partition(b":") for line in lines[1:])}
-        if b"content-length" not in fields:
-            raise ValueError(f"an answer without Content-Length: {head[:200]!r}")
-        length = int(fields[b"content-length"])
-        while len(rest) < length:
-            rest += self._recv()
-        self.pending = rest[length:]
-        if fields.get(b"connection") == b"close":  # e.g. after a refusal: the next post reconnects
-            self.close()
-        return status, rest[:length]
-
-    def _recv(self) -> bytes:
-        assert self.sock is not None
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("the extender closed the connection")
-        return chunk
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
-
-
-class _Agents:
-    """The simulated agents of every node, from this process: each node reports once every
-    `heartbeat_s`, the nodes spread evenly over the period, over keep-alive connections."""
-
-    def __init__(self, port: int, tokens: dict[str, str], heartbeat_s: float) -> None:
-        self.port, self.tokens, self.heartbeat_s = port, tokens, heartbeat_s
-        self.sent = 0
-        self.refused: list[str] = []
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        nodes = sorted(self.tokens)
-        for k in range(AGENT_THREADS):
-            thread = threading.Thread(target=self._run, args=(nodes[k::AGENT_THREADS],), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-
-    def _run(self, nodes: list[str]) -> None:
-        if not nodes:
-            return
-        conn = _AgentConnection(self.port)
-        templates = {node: _ReportTemplate(node) for node in nodes}
-        step = self.heartbeat_s / len(nodes)
-        due = time.monotonic() + step * (len(self._threads) / AGENT_THREADS)  # threads start staggered
-        i = 0
-        while not self._stop.wait(max(0.0, due - time.monotonic())):
-            node = nodes[i % len(nodes)]
-            i += 1
-            due += step
-            try:
-                status, text = conn.post("/v1/telemetry", self.tokens[node],
-                                         templates[node].body(time.time_ns() // 1000, time.time()))
-                if status != 200:
-                    self.refused.append(f"{node}: {status} {text[:200]!r}")
-                self.sent += 1
-            except (OSError, ValueError) as err:
-                self.refused.append(f"{node}: {err}")
-        conn.close()
-
-
 class _Run:
     """One control plane with N nodes, the extender, and its simulated agents."""
 
-    def __init__(self, root: Path, nodes: int, heartbeat_s: float, accounting: str = "") -> None:
+    def __init__(self, root: Path, nodes: int, heartbeat_s: float, accounting: str = "",
+                 verbs_access: str = "loopback") -> None:
         client: Any = importlib.import_module("kubernetes.client")
         config: Any = importlib.import_module("kubernetes.config")
         audit = bench_api.apiserver_args(root / "audit") if accounting else []
@@ -289,6 +182,9 @@ class _Run:
         self.names = [f"gpu-{i:05d}" for i in range(nodes)]
         self.heartbeat_s = heartbeat_s
         self.extender_port = free_port()
+        self.scheduler_port = free_port()  # the extender's listener for kube-scheduler (server.scheduler_bind)
+        self.verbs_access = verbs_access
+        self.pod_tls = root / "pod-tls"  # what the chart's init container makes in the pod (deepres pod-certs)
         self.extender_pid = 0
         self.scheduler_pid = 0
         self.tokens: dict[str, str] = {}
@@ -309,9 +205,16 @@ class _Run:
         env = env_for(self.plane.admin_kubeconfig)
         env.update(DEEPRES_SCHEDULER_NAME=GPU_SCHEDULER, DEEPRES_TOKEN_AUDIENCE=AUDIENCE,
                    DEEPRES_AGENT_SERVICE_ACCOUNTS=json.dumps([f"system:serviceaccount:{BENCH_NS}:{AGENT_SA}"]))
+        access: list[str] = []
+        if self.verbs_access == "mtls":  # as the chart's default sidecar runs it
+            podcerts.make(self.pod_tls / "extender", self.pod_tls / "scheduler")
+            env.update(DEEPRES_SCHEDULER_BIND=f"127.0.0.1:{self.scheduler_port}",
+                       DEEPRES_SCHEDULER_TLS_CERT=str(self.pod_tls / "extender" / "tls.crt"),
+                       DEEPRES_SCHEDULER_TLS_KEY=str(self.pod_tls / "extender" / "tls.key"))
+            access = ["--verbs-access", "mtls", "--tls-client-ca", str(self.pod_tls / "extender" / "ca.crt")]
         self.extender_pid = start_process("extender", [
             sys.executable, "-m", "extender.cli", "serve", "--bind", f"127.0.0.1:{self.extender_port}",
-            "--log-level", "warning"], self.plane.logs, env, cwd=REPO).pid
+            "--log-level", "warning", *access], self.plane.logs, env, cwd=REPO).pid
         deadline = time.monotonic() + 180
         while self._http("/readyz")[0] != 200:
             if time.monotonic() > deadline:
@@ -410,7 +313,9 @@ class _Run:
 
     def phase(self, label: str, pods: int, qps: int, gpu: bool) -> dict[str, Any]:
         """Start kube-scheduler with the chart's config, create `pods` pods at once, wait until all are bound."""
-        config = _scheduler_config(self.extender_port, self.plane.root / "kube-scheduler.kubeconfig", qps, gpu)
+        config = _scheduler_config((self.extender_port, self.scheduler_port),
+                                   self.plane.root / "kube-scheduler.kubeconfig", qps, gpu, self.verbs_access,
+                                   self.pod_tls / "scheduler")
         config_file = self.plane.root / f"scheduler-{label}.yaml"
         config_file.write_text(yaml.safe_dump(config))
         port = free_port()
@@ -634,10 +539,11 @@ def run(args: argparse.Namespace) -> int:
         root = Path(args.keep) / f"nodes-{nodes}" if args.keep else Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         if args.keep:
             shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)
-        bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json")
+        bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json",
+                     args.verbs_access)
         previous = report.get(f"nodes_{nodes}", {})
         section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
-                                   "agent_heartbeat_s": args.heartbeat_s}
+                                   "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access}
         load = [round(os.getloadavg()[0], 2)]
         try:
             bench.setup()

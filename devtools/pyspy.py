@@ -44,8 +44,8 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("token reviews", ("review_token", "auth.py")),
     ("telemetry reports (decode, ledger)", ("telemetry (",)),
     ("metrics, logging", ("prometheus", "logging/")),
-    ("HTTP transport: granian RSGI bridge and asyncio loop, every request",
-     ("granian", "asyncio", "rsgi", "wsgi_verbs")),
+    ("HTTP transport: granian's RSGI bridge, the scheduler's listener, their asyncio loops and TLS",
+     ("granian", "asyncio", "rsgi", "wsgi_verbs", "scheduler_listener")),
 )
 OTHER = "other (threads, interpreter)"
 

@@ -23,6 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from extender.calibration_store import CalibrationStore
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
@@ -52,6 +53,8 @@ BOUND_MAX = 100_000
 #: nobody has placed on (heard longest ago first), else one whose last pod left longest ago; never
 #: one that holds a reservation. In a cluster the node list bounds them and the cap refuses.
 NODES_MAX = 20_000
+#: Nodes of each spare list (nobody placed on / emptied) `_spare_holds` looks at before going through all.
+SPARES_CHECKED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,8 @@ class Ledger:
 
     def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None) -> float:
         k = max(gpus, 1)
+        if names is None and self._spare_holds(k):
+            return 0.0
         best = float("inf")
         for name in (self._views if names is None else names):
             view = self._views.get(name)
@@ -171,7 +176,22 @@ class Ledger:
             waits = sorted(wait_for_empty_s(now_s, [jobs]) for jobs in held.values())
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
+                if best <= 0.0:  # no wait is shorter
+                    return 0.0
         return best
+
+    def _spare_holds(self, k: int) -> bool:
+        """Whether a node without any reservation has `k` healthy GPUs (lock held): then `k` empty GPUs
+        are there now, the wait is 0, and no node need be looked at. Asked of a few of the nodes
+        nobody placed on or that emptied (candidates only: each is checked), so that the filter and
+        the bind, which both ask for the wait over every node, do not go through every node's GPUs
+        and reservations (O(cluster) per pod: ~40% of the extender's CPU per GPU pod at 300 nodes)."""
+        for spare in (self._unplaced, self._emptied):
+            for name in islice(reversed(spare), SPARES_CHECKED):
+                view = self._views.get(name)
+                if view is not None and len(view.healthy) >= k and not self._by_node.get(name):
+                    return True
+        return False
 
     def demand_mix(self) -> DemandMix:
         with self._lock:

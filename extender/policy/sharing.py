@@ -29,8 +29,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from extender.policy.filtering import PASSED, gpus_fit
+from extender.policy.filtering import PASSED
 from extender.policy.interference import slowdowns
+from extender.policy.memory import effective_free_mib, occupied_mib
 from extender.policy.types import FilterResult, GpuView, NodeView, PodRequest, PolicyParams
 
 #: The filter's reason kind (a metric label) for nodes the sharing rule failed.
@@ -79,7 +80,7 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float)
 
 def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float) -> NodeView:
     """`node` as `pod` may use it: each busy GPU it may not join (`may_join`) shown full."""
-    if not pod.gpu_job or not params.sharing:
+    if not pod.gpu_job or not params.sharing or not node.busy_count:  # (no busy GPU: nothing to show full)
         return node
     gpus = []
     changed = False
@@ -118,6 +119,30 @@ def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]
     return best
 
 
+def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float,
+                 joins: dict[tuple[tuple[float, ...], bool, bool], bool]) -> bool:
+    """`gpus_fit` over `sharing_view(pod, node, ...)`'s free memory without building the view: a GPU
+    shown full has what sharing_view leaves it (none), any other its own. A filter asks this of every
+    node that fits, and building the views was most of its time once many GPUs were busy (issue 31).
+    `joins` memoises `may_join` by the only fields of a GPU it reads (its duties, whether it is empty,
+    strict): one answer for the GPUs of one filter that run the same jobs."""
+    need, fitting, refused = pod.admission_mib, 0, False
+    for g in node.healthy:
+        free = g.free_mib
+        if not g.empty and free >= need:
+            key = (g.duties, g.empty, g.strict)
+            joined = joins.get(key)
+            if joined is None:
+                joined = joins[key] = may_join(pod, g, params, wait_s)
+            if not joined:  # shown full, as sharing_view shows it: max(capacity, reserved) reserved
+                refused = True
+                free = effective_free_mib(g.capacity_mib, occupied_mib(
+                    g.used_mib, max(g.capacity_mib, g.reserved_mib), g.foreign_mib, g.pending_mib), g.healthy)
+        if free >= need:
+            fitting += 1
+    return not refused or fitting >= max(pod.gpus, 1)  # (no GPU refused: the node as it passed the filter)
+
+
 def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,
                   wait_s: float) -> FilterResult:
     """The filter's answer with the sharing rule applied to the nodes it passed (the live extender's
@@ -129,10 +154,10 @@ def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, Nod
     passed: list[str] = []
     failed = dict(result.failed)
     kinds = dict(result.kinds)
+    joins: dict[tuple[tuple[float, ...], bool, bool], bool] = {}  # may_join by what it reads of a GPU
     for name in result.passed:
         node = nodes.get(name)
-        view = sharing_view(request, node, params, wait_s) if node is not None else None
-        if view is None or view is node or gpus_fit(view.free_desc, request.gpus, request.admission_mib):
+        if node is None or not node.busy_count or _fits_shared(request, node, params, wait_s, joins):
             passed.append(name)
             continue
         failed[name] = ("compute: sharing a busy GPU would slow a job beyond the bound (sharing.maxSlowdown) "

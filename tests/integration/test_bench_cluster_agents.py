@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from devtools.bench_cluster import _AgentConnection, _Agents, _ReportTemplate
+from devtools.bench_cluster_agents import _AgentConnection, _Agents, _ReportTemplate
 from devtools.localserver import LocalServer
 from tests.fixtures.kube.payloads import extender_args, pod
 from tests.fixtures.kube.server import TOKEN, post

@@ -152,3 +152,95 @@ def test_attained_service_reads_the_clock_of_the_bind() -> None:
     high = PodRequest("h", "ns", "h", 1, 40 * GIB, 40 * GIB, 30.0)
     assert plan_victims(high, node, [young], wall, P) is None  # read on the wrong clock: 1.8e9 s attained
     assert plan_victims(high, node, [young], wall, P, service_now_s=mono) == ("young",)
+
+
+def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger's wait over every node (asked by each filter and bind) is the least, over the nodes,
+    of the k-th shortest wait of a node's GPUs (issue 31: computed by going through every node's GPUs
+    and reservations, O(cluster) per pod). Where a node without reservations has k healthy GPUs the
+    answer is 0 at once; elsewhere the full answer, the same as node by node."""
+    import random
+
+    import extender.ledger as ledger_module
+    from extender.ledger import Ledger
+    from extender.telemetry import GpuReport, NodeReport
+
+    rng = random.Random(31)
+    ledger = Ledger(P)
+    names = [f"n{i:03d}" for i in range(200)]
+    for name in names:
+        gpus = tuple(GpuReport(f"{name}-g{j}", j, "H100", 80 * GIB, 0.0) for j in range(4))
+        ledger.apply_report(NodeReport(name, 1, 1.0, "0", "nvml", gpus, boot_id="b"), 0.0)
+
+    def place(i: int, node: str, gpus: int = 1) -> bool:
+        job = PodRequest(f"p{i}", "ns", f"p{i}", gpus, 50 * GIB, 50 * GIB, 10.0, duty=0.05, predicted_run_s=0.0)
+        template = Reservation(f"p{i}", "ns", f"p{i}", node, (), 50 * GIB, 50 * GIB, 50 * GIB,
+                               PriorityInputs(gpu_seconds=rng.uniform(60.0, 7200.0)), rng.uniform(0.0, 1.0),
+                               duty=0.05)
+        return not isinstance(ledger.reserve_on(job, template, 1.0), str)  # telemetry fresh (sent at 0)
+
+    def node_by_node(k: int, now: float) -> float:  # the rule's definition, per node
+        return min(ledger.wait_for_empty_s(k, now, [n]) for n in names)
+
+    calls = []
+    real = ledger_module.wait_for_empty_s
+    monkeypatch.setattr(ledger_module, "wait_for_empty_s", lambda now, gpus: calls.append(1) or real(now, gpus))
+    for i in range(150):  # most nodes still empty: the wait is 0, found without a scan
+        place(i, names[i % 60])
+    calls.clear()
+    assert ledger.wait_for_empty_s(2, 150.0) == 0.0
+    assert len(calls) < 4 * 5, f"{len(calls)} GPUs looked at for a wait an empty node answers"
+    i = 150
+    for name in names:  # every GPU holds a pod now (one 50 GiB pod each): the full answer, exact
+        while place(i, name, rng.choice((1, 2))) or place(i + 1, name):
+            i += 2
+    for k in (1, 2, 4):
+        for now in (150.0, 900.0, 5000.0):
+            assert ledger.wait_for_empty_s(k, now) == pytest.approx(node_by_node(k, now))
+    assert node_by_node(1, 150.0) > 0.0  # (the case above is not the trivial one)
+
+
+def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
+    """`apply_sharing` (the filter) decides without building `sharing_view` (issue 31); bind decides
+    on the view (`Ledger.reserve_on`). Over random nodes, pods and waits both pass the same nodes."""
+    import random
+
+    from extender.policy.filtering import gpus_fit
+    from extender.policy.sharing import apply_sharing
+    from extender.policy.types import FilterResult
+
+    rng = random.Random(7)
+    for trial in range(300):
+        nodes = {}
+        for i in range(6):
+            gpus = []
+            for j in range(rng.choice((1, 2, 4, 8))):
+                used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
+                duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
+                gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
+                                    foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
+            nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+        need = rng.choice((0.0, 8 * GIB, 40 * GIB))
+        request = PodRequest("p", "ns", "p", rng.choice((1, 2, 3)), need, need, rng.choice((5.0, 10.0, 30.0)),
+                             duty=rng.choice((0.05, 0.5, 1.0)), predicted_run_s=rng.choice((0.0, 600.0, 7200.0)))
+        wait = rng.choice((0.0, 300.0, 1e5))
+        result = FilterResult(passed=tuple(nodes), failed={}, unresolvable={}, kinds={"passed": len(nodes)},
+                              request=request)
+        shared = apply_sharing(request, result, nodes, P, wait)
+        views = {n: sharing_view(request, v, P, wait) for n, v in nodes.items()}  # unchanged: passed on memory
+        by_view = tuple(n for n, v in views.items()
+                        if v is nodes[n] or gpus_fit(v.free_desc, request.gpus, request.admission_mib))
+        assert shared.passed == by_view, (trial, shared.passed, by_view)
+
+
+def test_the_filters_sharing_rule_builds_no_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter's rule builds no per-node view (issue 31: one GpuView per busy GPU of every node that
+    fits, per filter); its answer is the views' (test above)."""
+    from extender.policy import sharing
+    from extender.policy.types import FilterResult
+
+    node = NodeView("n", (busy((0.9,), index=0), empty(1)), 0.0)
+    request = pod(duty=1.0, run_s=3600.0, need=8 * GIB)
+    monkeypatch.setattr(sharing, "sharing_view", lambda *a: pytest.fail("the filter built a view"))
+    result = FilterResult(passed=("n",), failed={}, unresolvable={}, kinds={"passed": 1}, request=request)
+    assert sharing.apply_sharing(request, result, {"n": node}, P, 0.0).passed == ("n",)  # the empty GPU fits
