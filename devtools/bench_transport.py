@@ -20,7 +20,11 @@ its rounds. Candidates:
 - `scheduler-listener`: the scheduler's own listener (`extender/server/scheduler_listener.py`,
   asyncio streams on a thread of the worker), plain HTTP as `verbs_access=loopback` serves it;
 - `scheduler-listener-mtls`: the same with TLS and a client certificate (`verbs_access=mtls`, the
-  chart's default; certificates from `deepres pod-certs`), the client's kept-alive TLS connections.
+  chart's default; certificates from `deepres pod-certs`), the client's kept-alive TLS connections;
+- `scheduler-listener-mtls-handshake`: the same, each request on a new TLS connection: what kube-scheduler's
+  extender client does for every request beyond 2 at once (Go's `http.Transport` keeps at most
+  `DefaultMaxIdleConnsPerHost` = 2 idle connections per host, and kube-scheduler's `makeTransport`,
+  pkg/scheduler/extender.go, sets no other), as with concurrent binds that wait on the API server.
 
 Writes `reports/bench-transport.json`: `{candidate: {"cpu_ms_per_request", "latency_p50_ms"}}`
 and the run's settings.
@@ -47,7 +51,7 @@ from devtools.localcluster import REPO, free_port
 from extender.server import podcerts
 
 CANDIDATES = ("granian-rsgi-bridge", "granian-rsgi-bare", "granian-wsgi", "granian-asgi", "scheduler-listener",
-              "scheduler-listener-mtls")
+              "scheduler-listener-mtls", "scheduler-listener-mtls-handshake")
 ANSWER = b'{"NodeNames":["gpu-00000"],"FailedNodes":{},"Error":""}'
 HEADERS = [("content-type", "application/json"), ("content-length", str(len(ANSWER)))]
 
@@ -104,7 +108,7 @@ def serve(kind: str, port: int, certs: str = "") -> None:
         from extender.server.scheduler_listener import SchedulerListener, server_context
 
         context = None
-        if kind.endswith("-mtls"):
+        if kind.endswith(("-mtls", "-mtls-handshake")):
             files = Path(certs) / "server"
             context = server_context(str(files / "tls.crt"), str(files / "tls.key"), str(files / "ca.crt"))
         SchedulerListener(wsgi_app, bind=f"127.0.0.1:{port}", ssl_context=context,
@@ -153,21 +157,29 @@ def _client_context(certs: str) -> ssl.SSLContext | None:
 
 
 def _post_many(port: int, body: bytes, count: int, errors: list[str], step_s: float = 0.0,
-               offset_s: float = 0.0, certs: str = "", latencies: list[float] | None = None) -> None:
+               offset_s: float = 0.0, certs: str = "", latencies: list[float] | None = None,
+               fresh: bool = False) -> None:
+    """`count` requests on one kept-alive connection, or each on a new one (`fresh`)."""
     head = (f"POST /filter HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     context = _client_context(certs)
-    if context is not None:
-        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+
+    def connect() -> Any:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        return context.wrap_socket(sock, server_hostname="127.0.0.1") if context is not None else sock
+
+    sock = connect()
     pending = b""
     due = time.monotonic() + offset_s
     try:
-        for _ in range(count):
+        for i in range(count):
             if step_s:
                 time.sleep(max(0.0, due - time.monotonic()))
                 due += step_s
             sent = time.perf_counter()
+            if fresh and i:
+                sock.close()
+                sock, pending = connect(), b""
             sock.sendall(head + body)
             while b"\r\n\r\n" not in pending:
                 pending += sock.recv(65536)
@@ -203,7 +215,8 @@ def _wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
 def measure(kind: str, requests: int, connections: int, body: bytes, rate: float, certs: str) -> dict[str, float]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    certs = certs if kind.endswith("-mtls") else ""
+    certs = certs if kind.endswith(("-mtls", "-mtls-handshake")) else ""
+    fresh = kind.endswith("-handshake")
     proc = subprocess.Popen([sys.executable, "-m", "devtools.bench_transport", kind, str(port), certs], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -216,7 +229,8 @@ def measure(kind: str, requests: int, connections: int, body: bytes, rate: float
         per = requests // connections
         step = connections / rate if rate > 0 else 0.0  # each connection's period; they start staggered
         threads = [threading.Thread(target=_post_many,
-                                    args=(port, body, per, errors, step, i * step / connections, certs, latencies))
+                                    args=(port, body, per, errors, step, i * step / connections, certs, latencies,
+                                          fresh))
                    for i in range(connections)]
         for t in threads:
             t.start()
