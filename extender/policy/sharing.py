@@ -63,12 +63,31 @@ def predicted_join(pod: PodRequest, gpu: GpuView) -> tuple[float, float]:
     return factors[-1], max(factors[:-1])
 
 
-def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float) -> bool:
-    """Rules 1 and 2 for one GPU: True on a GPU that runs nothing, or where joining pays."""
+def draining(pod: PodRequest, params: PolicyParams, waiting_priority: float) -> bool:
+    """The draining rule: while a GPU pod of priority `waiting_priority` waits (fits nowhere; -inf:
+    none), a busy GPU takes no new sharer of lower priority, so that GPUs empty for the waiting pod
+    instead of filling with sharers that keep them busy (`PolicyParams.drain`)."""
+    return params.drain and pod.priority < waiting_priority
+
+
+def judged_slowdown(predicted: float, params: PolicyParams) -> float:
+    """A predicted slowdown with the model's error margin (`PolicyParams.slowdown_error_exponent`)."""
+    return float(max(predicted, 1.0) ** params.slowdown_error_exponent)
+
+
+def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float,
+             waiting_priority: float = -math.inf) -> bool:
+    """Rules 1 and 2 for one GPU (with the draining rule and the memory margin for sharers): True on
+    a GPU that runs nothing, or where joining pays."""
     residents = resident_duties(gpu)
     if not residents:
         return True
+    if draining(pod, params, waiting_priority):
+        return False
+    if gpu.free_mib < pod.admission_mib * (1.0 + params.share_memory_margin):
+        return False
     own, others = predicted_join(pod, gpu)
+    own, others = judged_slowdown(own, params), judged_slowdown(others, params)
     if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
         return False
     if pod.priority < params.pack_below_priority:
@@ -77,14 +96,16 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float)
     return run <= 0.0 or run * own < max(wait_s, 0.0) + run
 
 
-def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float) -> NodeView:
+def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float,
+                 waiting_priority: float = -math.inf) -> NodeView:
     """`node` as `pod` may use it: each busy GPU it may not join (`may_join`) shown full."""
     if not pod.gpu_job or not params.sharing:
         return node
     gpus = []
     changed = False
     for g in node.gpus:  # a GPU the pod does not fit by memory is out anyway: no need to ask
-        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s):
+        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s,
+                                                                                       waiting_priority):
             gpus.append(GpuView(g.uuid, g.index, g.capacity_mib, g.used_mib, max(g.capacity_mib, g.reserved_mib),
                                 g.utilization, g.healthy, g.foreign_mib, g.pending_mib, g.duties, g.strict, True))
             changed = True
@@ -119,7 +140,7 @@ def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]
 
 
 def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,
-                  wait_s: float) -> FilterResult:
+                  wait_s: float, waiting_priority: float = -math.inf) -> FilterResult:
     """The filter's answer with the sharing rule applied to the nodes it passed (the live extender's
     columnar filter knows memory only): a node whose fitting GPUs are all busy GPUs the pod may not
     join (`sharing_view`) moves to the failed nodes, its reason saying so (preemption may help)."""
@@ -131,7 +152,7 @@ def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, Nod
     kinds = dict(result.kinds)
     for name in result.passed:
         node = nodes.get(name)
-        view = sharing_view(request, node, params, wait_s) if node is not None else None
+        view = sharing_view(request, node, params, wait_s, waiting_priority) if node is not None else None
         if view is None or view is node or gpus_fit(view.free_desc, request.gpus, request.admission_mib):
             passed.append(name)
             continue
