@@ -175,13 +175,10 @@ class PolicySettings:
     """The draining rule (`sharing.draining`): while a higher-priority GPU pod waits (fits nowhere), busy
     GPUs take no new sharers of lower priority. Off by default: not measured better in the capacity
     experiment (docs/capacity.md)."""
-    preempt_min_gap: float = 10.0
-    """A preemption victim's priority is at least this far below the preemptor's (always strictly lower,
-    as DESIGN says). 10 (the default, one criticality level): the size and urgency points of pods of one
-    class never make them evict each other. Measured in the capacity experiment's world on seed 48 (not
-    a reported seed), philly duty, against 0 (any strictly lower priority): p95 queueing 1,046 / 2,108 /
-    2,300 s against 1,074 / 2,408 / 2,655 s at 0.5x / 0.75x / 1x, mean bounded slowdown 0.84 / 1.14 /
-    1.29 against 0.88 / 1.23 / 1.41 (docs/capacity.md)."""
+    preempt_min_gap: float = 0.0
+    """A preemption victim's priority is at least this far below the preemptor's. 0 (the default): any
+    strictly lower priority, as DESIGN says; the compute replay, where sharing makes waits long and
+    evictions churn, runs with one criticality level (10; `simulate.compute.COMPUTE_PARAMS`)."""
     preempt_max_loss_s: float = 1800.0
     """Preemption never throws away more than this much of a victim's progress (attained service, or the
     time since its last checkpoint with `deepres.io/checkpoint-interval`)."""
