@@ -49,6 +49,7 @@ class Preemptor(Part):
             return preemption_result({}, {})
         req = self.planner.whole_gpu_on(plan.request, args.victims, few=True)
         out: dict[str, tuple[str, ...]] = {}
+        wait = self._wait(req, mono) if req.gpu_job else None  # once for every node
         for node, proposed in args.victims.items():
             ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
             known = [ledger[uid] for uid in proposed if uid in ledger]
@@ -63,7 +64,7 @@ class Preemptor(Part):
                                        service_now_s=mono)
                 if planned is None:
                     continue
-                if not preemption_pays(req, [*known, *(ledger[uid] for uid in planned)], mono, self._wait(req, mono)):
+                if not preemption_pays(req, [*known, *(ledger[uid] for uid in planned)], mono, wait):
                     continue  # evicting throws away more than waiting would cost (the rule's own estimate)
                 extra = planned
             victims = tuple(dict.fromkeys((*proposed, *extra)))

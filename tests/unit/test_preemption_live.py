@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from extender.server.app import extender_of
-from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod
+from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod, preemption_args
 from tests.unit.test_app import NEED, make, send_report
 
 
@@ -91,3 +91,19 @@ def test_a_busy_gpu_takes_no_new_sharer_while_a_higher_priority_pod_waits() -> N
         sharer = pod("sharer", {**LOW, "deepres.io/gpu-share": "0.05"})
         out = client.post("/filter", json=extender_args(sharer, names=["a"])).get_json()
         assert out["NodeNames"] == ([] if drain else ["a"]), drain
+
+
+def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
+    """kube-scheduler's /preempt: the same gain check as the extender's own evictions."""
+    for victim_iterations, answered in ((10**7, False), (10**10, True)):
+        client, _, clock = make(sharing=True)
+        send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+        low = pod("low", _long(LOW, victim_iterations))
+        client.post("/filter", json=extender_args(low, names=["a"]))
+        assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        clock.now += 600
+        send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+        high = pod("high", _long(HIGH, 10**7))
+        out = client.post("/preempt", json=preemption_args(high, {"a": [low]})).get_json()
+        victims = {"a": {"Pods": [{"UID": low["metadata"]["uid"]}], "NumPDBViolations": 0}}
+        assert out == {"NodeNameToMetaVictims": victims if answered else {}}, victim_iterations
