@@ -166,6 +166,15 @@ class PolicySettings:
     under `extender.settings`)."""
     max_slowdown_high: float = 1.10
     """The bound where a high or critical pod joins or runs."""
+    slowdown_error_exponent: float = 1.0
+    """The interference model's error margin in the join check: a predicted slowdown s is judged as
+    s ** this (`PolicyParams.slowdown_error_exponent`; 1.0: the forecast as is)."""
+    share_memory_margin: float = 0.0
+    """A pod joins a GPU that runs work only with (1 + this) x its admission free there."""
+    drain: bool = False
+    """The draining rule (`sharing.draining`): while a higher-priority GPU pod waits (fits nowhere), busy
+    GPUs take no new sharers of lower priority. Off by default: not measured better in the capacity
+    experiment (docs/capacity.md)."""
     preempt_min_gap: float = 0.0
     """A preemption victim's priority is at least this far below the preemptor's. 0 (the default): any
     strictly lower priority, as DESIGN says; the compute replay, where sharing makes waits long and
@@ -200,6 +209,9 @@ class PolicySettings:
             sharing=self.sharing,
             max_slowdown=self.max_slowdown,
             max_slowdown_high=self.max_slowdown_high,
+            slowdown_error_exponent=self.slowdown_error_exponent,
+            share_memory_margin=self.share_memory_margin,
+            drain=self.drain,
             preempt_min_gap=self.preempt_min_gap,
             preempt_max_loss_s=self.preempt_max_loss_s,
         )
@@ -374,6 +386,8 @@ class Settings:
             if level not in CRITICALITIES:
                 p.append(f"policy.namespace_criticality_ceilings.{ns} must be one of {levels}, got {level!r}")
         _within(p, "policy.default_gpu_share_floor", pol.default_gpu_share_floor, 0.0, 1.0)
+        _within(p, "policy.slowdown_error_exponent", pol.slowdown_error_exponent, 1.0, 4.0)
+        _within(p, "policy.share_memory_margin", pol.share_memory_margin, 0.0, 1.0)
         for ns, floor in pol.namespace_gpu_share_floors.items():
             _within(p, f"policy.namespace_gpu_share_floors.{ns}", floor, 0.0, 1.0)
         if not k.scheduler_name:

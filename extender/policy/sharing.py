@@ -64,12 +64,31 @@ def predicted_join(pod: PodRequest, gpu: GpuView) -> tuple[float, float]:
     return factors[-1], max(factors[:-1])
 
 
-def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float) -> bool:
-    """Rules 1 and 2 for one GPU: True on a GPU that runs nothing, or where joining pays."""
+def draining(pod: PodRequest, params: PolicyParams, waiting_priority: float) -> bool:
+    """The draining rule: while a GPU pod of priority `waiting_priority` waits (fits nowhere; -inf:
+    none), a busy GPU takes no new sharer of lower priority, so that GPUs empty for the waiting pod
+    instead of filling with sharers that keep them busy (`PolicyParams.drain`)."""
+    return params.drain and pod.priority < waiting_priority
+
+
+def judged_slowdown(predicted: float, params: PolicyParams) -> float:
+    """A predicted slowdown with the model's error margin (`PolicyParams.slowdown_error_exponent`)."""
+    return float(max(predicted, 1.0) ** params.slowdown_error_exponent)
+
+
+def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float,
+             waiting_priority: float = -math.inf) -> bool:
+    """Rules 1 and 2 for one GPU (with the draining rule and the memory margin for sharers): True on
+    a GPU that runs nothing, or where joining pays."""
     residents = resident_duties(gpu)
     if not residents:
         return True
+    if draining(pod, params, waiting_priority):
+        return False
+    if gpu.free_mib < pod.admission_mib * (1.0 + params.share_memory_margin):
+        return False
     own, others = predicted_join(pod, gpu)
+    own, others = judged_slowdown(own, params), judged_slowdown(others, params)
     if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
         return False
     if pod.priority < params.pack_below_priority:
@@ -78,14 +97,16 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float)
     return run <= 0.0 or run * own < max(wait_s, 0.0) + run
 
 
-def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float) -> NodeView:
+def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float,
+                 waiting_priority: float = -math.inf) -> NodeView:
     """`node` as `pod` may use it: each busy GPU it may not join (`may_join`) shown full."""
     if not pod.gpu_job or not params.sharing or not node.busy_count:  # (no busy GPU: nothing to show full)
         return node
     gpus = []
     changed = False
     for g in node.gpus:  # a GPU the pod does not fit by memory is out anyway: no need to ask
-        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s):
+        if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s,
+                                                                                       waiting_priority):
             gpus.append(GpuView(g.uuid, g.index, g.capacity_mib, g.used_mib, max(g.capacity_mib, g.reserved_mib),
                                 g.utilization, g.healthy, g.foreign_mib, g.pending_mib, g.duties, g.strict, True))
             changed = True
@@ -120,20 +141,22 @@ def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]
 
 
 def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float,
-                 joins: dict[tuple[tuple[float, ...], bool, bool], bool]) -> bool:
+                 joins: dict[tuple[tuple[float, ...], bool, bool, float], bool],
+                 waiting_priority: float = -math.inf) -> bool:
     """`gpus_fit` over `sharing_view(pod, node, ...)`'s free memory without building the view: a GPU
     shown full has what sharing_view leaves it (none), any other its own. A filter asks this of every
     node that fits, and building the views was most of its time once many GPUs were busy (issue 31).
     `joins` memoises `may_join` by the only fields of a GPU it reads (its duties, whether it is empty,
-    strict): one answer for the GPUs of one filter that run the same jobs."""
+    strict, and its free memory where `share_memory_margin` makes it count): one answer for the GPUs of
+    one filter that run the same jobs."""
     need, fitting, refused = pod.admission_mib, 0, False
     for g in node.healthy:
         free = g.free_mib
         if not g.empty and free >= need:
-            key = (g.duties, g.empty, g.strict)
+            key = (g.duties, g.empty, g.strict, free if params.share_memory_margin else 0.0)
             joined = joins.get(key)
             if joined is None:
-                joined = joins[key] = may_join(pod, g, params, wait_s)
+                joined = joins[key] = may_join(pod, g, params, wait_s, waiting_priority)
             if not joined:  # shown full, as sharing_view shows it: max(capacity, reserved) reserved
                 refused = True
                 free = effective_free_mib(g.capacity_mib, occupied_mib(
@@ -144,7 +167,7 @@ def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
 
 
 def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,
-                  wait_s: float) -> FilterResult:
+                  wait_s: float, waiting_priority: float = -math.inf) -> FilterResult:
     """The filter's answer with the sharing rule applied to the nodes it passed (the live extender's
     columnar filter knows memory only): a node whose fitting GPUs are all busy GPUs the pod may not
     join (`sharing_view`) moves to the failed nodes, its reason saying so (preemption may help)."""
@@ -154,10 +177,11 @@ def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, Nod
     passed: list[str] = []
     failed = dict(result.failed)
     kinds = dict(result.kinds)
-    joins: dict[tuple[tuple[float, ...], bool, bool], bool] = {}  # may_join by what it reads of a GPU
+    joins: dict[tuple[tuple[float, ...], bool, bool, float], bool] = {}  # may_join by what it reads of a GPU
     for name in result.passed:
         node = nodes.get(name)
-        if node is None or not node.busy_count or _fits_shared(request, node, params, wait_s, joins):
+        if node is None or not node.busy_count or _fits_shared(request, node, params, wait_s, joins,
+                                                               waiting_priority):
             passed.append(name)
             continue
         failed[name] = ("compute: sharing a busy GPU would slow a job beyond the bound (sharing.maxSlowdown) "

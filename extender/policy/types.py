@@ -224,6 +224,16 @@ class PolicyParams:
     predicts no job there (nor the pod) slows beyond this (alone step time x this)."""
     max_slowdown_high: float = 1.10
     """The bound for high and critical pods joining, and for high and critical pods already there."""
+    slowdown_error_exponent: float = 1.0
+    """The interference model's error margin in the join check: a predicted slowdown s is judged as
+    s ** this against the bound (1.0: the forecast as is). A held-out error of the model raises the
+    true slowdown to s ** k (`simulate.capworld`); the live default is chosen from those residuals."""
+    share_memory_margin: float = 0.0
+    """A pod joins a GPU that runs work only when its free memory is at least (1 + this) x the pod's
+    admission: headroom for co-located jobs whose memory is only predicted."""
+    drain: bool = False
+    """The draining rule (`sharing.draining`): while a GPU pod of higher priority waits (fits nowhere),
+    a busy GPU takes no new sharer of lower priority, so GPUs empty for the waiting pod."""
     pack_below_priority: float = 0.0
     """Pods of priority below this join busy GPUs within `max_slowdown` even when an empty GPU is free
     (`policy.sharing`): they would keep whole GPUs free rather than wait less. Off (0) by default:

@@ -71,7 +71,8 @@ class Binder(Part):
 
         template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
                                req.predicted_mib, plan.inputs, mono, plan.job.signature, version, duty=req.duty,
-                               checkpoint_interval_s=plan.job.checkpoint_interval_s)
+                               checkpoint_interval_s=plan.job.checkpoint_interval_s,
+                               evicted_by=self.planner.evicted_by(raw))
         outcome = self.ledger.reserve_on(req, template, mono, packing=self.planner.packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()

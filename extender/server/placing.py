@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -67,12 +68,15 @@ class Placer(Part):
                              for req, names in groups], args.node_names)
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
             wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
-            result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait)
+            waiting = planner.waiting_priority(plan.request.uid, mono) if self.params.drain else -math.inf
+            result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait, waiting)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
         planner.keep_filter_plan(args.pod, plan, now)
         if planner.has_holds() and plan.request.gpu_job:
             result = planner.respect_holds(plan.request, result, mono)
+        if not result.passed and plan.request.gpu_job:  # it waits: busy GPUs drain for it (sharing.draining)
+            planner.note_waiting(plan.request.uid, plan.request.priority, mono)
         if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
             self.preemptor.request_preemption(args.pod, list(result.failed), mono)
         if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0

@@ -5,6 +5,7 @@ prioritize that follows it, the room the extender's own evictions hold for a pod
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ from extender.policy.columnar import Lookup, Scores, largest_gpu_rows, score_mat
 from extender.policy.duty import admission_duty
 from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
+from extender.policy.preemption import arrival_kind
 from extender.policy.usage import is_corrected
 from extender.protocol import PodInfo
 from extender.server.gpu_demand import ModelDemands, OnModel, gpu_model_of, node_model, node_models, on_request
@@ -43,6 +45,21 @@ from predictor.spec import Demand, DemandPredictor
 #: back to back); the priority's deadline term moves by a negligible amount meanwhile.
 PLAN_REUSE_S = 1.0
 FILTER_PLANS_MAX = 1_024
+#: A GPU pod the filter passed no node for counts as waiting (the draining rule) this long after its
+#: last filter: kube-scheduler retries an unschedulable pod at least every 5 minutes.
+WAITING_S = 300.0
+#: Pods remembered as waiting, and workloads remembered as evicted, at most (oldest forgotten first).
+REMEMBERED_MAX = 10_000
+
+
+def workload_of(raw_pod: Any) -> str:
+    """What outlives a pod that is evicted and made again (preemption's churn rule): its controller
+    (ownerReferences' controller uid: the Job, ReplicaSet...), else its namespace and name."""
+    meta = (raw_pod.get("metadata") if isinstance(raw_pod, dict) else None) or {}
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, dict) and ref.get("controller") and ref.get("uid"):
+            return f"owner/{ref['uid']}"
+    return f"pod/{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 #: filter_nodes_total's reason for nodes that fit but the shortlist left out.
 NOT_SHORTLISTED = "not_shortlisted"
 
@@ -92,6 +109,8 @@ class Planner:
         self._shortlists: OrderedDict[str, Shortlist] = OrderedDict()  # uid -> its filter's shortlist
         # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
         self._holds: dict[str, tuple[str, float, float]] = {}
+        self._waiting: OrderedDict[str, tuple[float, float]] = OrderedDict()  # uid -> (priority, until (mono))
+        self._evicted_by: OrderedDict[str, str] = OrderedDict()  # workload -> the kind of arrival that evicted it
         self._lock = threading.Lock()
         self.models = ModelDemands(ledger, self.params)
         #: node -> pods restored after a restart that wait for the node's report (its GPU model) to be
@@ -135,7 +154,7 @@ class Planner:
                          priority_of(inputs, now_s, self.params), True, fallback=source != "override",
                          duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature),
                                              self.settings.policy.share_floor(pod.namespace)),
-                         predicted_run_s=inputs.gpu_seconds)
+                         predicted_run_s=inputs.gpu_seconds, kind=arrival_kind(job.criticality, job.gpus))
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
@@ -347,7 +366,37 @@ class Planner:
         return FilterResult(tuple(n for n in result.passed if n not in held), result.failed,
                             {**result.unresolvable, **held}, kinds)
 
+    # ---- GPU pods that fit nowhere (the draining rule) and evicted workloads (preemption's churn rule) ----
+    def note_waiting(self, uid: str, priority: float, mono: float) -> None:
+        """The filter passed `uid` no node: it waits (for `WAITING_S` after this filter, or until bind)."""
+        with self._lock:
+            self._waiting[uid] = (priority, mono + WAITING_S)
+            self._waiting.move_to_end(uid)
+            while len(self._waiting) > REMEMBERED_MAX:
+                self._waiting.popitem(last=False)
+
+    def waiting_priority(self, uid: str, mono: float) -> float:
+        """The highest priority of the other GPU pods waiting (-inf: none): `sharing.draining`'s input."""
+        with self._lock:
+            for gone in [u for u, (_, until) in self._waiting.items() if until <= mono]:
+                del self._waiting[gone]
+            return max((p for u, (p, _) in self._waiting.items() if u != uid), default=-math.inf)
+
+    def note_eviction(self, raw_victim: Any, kind: str) -> None:
+        """A pod of `raw_victim`'s workload was evicted by an arrival of `kind`: its next pod's
+        reservation carries it (`Reservation.evicted_by`), so the same kind does not evict it again."""
+        with self._lock:
+            self._evicted_by[workload_of(raw_victim)] = kind
+            self._evicted_by.move_to_end(workload_of(raw_victim))
+            while len(self._evicted_by) > REMEMBERED_MAX:
+                self._evicted_by.popitem(last=False)
+
+    def evicted_by(self, raw_pod: Any) -> str:
+        with self._lock:
+            return self._evicted_by.get(workload_of(raw_pod), "")
+
     def release_holds(self, uid: str) -> None:
         with self._lock:
+            self._waiting.pop(uid, None)
             for node in [n for n, held in self._holds.items() if held[0] == uid]:
                 del self._holds[node]

@@ -11,8 +11,9 @@ from typing import Any
 
 from extender.annotations import AnnotationError
 from extender.kube.cluster import ClusterError, pod_meta
-from extender.policy import choose_preemption, plan_victims, priority_of
+from extender.policy import PodRequest, choose_preemption, plan_victims, priority_of
 from extender.policy.filtering import gib, is_fresh
+from extender.policy.preemption import preemption_pays
 from extender.protocol import PodInfo, ProtocolError, parse_preemption_args, preemption_result
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
@@ -48,6 +49,7 @@ class Preemptor(Part):
             return preemption_result({}, {})
         req = self.planner.whole_gpu_on(plan.request, args.victims, few=True)
         out: dict[str, tuple[str, ...]] = {}
+        wait = self._wait(req, mono) if req.gpu_job else None  # once for every node
         for node, proposed in args.victims.items():
             ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
             known = [ledger[uid] for uid in proposed if uid in ledger]
@@ -62,12 +64,20 @@ class Preemptor(Part):
                                        service_now_s=mono)
                 if planned is None:
                     continue
+                if not preemption_pays(req, [*known, *(ledger[uid] for uid in planned)], mono, wait):
+                    continue  # evicting throws away more than waiting would cost (the rule's own estimate)
                 extra = planned
             victims = tuple(dict.fromkeys((*proposed, *extra)))
             if victims:
                 out[node] = victims
         self.metrics.preemptions.inc(sum(len(v) for v in out.values()))
         return preemption_result(out, args.pdb_violations)
+
+    def _wait(self, req: PodRequest, mono: float) -> float | None:
+        """The pod's predicted wait for empty GPUs without preempting (`sharing.wait_for_empty_s`, as the
+        filter's sharing rule and the replay): what preempting must gain (`preemption_pays`); None
+        (not judged) without the sharing rule."""
+        return self.ledger.wait_for_empty_s(req.gpus, mono) if self.params.sharing else None
 
     def request_preemption(self, pod: PodInfo, nodes: list[str], mono: float) -> bool:
         """Ask the worker to preempt for `pod` (at most once per `preemption_grace_s`): the filter
@@ -114,7 +124,7 @@ class Preemptor(Part):
         found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
                                         if (view := self.ledger.node_view(node)) is not None
                                         and is_fresh(view.received_s, mono, self.params)), now, self.params,
-                                 service_now_s=mono)
+                                 service_now_s=mono, wait_s=self._wait(req, mono))
         if found is None:
             with self._lock:
                 self.preempting.pop(req.uid, None)
@@ -136,6 +146,7 @@ class Preemptor(Part):
                 log.warning("preemption for pod=%s stopped: %s", req.key, err)
                 break
             evicted.append(res.key)
+            self.planner.note_eviction(victim, req.kind)  # its next pod is not evicted again by this kind
             victim_priority = priority_of(res.priority_inputs, now, self.params)
             self.cluster.event({"metadata": {"namespace": res.namespace, "name": res.name, "uid": res.pod_uid}},
                                "Preempted", f"evicted by deepres for {req.key} on {node}: priority "

@@ -66,6 +66,18 @@ DISTRIBUTIONS = {
 }
 
 
+class LiveDeepRes(replay.DeepRes):
+    """DeepRes as the live default places: a declared gpu-share counts only down to the default share
+    floor (`PolicySettings.default_gpu_share_floor`) until its signature's duty is observed. This world's
+    declarations are not all truthful (`capworld.UNDER_DECLARED`): trusting them would be an oracle."""
+
+    share_floor = PolicySettings().default_gpu_share_floor
+
+
+#: The policies as this experiment runs them.
+CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres": LiveDeepRes}
+
+
 def capacity_params() -> PolicyParams:
     """DeepRes's parameters in this experiment: the live defaults with the sharing rule on."""
     return replace(PolicySettings().params(), sharing=True)
@@ -112,7 +124,7 @@ def run_task(task: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
                 break
             jobs, world = _jobs(ctx, dist, seed, base * rate)
             t0 = time.monotonic()
-            res = replay.simulate(compute.CLASSES[policy], jobs, compute.gpu_bound_nodes(), params, world=world)
+            res = replay.simulate(CLASSES[policy], jobs, compute.gpu_bound_nodes(), params, world=world)
             m = res.metrics
             runs[f"{rate:g}"] = {k: m.get(k, math.nan) for k in KEEP}
             print(f"capacity {dist} seed {seed} {policy} x{rate:g}: p95 wait {m['p95_wait_s']:,.0f} s, mean bsld "

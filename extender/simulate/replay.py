@@ -221,6 +221,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         if world is not None:  # ... or from its last checkpoint, after a restart
             job.work_left = job.duration - job.kept_s + (world.restart_s if job.restarts else 0.0)
             job.waited_s += max(now - job.queued_at, 0.0)
+        job.run_alone_s = job.work_left
         strat.on_bind(job, now)
         if cluster.over_committed(job):  # the newcomer allocated last: OOM-killed after OOM_AFTER_S
             ooms += 1
@@ -357,8 +358,10 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
 
         out.metrics.update(capacity_metrics(jobs, max([j.arrival for j in jobs] + [
             j.completion for j in jobs if not math.isnan(j.completion)])))
-    shared = [j.last_run_s / j.duration for j in jobs if not j.failed and not math.isnan(j.completion)
-              and j.shared_s > 0.0]
+    # a shared job's slowdown: its final run's wall time over that run alone (after a restart: the work
+    # left from its checkpoint plus the restart, not its whole run time)
+    shared = [j.last_run_s / (j.run_alone_s or j.duration) for j in jobs
+              if not j.failed and not math.isnan(j.completion) and j.shared_s > 0.0]
     done = [j for j in jobs if not j.failed and not math.isnan(j.completion)]
     jct = sorted(j.completion - j.arrival for j in done)
     out.metrics.update({

@@ -144,6 +144,9 @@ class DeepRes(Strategy):
     name = "deepres"
     frag_aware = True
     follows_usage = True
+    #: The lowest duty a declared gpu-share counts for before its signature is observed
+    #: (`PolicySettings.share_floor`): 0 trusts declarations (the compute replay's truthful world).
+    share_floor = 0.0
 
     def __init__(self, cluster: Cluster, jobs: list[Job], params: PolicyParams) -> None:
         super().__init__(cluster, jobs, params)
@@ -156,9 +159,10 @@ class DeepRes(Strategy):
         self.duties = DutyStore(PolicySettings().peak_store_size)
         self._wait: tuple[tuple[Any, ...], float] | None = None  # wait_s's last answer, by its inputs
         self._filtered: tuple[tuple[Any, ...], Any] | None = None  # filtered's last answer, by its inputs
+        self._blocked: set[int] = set()  # jobs the filter passed no node for, until they bind (draining rule)
 
     def admission(self, job: Job) -> float:
-        job.admission_duty = admission_duty(job.declared_share, self.duties.get(job.spec_key))
+        job.admission_duty = admission_duty(job.declared_share, self.duties.get(job.spec_key), self.share_floor)
         return corrected_admission(job.upper_mib, self.peaks.get(job.spec_key), self.params)
 
     def priority(self, job: Job, now: float) -> float:
@@ -236,7 +240,8 @@ class DeepRes(Strategy):
         The pod is the whole-GPU request when the filter's fallback applied (`whole_gpu_request`).
         The views are those the sharing rule leaves the pod (`sharing_view`: busy GPUs it may not join
         shown full)."""
-        key = (job.idx, now, int(self.c.version.sum()), job.admission_mib, job.admission_duty)
+        waiting = self.waiting_priority(job, now)
+        key = (job.idx, now, int(self.c.version.sum()), job.admission_mib, job.admission_duty, waiting)
         if self._filtered is not None and self._filtered[0] == key:  # preempt right after place
             cached: tuple[PodRequest, dict[str, NodeView], list[str], list[str]] = self._filtered[1]
             return cached
@@ -245,15 +250,23 @@ class DeepRes(Strategy):
         views = {self.c.names[i]: self.view(i, now) for i in rows}
         if self.params.sharing:
             wait = self.wait_s(job, rows, now)
-            views = {name: sharing_view(pod, v, self.params, wait) for name, v in views.items()}
+            views = {name: sharing_view(pod, v, self.params, wait, waiting) for name, v in views.items()}
         result = filter_nodes(pod, list(views), views, 0.0, self.params)
         answer = (result.request or pod, views, list(result.passed), list(result.failed))
         self._filtered = (key, answer)
         return answer
 
+    def waiting_priority(self, job: Job, now: float) -> float:
+        """The highest priority of the other GPU jobs waiting (the filter passed them no node), as the
+        live filter remembers them (`Planner.waiting_priority`): the draining rule's input."""
+        if not self.params.drain or not self._blocked:
+            return -math.inf
+        return max((self.priority(self.jobs[b], now) for b in self._blocked if b != job.idx), default=-math.inf)
+
     def place(self, job: Job, now: float) -> tuple[int, list[int], float] | None:
         pod, views, passed, _ = self.filtered(job, now)
         if not passed:
+            self._blocked.add(job.idx)
             return None
         mix = self.demand.mix() if self.frag_aware and packs_by_mix(pod, self.params) else None
         if mix is not None and len(mix):
@@ -319,6 +332,7 @@ class DeepRes(Strategy):
         return [int(r.pod_uid) for r in found[1]]
 
     def on_bind(self, job: Job, now: float) -> None:
+        self._blocked.discard(job.idx)
         admitted = job.reserved_mib if job.whole_gpu else job.admission_mib  # as the extender's reserve_on
         if job.whole_gpu:
             self.whole_gpu_binds += 1

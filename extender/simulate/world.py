@@ -73,6 +73,7 @@ class Job:
     finish_token: int = 0
     shared_s: float = 0.0  # wall time this run spent on a GPU with other jobs
     last_run_s: float = 0.0  # wall time of the final (completed) run
+    run_alone_s: float = 0.0  # the work of the current (final) run at full speed (restart included)
     # the capacity world (issue 33, `simulate.capworld`): what the policy never sees
     checkpoint_s: float | None = None  # declared checkpoint interval (wall seconds); None: none declared
     kept_s: float = 0.0  # work (seconds at full speed) saved by its last checkpoint: a restart resumes there

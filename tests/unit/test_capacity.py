@@ -151,3 +151,22 @@ def test_the_live_default_is_the_policy_the_report_measured() -> None:
         worst = {p: min(v) for p, v in cap[dist]["capacity_bounded_slowdown_by_seed"].items()}
         assert worst[mine] >= worst[other], (dist, worst)
     assert not math.isnan(cap["pai"]["deepres"]["max_oom_rate"])
+
+
+def test_the_experiments_deepres_does_not_trust_declared_shares_before_it_sees_them() -> None:
+    """The world under-declares (`capworld.UNDER_DECLARED`): DeepRes in it places as the live default
+    does, a declared gpu-share counting only down to the default share floor until observed. Two
+    GPU-bound jobs that each declare a 5 % share do not share a GPU there; trusting the declarations
+    (the compute replay's truthful world) they would."""
+    node = Node("n0", 64_000, 1 << 20, 1, "H100")
+
+    def shared_with(strategy: type[replay.Strategy]) -> float:
+        first, second = _job(0, 1, 3_000, 0.0, gpu_milli=50), _job(1, 1, 3_000, 10.0, gpu_milli=50)
+        for j in (first, second):
+            j.declared_share = 0.05
+            j.duty = j.base_duty = 1.0
+        out = replay.simulate(strategy, [first, second], [node], capacity.capacity_params(), world=_world())
+        return out.metrics["shared_jobs"]
+
+    assert shared_with(replay.DeepRes) == 2.0  # the declarations trusted: they share and slow each other
+    assert shared_with(capacity.CLASSES["deepres"]) == 0.0

@@ -244,3 +244,34 @@ def test_the_filters_sharing_rule_builds_no_view(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sharing, "sharing_view", lambda *a: pytest.fail("the filter built a view"))
     result = FilterResult(passed=("n",), failed={}, unresolvable={}, kinds={"passed": 1}, request=request)
     assert sharing.apply_sharing(request, result, {"n": node}, P, 0.0).passed == ("n",)  # the empty GPU fits
+
+
+def test_a_busy_gpu_drains_while_a_higher_priority_pod_waits() -> None:
+    drain = PolicyParams(drain=True)
+    gpu = busy((0.1,))
+    assert may_join(pod(0.1, priority=10.0), gpu, drain, wait_s=math.inf)  # nobody waits
+    assert not may_join(pod(0.1, priority=10.0), gpu, drain, wait_s=math.inf, waiting_priority=20.0)
+    assert may_join(pod(0.1, priority=30.0), gpu, drain, wait_s=math.inf, waiting_priority=20.0)  # it outranks
+    assert may_join(pod(0.1, priority=10.0), gpu, P, wait_s=math.inf, waiting_priority=20.0)  # rule off
+    assert may_join(pod(0.1, priority=10.0), empty(), drain, wait_s=math.inf, waiting_priority=20.0)  # empty GPU
+    node = NodeView("n", (gpu, empty()), 0.0)
+    shown = sharing_view(pod(0.1, priority=10.0), node, drain, math.inf, waiting_priority=20.0)
+    assert [g.compute_full for g in shown.gpus] == [True, False]
+
+
+def test_the_model_error_margin_refuses_joins_the_bare_forecast_allows() -> None:
+    own, others = predicted_join(pod(0.45), busy((0.45,)))
+    worst = max(own, others)
+    assert worst <= P.max_slowdown  # the bare forecast joins
+    assert may_join(pod(0.45), busy((0.45,)), P, wait_s=math.inf)
+    # the worst held-out error of the model (true slowdown = forecast ** 1.28) would take it past the bound
+    assert worst ** 1.28 > P.max_slowdown
+    assert not may_join(pod(0.45), busy((0.45,)), PolicyParams(slowdown_error_exponent=1.28), wait_s=math.inf)
+
+
+def test_sharers_keep_a_memory_margin_on_busy_gpus_only() -> None:
+    margin = PolicyParams(share_memory_margin=0.5)
+    tight = busy((0.05,), used=70 * GIB)  # 10 GiB free: an 8 GiB pod fits, not with 50 % headroom
+    assert may_join(pod(0.05), tight, P, wait_s=math.inf)
+    assert not may_join(pod(0.05), tight, margin, wait_s=math.inf)
+    assert may_join(pod(0.05), empty(), margin, wait_s=math.inf)

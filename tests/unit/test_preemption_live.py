@@ -1,0 +1,109 @@
+"""Preemption that does not churn, through the live verbs (issue 33): the extender's own evictions
+weigh what they gain against what they throw away (`preemption.preemption_pays` with the sharing
+rule's predicted wait), a workload evicted by one kind of arrival is not evicted again by the same
+kind (`Reservation.evicted_by`, carried to its next pod), and a busy GPU takes no new sharer while a
+higher-priority GPU pod waits (`sharing.draining`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.server.app import extender_of
+from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod, preemption_args
+from tests.unit.test_app import NEED, make, send_report
+
+
+def _owned(name: str, annotations: dict[str, str], owner: str) -> dict[str, Any]:
+    """A pod made by a controller (a Job) whose uid is `owner`."""
+    body = pod(name, annotations)
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner,
+                                             "uid": f"uid-{owner}", "controller": True}]
+    return body
+
+
+LOW = {**CNN_ANNOTATIONS, "deepres.io/criticality": "low"}
+HIGH = {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"}
+CRITICAL = {**CNN_ANNOTATIONS, "deepres.io/criticality": "critical"}
+
+
+def test_a_workload_evicted_by_one_kind_of_arrival_is_not_evicted_again_by_that_kind() -> None:
+    client, cluster, clock = make(default_criticality_ceiling="critical")
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)  # room for one pod
+    worker = extender_of(client.application).worker
+    first = _owned("train-0", LOW, "train")
+    client.post("/filter", json=extender_args(first, names=["a"]))
+    assert client.post("/bind", json=binding_args(first, "a")).get_json() == {"Error": ""}
+    h1 = pod("h1", HIGH)
+    client.post("/filter", json=extender_args(h1, names=["a"]))
+    assert worker.drain() and cluster.evictions == ["default/train-0"]
+    # the Job makes its pod again; the high pod went elsewhere; the grace of its hold runs out
+    clock.now += 121
+    send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+    again = _owned("train-1", LOW, "train")
+    assert client.post("/filter", json=extender_args(again, names=["a"])).get_json()["NodeNames"] == ["a"]
+    assert client.post("/bind", json=binding_args(again, "a")).get_json() == {"Error": ""}
+    h2 = pod("h2", HIGH)  # the same kind of arrival (high, one GPU): no second eviction of the workload
+    assert client.post("/filter", json=extender_args(h2, names=["a"])).get_json()["NodeNames"] == []
+    assert worker.drain() and cluster.evictions == ["default/train-0"]
+    other = pod("lone", LOW)  # another workload on another node is still a victim for the same kind
+    send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
+    client.post("/filter", json=extender_args(other, names=["b"]))
+    assert client.post("/bind", json=binding_args(other, "b")).get_json() == {"Error": ""}
+    h3 = pod("h3", HIGH)
+    client.post("/filter", json=extender_args(h3, names=["a", "b"]))
+    assert worker.drain() and cluster.evictions == ["default/train-0", "default/lone"]
+    c1 = pod("c1", CRITICAL)  # another kind (critical) may evict it
+    client.post("/filter", json=extender_args(c1, names=["a"]))
+    assert worker.drain() and cluster.evictions == ["default/train-0", "default/lone", "default/train-1"]
+
+
+def _long(annotations: dict[str, str], iterations: int) -> dict[str, str]:
+    return {**annotations, "deepres.io/iterations": str(iterations)}
+
+
+def test_the_extender_evicts_only_when_it_gains_more_than_it_throws_away() -> None:
+    """A victim about to end (its predicted run nearly over): waiting for it costs less than the
+    progress evicting it throws away, so the high pod waits; a victim far from its end is evicted."""
+    for victim_iterations, evicted in ((10**7, False), (10**10, True)):
+        client, cluster, clock = make(sharing=True)
+        send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+        low = pod("low", _long(LOW, victim_iterations))  # predicted run: ~54 s or ~15 h
+        client.post("/filter", json=extender_args(low, names=["a"]))
+        assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        clock.now += 600  # 10 min of progress: evicting throws it away (no checkpoint) plus a restart
+        send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+        high = pod("high", _long(HIGH, 10**7))
+        out = client.post("/filter", json=extender_args(high, names=["a"])).get_json()
+        assert out["NodeNames"] == []
+        assert extender_of(client.application).worker.drain()
+        assert cluster.evictions == (["default/low"] if evicted else []), victim_iterations
+
+
+def test_a_busy_gpu_takes_no_new_sharer_while_a_higher_priority_pod_waits() -> None:
+    for drain in (False, True):
+        client, _, clock = make(sharing=True, drain=drain, self_preemption=False, default_gpu_share_floor=0.0)
+        send_report(client, "a", 1, [(NEED * 2.5, 0.0)], clock)  # one GPU: room for two small pods
+        low = pod("resident", {**LOW, "deepres.io/gpu-share": "0.05"})
+        client.post("/filter", json=extender_args(low, names=["a"]))
+        assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        big = pod("big", {**HIGH, "deepres.io/gpu-memory": f"{int(NEED * 2)}Mi"})  # waits for the GPU whole
+        assert client.post("/filter", json=extender_args(big, names=["a"])).get_json()["NodeNames"] == []
+        sharer = pod("sharer", {**LOW, "deepres.io/gpu-share": "0.05"})
+        out = client.post("/filter", json=extender_args(sharer, names=["a"])).get_json()
+        assert out["NodeNames"] == ([] if drain else ["a"]), drain
+
+
+def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
+    """kube-scheduler's /preempt: the same gain check as the extender's own evictions."""
+    for victim_iterations, answered in ((10**7, False), (10**10, True)):
+        client, _, clock = make(sharing=True)
+        send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+        low = pod("low", _long(LOW, victim_iterations))
+        client.post("/filter", json=extender_args(low, names=["a"]))
+        assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        clock.now += 600
+        send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+        high = pod("high", _long(HIGH, 10**7))
+        out = client.post("/preempt", json=preemption_args(high, {"a": [low]})).get_json()
+        victims = {"a": {"Pods": [{"UID": low["metadata"]["uid"]}], "NumPDBViolations": 0}}
+        assert out == {"NodeNameToMetaVictims": victims if answered else {}}, victim_iterations
