@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"predicted peak GPU memory: {demand.memory_mib:,.0f} MiB ({demand.memory_mib / 1024:.2f} GiB) per GPU")
     print(f"admission bound (upper):   {demand.memory_mib_upper:,.0f} MiB ({demand.memory_mib_upper / 1024:.2f} GiB)")
     print(f"compute:                   {demand.gflops_per_iteration:,.2f} GFLOPs per iteration")
-    print(f"GPU time (reference H100, measured steps): {_fmt_duration(demand.gpu_seconds)} for {spec.iterations:,} iterations")
+    print(f"GPU time (reference H100, measured steps): {_fmt_duration(demand.gpu_seconds)} "
+          f"for {spec.iterations:,} iterations")
     print(f"model: {demand.model_version}")
     if on_gpu is not None:
         line = "its measured per-GPU line" if on_gpu.calibrated else "no measured line: the Demand's own bound"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from predictor.runtime import WEIGHTS_FILE, ArtifactError, Predictor, clip_bounds, out_of_range
-from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
+from predictor.spec import Demand, JobSpec
 from predictor.splits import random_split
 from predictor.train import fit_model, save_artifact, score
 from predictor.trainset import load_dataset
