@@ -145,9 +145,11 @@ def test_the_live_default_is_the_policy_the_report_measured() -> None:
         both = [row for row in cap[dist]["per_rate"].values() if mine in row and other in row]
         assert both, f"{dist}: no rate where both DeepRes settings ran"
         for row in both:
-            # at every rate both ran, the default serves no worse: mean bounded slowdown (mean and worst seed)
-            assert row[mine]["mean_bounded_slowdown"] <= row[other]["mean_bounded_slowdown"] + 1e-9
-            assert row[mine]["mean_bounded_slowdown_worst"] <= row[other]["mean_bounded_slowdown_worst"] + 1e-9
+            # at every rate both ran, the default serves no worse on the mean over the seeds: bounded slowdown,
+            # OOM kills, shared jobs' slowdown (the worst seed's bounded slowdown is not held: with Philly-like
+            # duty at 0.75x the sharing rule's worst seed is above memory-only's, as docs/capacity.md says)
+            for key in ("mean_bounded_slowdown", "oom_rate", "shared_slowdown_p95"):
+                assert row[mine][key] <= row[other][key] + 1e-9, (dist, key)
         worst = {p: min(v) for p, v in cap[dist]["capacity_bounded_slowdown_by_seed"].items()}
         assert worst[mine] >= worst[other], (dist, worst)
     assert not math.isnan(cap["pai"]["deepres"]["max_oom_rate"])
