@@ -336,15 +336,19 @@ class KubeCluster:
         with self._lock:
             return self._pods.get((namespace, name))
 
-    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _read(self, what: str, namespace: str, name: str, call: Any) -> Any:
+        """One object read raw (no client models): its decoded JSON, None when there is none (404)."""
         try:
-            resp = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                  _request_timeout=self.api_timeout_s)
-            pod = _json(resp)
+            return _json(call(name, namespace, _preload_content=False, _request_timeout=self.api_timeout_s))
         except Exception as err:
             if getattr(err, "status", None) == 404:
                 return None
-            raise ClusterError(f"read pod {namespace}/{name}: {_api_reason(err)}") from None
+            raise ClusterError(f"read {what} {namespace}/{name}: {_api_reason(err)}") from None
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self._read("pod", namespace, name, self._core.read_namespaced_pod)
+        if pod is None:
+            return None
         if not isinstance(pod, dict):
             raise ClusterError(f"read pod {namespace}/{name}: the answer is not an object")
         return pod
@@ -428,14 +432,9 @@ class KubeCluster:
 
     def read_config_map(self, namespace: str, name: str) -> tuple[str, dict[str, str]] | None:
         """(resourceVersion, data) of a ConfigMap; None when there is none."""
-        try:
-            resp = self._core.read_namespaced_config_map(name, namespace, _preload_content=False,
-                                                         _request_timeout=self.api_timeout_s)
-            obj = _json(resp)
-        except Exception as err:
-            if getattr(err, "status", None) == 404:
-                return None
-            raise ClusterError(f"read configmap {namespace}/{name}: {_api_reason(err)}") from None
+        obj = self._read("configmap", namespace, name, self._core.read_namespaced_config_map)
+        if obj is None:
+            return None
         data = obj.get("data") if isinstance(obj, dict) else None
         return _object_version(obj) or "", data if isinstance(data, dict) else {}
 
