@@ -88,7 +88,11 @@ def test_telemetry_needs_the_token(url: str) -> None:
 
 def test_bind_then_preempt_over_http(url: str) -> None:
     telemetry(url, "pn", 1, [(12000.0, 0.0)])
-    low = pod("low-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/gpu-memory": "8Gi"})
+    # a long job (10^9 steps: days by any predictor, the test double's included): evicting it just after
+    # its bind pays by the gain check (policy.preemption.preemption_pays: the high pod would otherwise wait
+    # its whole run, far more than the restart the eviction costs)
+    low = pod("low-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/gpu-memory": "8Gi",
+                          "deepres.io/iterations": "1000000000"})
     post(url + "/filter", extender_args(low, names=["pn"]))
     assert post(url + "/bind", binding_args(low, "pn")) == (200, {"Error": ""})
     high = pod("high-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high", "deepres.io/gpu-memory": "8Gi"})
