@@ -49,7 +49,7 @@ class Preemptor(Part):
             return preemption_result({}, {})
         req = self.planner.whole_gpu_on(plan.request, args.victims, few=True)
         out: dict[str, tuple[str, ...]] = {}
-        wait = self._wait(req, mono, list(args.victims)) if req.gpu_job else None  # once for every node
+        wait = self._wait(req, mono) if req.gpu_job else None  # once for every node
         for node, proposed in args.victims.items():
             ledger = {r.pod_uid: r for r in self.ledger.reservations_on(node)}
             known = [ledger[uid] for uid in proposed if uid in ledger]
@@ -73,14 +73,11 @@ class Preemptor(Part):
         self.metrics.preemptions.inc(sum(len(v) for v in out.values()))
         return preemption_result(out, args.pdb_violations)
 
-    def _wait(self, req: PodRequest, mono: float, candidates: list[str] | None) -> float | None:
+    def _wait(self, req: PodRequest, mono: float) -> float | None:
         """The pod's predicted wait for empty GPUs without preempting (`sharing.wait_for_empty_s`, as the
         filter's sharing rule and the replay): what preempting must gain (`preemption_pays`); None
-        (not judged) without the sharing rule. For kube-scheduler's /preempt, over the nodes it offers
-        (the ones the pod may use at all: an empty node it cannot use, for its selectors, taints or
-        CPU, is no wait of 0); for the extender's own evictions (`self_preempt`), over every node, the
-        more cautious estimate (any GPU about to empty means no eviction)."""
-        return self.ledger.wait_for_empty_s(req.gpus, mono, candidates) if self.params.sharing else None
+        (not judged) without the sharing rule."""
+        return self.ledger.wait_for_empty_s(req.gpus, mono) if self.params.sharing else None
 
     def request_preemption(self, pod: PodInfo, nodes: list[str], mono: float) -> bool:
         """Ask the worker to preempt for `pod` (at most once per `preemption_grace_s`): the filter
@@ -127,7 +124,7 @@ class Preemptor(Part):
         found = choose_preemption(req, ((view, self.ledger.reservations_on(node)) for node in nodes
                                         if (view := self.ledger.node_view(node)) is not None
                                         and is_fresh(view.received_s, mono, self.params)), now, self.params,
-                                 service_now_s=mono, wait_s=self._wait(req, mono, None))
+                                 service_now_s=mono, wait_s=self._wait(req, mono))
         if found is None:
             with self._lock:
                 self.preempting.pop(req.uid, None)

@@ -28,6 +28,15 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         yield base
 
 
+@pytest.fixture(params=["granian", "gunicorn"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A server of its own: no node of another test (an empty GPU anywhere makes the preemption gain
+    check's wait 0, so no eviction would pay)."""
+    env = {"DEEPRES_SELF_PREEMPTION": "false", "DEEPRES_ENGINE": request.param}
+    with running_server(tmp_path, env=env) as base:
+        yield base
+
+
 def golden(name: str) -> Any:
     return json.loads((FIXTURES / name).read_text())
 
@@ -86,7 +95,8 @@ def test_telemetry_needs_the_token(url: str) -> None:
     assert status == 400 and "report.source" in out["error"]
 
 
-def test_bind_then_preempt_over_http(url: str) -> None:
+def test_bind_then_preempt_over_http(fresh_url: str) -> None:
+    url = fresh_url
     telemetry(url, "pn", 1, [(12000.0, 0.0)])
     # a long job (10^9 steps: days by any predictor, the test double's included): evicting it just after
     # its bind pays by the gain check (policy.preemption.preemption_pays: the high pod would otherwise wait

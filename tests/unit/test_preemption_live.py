@@ -107,17 +107,3 @@ def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
         out = client.post("/preempt", json=preemption_args(high, {"a": [low]})).get_json()
         victims = {"a": {"Pods": [{"UID": low["metadata"]["uid"]}], "NumPDBViolations": 0}}
         assert out == {"NodeNameToMetaVictims": victims if answered else {}}, victim_iterations
-
-
-def test_the_preempt_gain_check_waits_on_the_nodes_kube_scheduler_offers() -> None:
-    """An empty node the pod cannot use (kube-scheduler left it out: selectors, taints, CPU) is no wait
-    of 0: the gain check weighs the wait on the nodes offered for preemption."""
-    client, _, clock = make(sharing=True, default_criticality_ceiling="critical")
-    send_report(client, "pn", 1, [(NEED * 1.5, 0.0)], clock)
-    send_report(client, "elsewhere", 1, [(NEED * 1.5, 0.0)], clock)  # empty, but not offered below
-    low = pod("low-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "low", "deepres.io/iterations": "1000000000"})
-    client.post("/filter", json=extender_args(low, names=["pn"]))
-    assert client.post("/bind", json=binding_args(low, "pn")).get_json() == {"Error": ""}
-    high = pod("high-job", {**CNN_ANNOTATIONS, "deepres.io/criticality": "high"})
-    out = client.post("/preempt", json=preemption_args(high, {"pn": []})).get_json()
-    assert out["NodeNameToMetaVictims"]["pn"]["Pods"] == [{"UID": low["metadata"]["uid"]}]
