@@ -78,7 +78,12 @@ class Placer(Part):
         if not result.passed and plan.request.gpu_job:  # it waits: busy GPUs drain for it (sharing.draining)
             planner.note_waiting(plan.request.uid, plan.request.priority, mono)
         if not result.passed and result.failed and plan.request.gpu_job and self.settings.kube.self_preemption:
-            self.preemptor.request_preemption(args.pod, list(result.failed), mono)
+            unheard = self.readiness.unheard(args.node_names)
+            if unheard:  # just (re)started: a node not heard from yet may have room, evicting could be for nothing
+                log.debug("filter pod=%s: no preemption yet, %d node(s) not heard from since the start",
+                          args.pod.key, len(unheard))
+            else:
+                self.preemptor.request_preemption(args.pod, list(result.failed), mono)
         if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0
                 and not soft_preferences(args.raw_pod)):
             result = planner.shortlisted(plan, result)

@@ -63,6 +63,18 @@ class Readiness:
             return ""
         return f"telemetry quorum ({reported} of {len(expected)} nodes with reservations reported)"
 
+    def unheard(self, nodes: Iterable[str]) -> list[str]:
+        """Of `nodes`, those that have not reported since the first pod list, while that list is younger
+        than `kube.telemetry_grace_s` (after it, a silent node is the filter's staleness rule, not a
+        start-up gap). Such a node is unknown, not full: no eviction is planned around it (a pod that found
+        no room on the nodes heard so far may find it on one that reports a moment later)."""
+        synced_s = self.synced_s
+        if synced_s is None:
+            return list(nodes)
+        if self.mono() - synced_s >= self.settings.kube.telemetry_grace_s:
+            return []
+        return [n for n in nodes if (t := self.ledger.telemetry(n)) is None or t.received_s < synced_s]
+
     def not_ready(self) -> str:
         """"" when ready, else the Error a verb answers with."""
         waiting = self.waiting()

@@ -144,7 +144,17 @@ def create(cluster: ScenarioCluster, pod: dict[str, Any]) -> None:
 
 
 def node_of(cluster: ScenarioCluster, name: str) -> str | None:
-    node: str | None = cluster.pod(name).spec.node_name
+    """The pod's node (None while pending); a pod gone fails with what happened to it (its events, the
+    extender's Evicted/Preempted ones among them), not a bare 404."""
+    from kubernetes.client import ApiException
+
+    try:
+        node: str | None = cluster.pod(name).spec.node_name
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        said = [f"{e.reason}: {e.message}" for e in cluster.events(name)]
+        raise AssertionError(f"pod {name} is gone (evicted?); its events: {said}") from None
     return node
 
 

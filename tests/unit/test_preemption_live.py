@@ -107,3 +107,30 @@ def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
         out = client.post("/preempt", json=preemption_args(high, {"a": [low]})).get_json()
         victims = {"a": {"Pods": [{"UID": low["metadata"]["uid"]}], "NumPDBViolations": 0}}
         assert out == {"NodeNameToMetaVictims": victims if answered else {}}, victim_iterations
+
+
+def test_no_eviction_is_planned_around_a_node_not_heard_from_since_the_start() -> None:
+    """Just (re)started, a node the scheduler offers has not reported yet: it is unknown, not full, so the
+    pod that found no room on the nodes heard so far evicts nobody (cluster scenario 1 saw `cnn-small`
+    evicted for a pod that had room on a node reporting a moment later). Once that node reports with room,
+    the pod lands there; a node still silent after `kube.telemetry_grace_s` no longer holds evictions back."""
+    for silent_node_reports, evicted in ((True, []), (False, ["default/low"])):
+        client, cluster, clock = make(sharing=True)
+        send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)  # room for one pod
+        low = pod("low", _long(LOW, 10**10))
+        client.post("/filter", json=extender_args(low, names=["a"]))
+        assert client.post("/bind", json=binding_args(low, "a")).get_json() == {"Error": ""}
+        clock.now += 5  # still within the telemetry grace of the extender's start
+        send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+        high = pod("high", _long(HIGH, 10**7))
+        worker = extender_of(client.application).worker
+        if silent_node_reports:
+            assert client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()["NodeNames"] == []
+            assert worker.drain() and cluster.evictions == []
+            send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
+            assert client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()["NodeNames"] == ["b"]
+        else:
+            clock.now += 30  # the grace over: b, still silent, is the staleness rule's
+            send_report(client, "a", 3, [(NEED * 1.5, 0.0)], clock)
+            assert client.post("/filter", json=extender_args(high, names=["a", "b"])).get_json()["NodeNames"] == []
+        assert worker.drain() and cluster.evictions == evicted, silent_node_reports
