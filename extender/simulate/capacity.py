@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from extender.policy import PolicyParams
+from extender.policy import PolicyParams, PriorityInputs
+from extender.policy.preemption import arrival_kind
 from extender.provenance import params_hash
 from extender.settings import PolicySettings
 from extender.simulate import capworld, compute, replay
@@ -39,7 +40,7 @@ from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.traces import pod_list_path, read_pods
 
 RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
-POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory")
+POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory", "deepres-one-class")
 WAIT_BOUND_S = 1800.0
 #: Memory-only co-location (the opt-in ablation) is measured up to this rate: its runs are the slowest
 #: (every GPU shared, rates moving at each change) and its cost shows at the lowest rates already.
@@ -74,8 +75,23 @@ class LiveDeepRes(replay.DeepRes):
     share_floor = PolicySettings().default_gpu_share_floor
 
 
+class OneClassDeepRes(LiveDeepRes):
+    """Ablation: DeepRes as the live default, every pod of one criticality (normal) and without a deadline,
+    so its queue is ordered by predicted size alone: separates what sharing gains from what the
+    criticality order trades (high-criticality pods first, best-effort ones wait)."""
+
+    name = "deepres-one-class"
+
+    def inputs(self, job: replay.Job) -> PriorityInputs:
+        return replace(super().inputs(job), criticality=1, deadline_s=None)
+
+    def kind(self, job: replay.Job) -> str:
+        return arrival_kind(1, job.pod.num_gpu)
+
+
 #: The policies as this experiment runs them.
-CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres": LiveDeepRes}
+CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres": LiveDeepRes,
+                                             "deepres-one-class": OneClassDeepRes}
 
 
 def capacity_params() -> PolicyParams:
@@ -103,9 +119,10 @@ def _jobs(ctx: dict[str, Any], dist: str, seed: int, scale: float) -> tuple[list
     return jobs, world
 
 
-KEEP = ("mean_wait_s", "p95_wait_s", "mean_jct_all_s", "median_jct_all_s", "zero_wait_mean_jct_s",
-        "zero_wait_median_jct_s", "mean_bounded_slowdown", "zero_wait_mean_bounded_slowdown", "shared_slowdown_p95",
-        "shared_jobs", "oom_rate", "failure_rate", "gpu_held", "gpu_busy", "preemptions", "lost_gpu_hours", "restarts")
+KEEP = ("mean_wait_s", "p95_wait_s", "p95_wait_s_ls", "p95_wait_s_be", "mean_jct_all_s", "median_jct_all_s",
+        "zero_wait_mean_jct_s", "zero_wait_median_jct_s", "mean_bounded_slowdown", "zero_wait_mean_bounded_slowdown",
+        "shared_slowdown_p95", "shared_jobs", "oom_rate", "failure_rate", "gpu_held", "gpu_busy", "preemptions",
+        "lost_gpu_hours", "restarts")
 
 
 def run_task(task: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
@@ -166,12 +183,15 @@ def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies:
         caps_b = {p: [capacity_of(r["runs"][p], "mean_bounded_slowdown", BSLD_BOUND) for r in mine] for p in policies}
         doc["capacity_by_seed"] = {p.replace("-", "_"): v for p, v in caps.items()}
         doc["capacity_bounded_slowdown_by_seed"] = {p.replace("-", "_"): v for p, v in caps_b.items()}
-        for base in ("static", "static-sjf"):
-            ratios = [_ratio(d, s) for d, s in zip(caps["deepres"], caps[base], strict=True)]
-            ratios_b = [_ratio(d, s) for d, s in zip(caps_b["deepres"], caps_b[base], strict=True)]
+        for mine_p, base in (("deepres", "static"), ("deepres", "static-sjf"), ("deepres-one-class", "static"),
+                             ("deepres-one-class", "static-sjf")):
+            if mine_p not in caps:
+                continue
+            ratios = [_ratio(d, s) for d, s in zip(caps[mine_p], caps[base], strict=True)]
+            ratios_b = [_ratio(d, s) for d, s in zip(caps_b[mine_p], caps_b[base], strict=True)]
             finite = [x for x in ratios if x is not None]
             finite_b = [x for x in ratios_b if x is not None]
-            doc[f"deepres_vs_{base.replace('-', '_')}"] = {
+            doc[f"{mine_p.replace('-', '_')}_vs_{base.replace('-', '_')}"] = {
                 "worst_seed_ratio": min(finite) if finite else None, "by_seed": ratios,
                 "bounded_slowdown_worst_seed_ratio": min(finite_b) if finite_b else None,
                 "bounded_slowdown_by_seed": ratios_b}
@@ -213,6 +233,12 @@ def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies:
                         else:
                             never_static = False
         doc["deepres_worse_bounded_slowdown_at"] = worse
+        if "deepres-one-class" in policies:  # the ablation against the same baseline, same rule
+            doc["deepres_one_class_worse_bounded_slowdown_at"] = [
+                f"static-sjf seed {r['seed']} x{rate}" for r in mine
+                for rate, m in r["runs"]["deepres-one-class"].items()
+                if (other := r["runs"]["static-sjf"].get(rate)) is not None
+                and m["mean_bounded_slowdown"] > other["mean_bounded_slowdown"] + 1e-9]
         out[dist] = doc
     out["never_worse_than_static_sjf"] = never_sjf
     out["never_worse_than_static"] = never_static

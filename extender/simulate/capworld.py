@@ -159,4 +159,8 @@ def capacity_metrics(jobs: Sequence[Job], end_s: float) -> dict[str, float]:
         "zero_wait_mean_bounded_slowdown": round(float((alone / np.maximum(alone, SLOWDOWN_FLOOR_S)).mean()), 4),
         "lost_gpu_hours": round(sum(j.lost_gpu_s for j in jobs) / 3600.0, 2),
         "restarts": float(sum(j.restarts for j in jobs)),
+        # by the trace's class (LS: high criticality, BE: low; the rest normal): what the priority order trades
+        **{f"p95_wait_s_{name}": round(float(np.percentile(waits[mask], 95)), 1) if mask.any() else math.nan
+           for name, mask in (("ls", np.array([j.qos == "LS" for j in jobs])),
+                              ("be", np.array([j.qos == "BE" for j in jobs])))},
     }

@@ -117,12 +117,21 @@ def test_a_job_is_not_evicted_twice_in_a_row_by_the_same_kind() -> None:
                     reason="../shared/data/openb or ../shared/data/colocation not available")
 def test_a_tiny_sweep_states_its_world_and_counts_every_job(tmp_path: Path) -> None:
     out = capacity.run(tmp_path, DEFAULT_DATA, [42], quick=True, workers=1, dists=("pai",), rates=(1.0, 4.0),
-                       policies=("static", "static-sjf", "deepres"), count=60, write=False, log=lambda line: None)
+                       policies=("static", "static-sjf", "deepres", "deepres-one-class"), count=60, write=False,
+                       log=lambda line: None)
     model = out["model"]
     assert model["same_interference_model"] is False
     assert model["failed_jobs_counted"] is True and model["eviction_cost"] is True
     pai = out["pai"]
-    assert set(pai["capacity_by_seed"]) == {"static", "static_sjf", "deepres"}
+    assert set(pai["capacity_by_seed"]) == {"static", "static_sjf", "deepres", "deepres_one_class"}
+    # the one-class ablation is compared with the same baseline by the same rule
+    caps = pai["capacity_by_seed"]
+    expected = [round(c / b, 4) if b else None for c, b in zip(caps["deepres_one_class"], caps["static_sjf"],
+                                                              strict=True)]
+    assert pai["deepres_one_class_vs_static_sjf"]["by_seed"] == expected
+    for rate in pai["per_rate"].values():  # waits by class beside the overall one
+        assert {"p95_wait_s_ls", "p95_wait_s_be"} <= set(rate["deepres"])
+    assert isinstance(pai["deepres_one_class_worse_bounded_slowdown_at"], list)
     for rate in pai["per_rate"].values():
         for figures in rate.values():
             # the zero-wait bound is beside every JCT figure, and no JCT beats it
@@ -172,3 +181,18 @@ def test_the_experiments_deepres_does_not_trust_declared_shares_before_it_sees_t
 
     assert shared_with(replay.DeepRes) == 2.0  # the declarations trusted: they share and slow each other
     assert shared_with(capacity.CLASSES["deepres"]) == 0.0
+
+
+def test_the_one_class_ablation_sees_every_pod_at_one_criticality_without_a_deadline() -> None:
+    """`deepres-one-class` differs from the experiment's DeepRes only in the priority inputs: an LS pod
+    (high criticality, with a deadline) is seen as a normal one without a deadline."""
+    import dataclasses
+
+    from extender.simulate.world import Job
+
+    job = Job(0, Pod("p", 1000, 1024, 1, 1000, qos="LS"), "k", 1000.0, 1000.0, 1200.0, "LS", 0.0, 600.0, 3000.0)
+    live = object.__new__(capacity.LiveDeepRes).inputs(job)  # inputs() reads the job alone
+    flat = object.__new__(capacity.OneClassDeepRes).inputs(job)
+    assert (live.criticality, live.deadline_s) == (2, 3000.0)
+    assert (flat.criticality, flat.deadline_s) == (1, None)
+    assert dataclasses.replace(flat, criticality=live.criticality, deadline_s=live.deadline_s) == live
