@@ -385,6 +385,10 @@ class _Run:
             result["extender_ms_per_call"] = self._verb_ms(verbs0, verbs1)
             reports = verbs1.get("telemetry_n", 0.0) - verbs0.get("telemetry_n", 0.0)
             result["telemetry_reports_per_s"] = round(reports / elapsed, 1)
+            # binds refused (the GPUs taken meanwhile: the pod goes through a whole scheduling cycle again)
+            # and the prioritize's assumptions, per 1,000 pods
+            result["per_1000_pods"] = {key: round(1000 * (verbs1[key] - verbs0.get(key, 0.0)) / pods, 1)
+                                       for key in sorted(verbs1) if ":" in key}
             result.update(self.gpu_check())
         _progress(f"{label}: {result}")
         _ = self.core.delete_collection_namespaced_pod(BENCH_NS, grace_period_seconds=0, _preload_content=False).data
@@ -494,6 +498,11 @@ class _Run:
         _, text = self._http("/metrics")
         totals: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
+            if family.name in ("deepres_extender_binds", "deepres_extender_assumptions"):  # counters, by outcome
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        totals[f"{family.name.rsplit('_', 1)[-1]}:{sample.labels.get('outcome', '')}"] = sample.value
+                continue
             if family.name != "deepres_extender_request_seconds":
                 continue
             for sample in family.samples:
@@ -566,6 +575,7 @@ def run(args: argparse.Namespace) -> int:
                     "extender_cpu_ms_per_pod": gpu["cpu_ms_per_pod"]["extender"],
                     "extender_ms_per_call": gpu["extender_ms_per_call"],
                     "telemetry_reports_per_s": gpu["telemetry_reports_per_s"],
+                    "extender_outcomes_per_1000_pods": gpu["per_1000_pods"],
                     "gpu_cpu_ms_per_pod": gpu["cpu_ms_per_pod"], "plain_cpu_ms_per_pod": plain[name]["cpu_ms_per_pod"],
                     # all processes' CPU per GPU pod over that per plain pod (the bench's own included in both)
                     "cpu_ratio_gpu_over_plain": round(sum(gpu["cpu_ms_per_pod"].values())

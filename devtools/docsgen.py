@@ -313,8 +313,21 @@ def _capacity_line(cap: dict[str, Any]) -> str:
             f"({pai['deepres_vs_static_sjf']['worst_seed_ratio']:g}x static shortest-first), "
             f"{philly['deepres_vs_static']['worst_seed_ratio']:g}x with Philly-like duty "
             f"({philly['deepres_vs_static_sjf']['worst_seed_ratio']:g}x); at most {_pct(oom)} of jobs OOM-killed "
-            f"and shared jobs slowed {slow:.2f}x at p95. [reports/simulation.json](reports/simulation.json) "
+            f"and shared jobs slowed {slow:.2f}x at p95{_one_class(pai, philly)}. "
+            f"[reports/simulation.json](reports/simulation.json) "
             f"`capacity` (`deepres simulate --experiment capacity --seeds 42..46 --no-cache`)")
+
+
+def _one_class(pai: dict[str, Any], philly: dict[str, Any]) -> str:
+    """The ablation beside the headline: what the criticality order costs on this yardstick."""
+    key = "deepres_one_class_vs_static_sjf"
+    if key not in pai or key not in philly:
+        return ""
+    return (f"; with every pod of one criticality (an ablation: no class waits for another) "
+            f"{philly['deepres_one_class_vs_static']['worst_seed_ratio']:g}x static and "
+            f"{philly[key]['worst_seed_ratio']:g}x static shortest-first with Philly-like duty, never worse than "
+            f"static shortest-first in mean bounded slowdown: "
+            f"{'no' if any(d.get('deepres_one_class_worse_bounded_slowdown_at') for d in (pai, philly)) else 'yes'}")
 
 
 def render_readme(text: str, reports: Path = REPORTS) -> str:
@@ -397,13 +410,25 @@ def capacity_results(reports: Path = REPORTS) -> str:
                 "a run.", ""]
         worse = d.get("deepres_worse_bounded_slowdown_at") or []
         out += [f"DeepRes's mean bounded slowdown worse than static-sjf's at: {worse if worse else 'no (seed, rate)'}.",
-                "", "Per rate, mean over the seeds run (n); in brackets the zero-wait bound:", "",
-                "| rate | policy | n | p95 wait s | mean JCT h | median JCT h | mean bsld | shared p95 | OOM | failed "
-                "| held | busy | preempt. | GPU-h lost |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                ""]
+        one = d.get("deepres_one_class_vs_static_sjf")
+        if one is not None:  # the ablation: every pod at one criticality, no deadline
+            one_worse = d.get("deepres_one_class_worse_bounded_slowdown_at") or []
+            out += [f"Ablation, DeepRes with every pod at one criticality and no deadline (deepres_one_class) / "
+                    f"static-sjf, worst seed: **{one['worst_seed_ratio']}** (by seed {one['by_seed']}); its mean "
+                    f"bounded slowdown worse than static-sjf's at: {one_worse if one_worse else 'no (seed, rate)'}.",
+                    ""]
+        out += ["Per rate, mean over the seeds run (n); in brackets the zero-wait bound; p95 wait also for the "
+                "trace's LS (high criticality) and BE (low) pods:", "",
+                "| rate | policy | n | p95 wait s | LS / BE p95 wait s | mean JCT h | median JCT h | mean bsld "
+                "| shared p95 | OOM | failed | held | busy | preempt. | GPU-h lost |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rate, row in d["per_rate"].items():
             for policy, r in row.items():
                 out.append(
-                    f"| {rate} | {policy} | {r['seeds_run']} | {r['p95_wait_s']:,.0f} | {_h(r['mean_jct_all_s'])} "
+                    f"| {rate} | {policy} | {r['seeds_run']} | {r['p95_wait_s']:,.0f} "
+                    f"| {r.get('p95_wait_s_ls', math.nan):,.0f} / {r.get('p95_wait_s_be', math.nan):,.0f} "
+                    f"| {_h(r['mean_jct_all_s'])} "
                     f"({_h(r['zero_wait_mean_jct_s'])}) | {_h(r['median_jct_all_s'])} "
                     f"({_h(r['zero_wait_median_jct_s'])}) "
                     f"| {r['mean_bounded_slowdown']:.3f} ({r['zero_wait_mean_bounded_slowdown']:.3f}) "

@@ -427,6 +427,28 @@ class Ledger:
             self._add(res)
             return Reserved(res, False)
 
+    def confirm(self, pod_uid: str, node: str, now_s: float) -> Reservation | None:
+        """The pod's bind for `node` takes the reservation assumed for it there (`Reservation.assumed`):
+        the same GPUs, now its bind's, at `now_s`. None when it holds no assumed reservation on `node`."""
+        with self._lock:
+            res = self._reservations.get(pod_uid)
+            if res is None or not res.assumed or res.node != node:
+                return None
+            res = replace(res, assumed=False, bound_s=now_s)
+            self._reservations[pod_uid] = res  # the same memory on the same GPUs: the node's view stands
+            self._seen[pod_uid] = now_s
+            return res
+
+    def release_assumed(self, pod_uid: str) -> bool:
+        """Release the pod's reservation if it is still only assumed (a bind may have confirmed it
+        meanwhile: then it stays). Whether one was released."""
+        with self._lock:
+            res = self._reservations.get(pod_uid)
+            if res is None or not res.assumed:
+                return False
+            self._drop(self._reservations.pop(pod_uid))
+            return True
+
     def mark_bound(self, pod_uid: str, node: str, admission: Reservation | None = None) -> None:
         """The pod's Binding exists: remember it, and count its admission in the demand mix."""
         with self._lock:
@@ -484,14 +506,17 @@ class Ledger:
             if forget_bound:
                 self._bound.pop(pod_uid, None)
             res = self._reservations.pop(pod_uid, None)
-            if res is None:
-                return None
-            self._seen.pop(pod_uid, None)
-            self._by_node.get(res.node, set()).discard(pod_uid)
-            self._shift(res, -res.memory_mib)
-            self._emptied_now(res.node)
-            self._rebuild(res.node)
+            if res is not None:
+                self._drop(res)
             return res
+
+    def _drop(self, res: Reservation) -> None:
+        """The books after `res` left `_reservations` (lock held)."""
+        self._seen.pop(res.pod_uid, None)
+        self._by_node.get(res.node, set()).discard(res.pod_uid)
+        self._shift(res, -res.memory_mib)
+        self._emptied_now(res.node)
+        self._rebuild(res.node)
 
     # ---- internals (lock held) ----
     def _forget(self, name: str) -> None:

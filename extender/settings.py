@@ -249,6 +249,11 @@ class KubeSettings:
     """When no node fits a GPU pod, evict (Eviction API) the fewest strictly-lower-priority pods on
     the best node: kube-scheduler's own preemption dry run cannot see GPU memory, so it never asks
     the preempt verb unless the pods also conflict on resources it models."""
+    assume_on_prioritize: bool = True
+    """A GPU pod's prioritize reserves the GPUs of its best-scored node for it until its bind comes (or
+    its next filter, or 15 s), as kube-scheduler assumes a pod on its node before the binding cycle:
+    the pods filtered meanwhile see them taken. Off: a burst of pods counts on the same free GPU while
+    the first one's bind is on its way, and the later binds are refused and scheduled again."""
     placed_events: bool = False
     """Also record a `Placed` Event per bound GPU pod (its text is always in the pod's
     `deepres.io/placement` annotation, written by the Binding). Off: the Event is a second API write

@@ -125,8 +125,9 @@ def progress_lost_s(res: Reservation, now_s: float) -> float:
 
 
 def evictable(res: Reservation, now_s: float, params: PolicyParams) -> bool:
-    """Whether `res` may be a victim at `now_s`: the progress it would lose is below the limit."""
-    return progress_lost_s(res, now_s) < params.preempt_max_loss_s
+    """Whether `res` may be a victim at `now_s`: a bound pod (not one only assumed on its node) whose
+    progress it would lose is below the limit."""
+    return not res.assumed and progress_lost_s(res, now_s) < params.preempt_max_loss_s
 
 
 def choose_preemption(

@@ -181,6 +181,9 @@ class Reservation:
     checkpoint_interval_s: float | None = None  # declared `deepres.io/checkpoint-interval`
     track: UsageTrack | None = None  # the usage rule's observations (`usage.follow_usage`); None: none yet
     evicted_by: str = ""  # the kind of arrival (`PodRequest.kind`) that last evicted this job ("": none)
+    #: held for a pod kube-scheduler is about to bind (its prioritize's best node), not bound yet: it
+    #: counts as reserved for the other pods' filters, and is never a victim (the pod runs nowhere)
+    assumed: bool = False
 
     @property
     def key(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from extender import annotations as ann
 from extender.annotations import AnnotationError
 from extender.kube.cluster import ClusterError, pod_meta
-from extender.policy import Reservation
+from extender.ledger import Reserved
 from extender.policy.filtering import gib
 from extender.protocol import ProtocolError, binding_result, parse_binding_args
 from extender.server.parts import Part
@@ -61,19 +61,17 @@ class Binder(Part):
         if not plan.request.gpu_job:
             return self._bind_plain(raw, key, args.node)
         version = self.planner.predictor_version
-        req = self.planner.whole_gpu_on(self.planner.request_on(plan, args.node), (args.node,), few=True)
+        req = self.planner.bind_request(plan, args.node)
         if req is not plan.request:
             plan = replace(plan, request=req)
         held = self.planner.held_for_another(req, args.node, mono)
         if held:
+            self.planner.unassume(req.uid, mono)
             self.metrics.binds.labels("refused").inc()
             return binding_result(f"cannot bind {key} to {args.node}: {held}")
-
-        template = Reservation(req.uid, req.namespace, req.name, args.node, (), req.admission_mib, req.admission_mib,
-                               req.predicted_mib, plan.inputs, mono, plan.job.signature, version, duty=req.duty,
-                               checkpoint_interval_s=plan.job.checkpoint_interval_s,
-                               evicted_by=self.planner.evicted_by(raw))
-        outcome = self.ledger.reserve_on(req, template, mono, packing=self.planner.packs(req))
+        assumed = self.planner.take_assumed(req, args.node, mono)  # its prioritize reserved these GPUs
+        outcome = Reserved(assumed, False) if assumed is not None else self.ledger.reserve_on(
+            req, self.planner.reservation(plan, req, args.node, mono, raw), mono, packing=self.planner.packs(req))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
             self.metrics.binds.labels("refused").inc()

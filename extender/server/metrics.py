@@ -47,6 +47,10 @@ class ExtenderMetrics:
                                           buckets=MEMORY_BUCKETS_MIB, registry=r)
         self.overcommit_refused = Counter("deepres_extender_overcommit_refused_total",
                                           "Binds refused because the GPUs no longer had room.", registry=r)
+        self.assumptions = Counter("deepres_extender_assumptions_total",
+                                   "GPUs reserved for a pod on its prioritize's best node until its bind, by "
+                                   "outcome (made; bound: its bind took them; moved: it was bound elsewhere or "
+                                   "admitted otherwise; expired: no bind came).", ["outcome"], registry=r)
         self.telemetry_reports = Counter("deepres_extender_telemetry_reports_total",
                                          "Telemetry reports by outcome (accepted, old_sequence, invalid, "
                                          "unauthorized, unknown_node).", ["outcome"], registry=r)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import orjson
 
 from extender.annotations import AnnotationError
@@ -27,7 +29,7 @@ from extender.protocol import (
 from extender.server.gpu_demand import merged
 from extender.server.intake import Intake
 from extender.server.parts import Part, Parts
-from extender.server.planner import PredictorUnavailable
+from extender.server.planner import Plan, PredictorUnavailable
 from extender.server.preemption import Preemptor
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class Placer(Part):
         now, mono = self.clock(), self.mono()
         self.cluster.learn_pod(args.raw_pod)  # local mode only: the first request naming a pod defines it
         planner = self.planner
+        planner.unassume(args.pod.uid, mono)  # placed anew: what its last prioritize assumed is not in its way
         try:
             plan = planner.plan(args.pod, now)
         except AnnotationError as err:
@@ -107,11 +110,14 @@ class Placer(Part):
             return []
         now = self.clock()
         planner = self.planner
+        planner.unassume(args.pod.uid, self.mono())  # a prioritize again: what the last one assumed is not in its way
         kept_plan = planner.filter_plan(args.pod, now)
         if kept_plan is not None and kept_plan.request.whole_gpu:  # the filter's fallback held for its names:
             kept_plan = None  # decided again over these (rare pods: the plan is cheap to redo)
         kept = planner.kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
         if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
+            assert kept_plan is not None
+            self._assume(kept_plan, kept.lookup.names, kept.values, args.raw_pod)
             return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
         try:
             plan = kept_plan or planner.plan(args.pod, now)
@@ -119,5 +125,14 @@ class Placer(Part):
             return host_priority_list((name, 0) for name in dict.fromkeys(args.node_names))
         req = plan.request if kept_plan is not None else planner.whole_gpu_on(plan.request, args.node_names)
         scores = planner.scores(req, args.node_names)
+        self._assume(plan, scores.names, scores.values, args.raw_pod)
         return orjson.Fragment(host_priority_json(scores.names, scores.values,
                                                   scores.lookup.derived if scores.lookup else None))
+
+    def _assume(self, plan: Plan, names: Sequence[str], values: Any, raw_pod: Any) -> None:
+        """kube-scheduler binds the pod where its score is highest, the extender's weighing most: the
+        best-scored node's GPUs are the pod's until its bind (`Planner.assume`), so that the pods it
+        filters meanwhile do not all count on the same free GPU."""
+        if not plan.request.gpu_job or not len(names) or not self.settings.kube.assume_on_prioritize:
+            return
+        self.planner.assume(plan, names[int(np.argmax(values))], raw_pod, self.mono())

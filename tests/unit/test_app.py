@@ -105,7 +105,7 @@ def test_filter_shortlists_the_best_fitting_nodes_by_the_prioritize_score(annota
     """With more nodes fitting than `filter_shortlist`, the filter names only that many: exactly the
     best by the score the full prioritize gives (ties to kube-scheduler's order), and the prioritize
     over them gives each the score it had among all (so the node kube-scheduler takes is the same)."""
-    client, _, clock = make(filter_shortlist=5)
+    client, _, clock = make(filter_shortlist=5, assume_on_prioritize=False)  # the shortlist's mechanics alone
     used = _many_nodes(client, clock, 60)
     names = sorted(used, key=lambda n: (int(n[1:]) * 23) % 60)  # kube-scheduler's order is its own
     unlimited = pod("p", annotations)
@@ -144,7 +144,8 @@ def test_prioritize_after_the_filter_answers_the_scores_the_shortlist_was_ranked
     """kube-scheduler sends a pod's prioritize right after its filter, with the shortlist: the
     extender answers with the scores it ranked the shortlist by (computed once, in the filter), which
     are the scores a prioritize computed anew gives."""
-    client, _, clock = make(filter_shortlist=12)
+    # the shortlist's own mechanics: no assumption (`assume_on_prioritize`, tested on its own) moves scores
+    client, _, clock = make(filter_shortlist=12, assume_on_prioritize=False)
     names = sorted(_many_nodes(client, clock, 60), key=lambda n: (int(n[1:]) * 23) % 60)
     for i in range(3):  # admissions: a demand mix for the packing score (the fragmentation-aware one)
         placed = pod(f"placed-{i}", CNN_ANNOTATIONS)
@@ -156,10 +157,13 @@ def test_prioritize_after_the_filter_answers_the_scores_the_shortlist_was_ranked
     assert packing == (annotations == CNN_ANNOTATIONS)
     calls = _counting_scores(monkeypatch)
     short = client.post("/filter", json=extender_args(body, names=names)).get_json()["NodeNames"]
-    kept = client.post("/prioritize", json=extender_args(body, names=short)).get_json()
-    assert len(calls) == 1, "the prioritize scored the shortlist again"
+    assert len(calls) == 1
+    # scored anew on the state the prioritize reads (its answer then reserves the best node for the pod until
+    # its bind: `Planner.assume`)
     plan = ext.plan(parse_pod(body), clock.now)
     fresh = ext.scores(plan.request, tuple(short))
+    kept = client.post("/prioritize", json=extender_args(body, names=short)).get_json()
+    assert len(calls) == 2, "the prioritize scored the shortlist again"
     assert kept == [{"Host": n, "Score": v} for n, v in fresh.pairs()]
     assert len({h["Score"] for h in kept}) > 1, kept  # the ranking has something to rank
 
@@ -169,7 +173,7 @@ def test_prioritize_scores_anew_when_what_the_score_reads_changed_since_the_filt
     """The shortlist's scores stand only while nothing they read changed: a report that changes a
     shortlisted node between the filter and the prioritize, another order of the names, or a pod of
     several GPUs (whose score reads the NodeViews) gets a prioritize computed anew."""
-    client, _, clock = make(filter_shortlist=5)
+    client, _, clock = make(filter_shortlist=5, assume_on_prioritize=False)  # the shortlist's mechanics alone
     used = _many_nodes(client, clock, 60)
     names = list(used)
     calls = _counting_scores(monkeypatch)
@@ -569,7 +573,7 @@ def test_packing_pods_follow_the_fragmentation_aware_score_once_admissions_form_
     prefers the node where placing the pod strands no memory another such pod could use."""
     low = LOW_ANNOTATIONS
     capacity = 4 * NEED
-    client, _, clock = make()
+    client, _, clock = make(assume_on_prioritize=False)  # the probe is scored again and again, never bound
     send_report(client, "tight", 1, [(capacity, capacity - 1.5 * NEED)], clock)  # leaves 0.5x: stranded
     send_report(client, "roomy", 1, [(capacity, capacity - 2.5 * NEED)], clock)  # leaves 1.5x: still fits one
     send_report(client, "warm", 1, [(40 * NEED, 0.0)], clock)
