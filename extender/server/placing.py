@@ -116,8 +116,7 @@ class Placer(Part):
             kept_plan = None  # decided again over these (rare pods: the plan is cheap to redo)
         kept = planner.kept_shortlist(kept_plan, args.node_names) if kept_plan is not None else None
         if kept is not None:  # the very scores the filter ranked these nodes by, nothing they read changed since
-            assert kept_plan is not None
-            self._assume(kept_plan, kept.lookup.names, kept.values, args.raw_pod)
+            self._assume(kept.plan, kept.lookup.names, kept.values, args.raw_pod)
             return orjson.Fragment(host_priority_json(kept.lookup.names, kept.values, kept.lookup.derived))
         try:
             plan = kept_plan or planner.plan(args.pod, now)

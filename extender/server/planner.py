@@ -423,8 +423,8 @@ class Planner:
         """Reserve the pod's GPUs on `node` (its prioritize's best) until its bind: the pods kube-scheduler
         filters meanwhile see them taken. Without it, a burst of pods scored the same GPU best one after
         another while the first one's bind was on its way, and every later bind was refused (`deepres
-        bench cluster`: 232-1,210 refusals per 1,000 pods, each a whole scheduling cycle again)."""
-        self.unassume(plan.request.uid, mono)
+        bench cluster`: 232-1,210 refusals per 1,000 pods, each a whole scheduling cycle again). The caller
+        (the prioritize) released the pod's earlier one first (`unassume`)."""
         req = self.bind_request(plan, node)
         if not req.gpu_job or not req.uid:
             return False
@@ -437,7 +437,7 @@ class Planner:
             over = len(self._assumed) - ASSUMED_MAX
             dropped = [self._assumed.popitem(last=False)[0] for _ in range(max(over, 0))]
         for uid in dropped:
-            self._release_assumed(uid)
+            self.ledger.release_assumed(uid)
         self.metrics.assumptions.labels("made").inc()
         return True
 
@@ -456,9 +456,9 @@ class Planner:
                 self._assumed.popitem(last=False)
                 expired.append(first)
         if mine is not None:
-            self._release_assumed(uid)
+            self.ledger.release_assumed(uid)
         for gone in expired:
-            if self._release_assumed(gone):
+            if self.ledger.release_assumed(gone):
                 self.metrics.assumptions.labels("expired").inc()
 
     def take_assumed(self, req: PodRequest, node: str, mono: float) -> Reservation | None:
@@ -474,15 +474,9 @@ class Planner:
             if res is not None:
                 self.metrics.assumptions.labels("bound").inc()
                 return res
-        self._release_assumed(req.uid)
-        self.metrics.assumptions.labels("moved").inc()
+        if self.ledger.release_assumed(req.uid):
+            self.metrics.assumptions.labels("moved").inc()
         return None
-
-    def _release_assumed(self, uid: str) -> bool:
-        res = self.ledger.reservation(uid)
-        if res is None or not res.assumed:
-            return False
-        return self.ledger.release_assumed(uid)
 
     def release_holds(self, uid: str) -> None:
         with self._lock:

@@ -218,32 +218,25 @@ def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies:
                           "max_preemptions": max(m["preemptions"] for m in dr),
                           "max_lost_gpu_hours": max(m["lost_gpu_hours"] for m in dr),
                           "rates_run": sorted({float(k) for r in mine for k in r["runs"]["deepres"]})}
-        worse: list[str] = []
-        for r in mine:
-            for rate, m in r["runs"]["deepres"].items():
-                for base, flag in (("static-sjf", "sjf"), ("static", "static")):
-                    other = r["runs"][base].get(rate)
-                    if other is None:
-                        continue
-                    compared += flag == "sjf"
-                    if m["mean_bounded_slowdown"] > other["mean_bounded_slowdown"] + 1e-9:
-                        worse.append(f"{base} seed {r['seed']} x{rate}")
-                        if flag == "sjf":
-                            never_sjf = False
-                        else:
-                            never_static = False
+        worse = _worse_at(mine, "deepres", ("static-sjf", "static"))
+        never_sjf = never_sjf and not any(w.startswith("static-sjf ") for w in worse)
+        never_static = never_static and not any(w.startswith("static ") for w in worse)
+        compared += sum(1 for r in mine for rate in r["runs"]["deepres"] if rate in r["runs"]["static-sjf"])
         doc["deepres_worse_bounded_slowdown_at"] = worse
         if "deepres-one-class" in policies:  # the ablation against the same baseline, same rule
-            doc["deepres_one_class_worse_bounded_slowdown_at"] = [
-                f"static-sjf seed {r['seed']} x{rate}" for r in mine
-                for rate, m in r["runs"]["deepres-one-class"].items()
-                if (other := r["runs"]["static-sjf"].get(rate)) is not None
-                and m["mean_bounded_slowdown"] > other["mean_bounded_slowdown"] + 1e-9]
+            doc["deepres_one_class_worse_bounded_slowdown_at"] = _worse_at(mine, "deepres-one-class", ("static-sjf",))
         out[dist] = doc
     out["never_worse_than_static_sjf"] = never_sjf
     out["never_worse_than_static"] = never_static
     out["comparisons"] = compared
     return out
+
+
+def _worse_at(results: Sequence[dict[str, Any]], policy: str, bases: Sequence[str]) -> list[str]:
+    """`base seed S xR` wherever `policy`'s mean bounded slowdown is above a base's at a rate both ran."""
+    return [f"{base} seed {r['seed']} x{rate}" for r in results for rate, m in r["runs"][policy].items()
+            for base in bases if (other := r["runs"][base].get(rate)) is not None
+            and m["mean_bounded_slowdown"] > other["mean_bounded_slowdown"] + 1e-9]
 
 
 def _cache_key(count: int, rates: Sequence[float], policies: Sequence[str]) -> str:
