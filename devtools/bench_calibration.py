@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.localserver import LocalServer
+from extender.provenance import stamp
 
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "predictor.json"
 GPU = "NVIDIA Unseen-GPU 80GB"
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "answered calibrated (the larger of the two paths); by_seed: the same for other row orders, each on a fresh "
         "server")
     data = json.loads(args.report.read_text()) if args.report.exists() else {}
+    result["provenance"] = stamp(f"python -m devtools.bench_calibration --seed {args.seed} --seeds {args.seeds}")
     data["live_calibration"] = result
     args.report.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(result, indent=1))

@@ -11,7 +11,9 @@ KubeSchedulerConfiguration (`helm template`) without the extender, then as many 
 configuration with it; the verbs go over plain HTTP to the main port (`--verbs-access loopback`, the
 default, as the earlier reports ran), or as the chart's default sidecar sends them (`--verbs-access
 mtls`: to the extender's own listener, `server.scheduler_bind`, over TLS with kube-scheduler's client
-certificate, the per-pod certificates made here by `deepres pod-certs`). The plain phases run first,
+certificate, the per-pod certificates made here by `deepres pod-certs`), or over plain HTTP to that
+listener (`--verbs-access listener`: not a chart setting; measured against loopback in
+docs/benchmarks.md, "Fourth pass"). The plain phases run first,
 with the agents silent and no pod of the extender's scheduler (what a cluster without deepres has);
 the agents start before the GPU phases.
 Latency: from the pod's creation (client clock) to the watch showing it bound. CPU: utime+stime of
@@ -49,6 +51,7 @@ from devtools import bench_api, pyspy
 from devtools.bench_cluster_agents import GPU_MEMORY_MIB, GPUS_PER_NODE, _Agents, _report_body
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
+from extender.provenance import stamp
 from extender.server import podcerts
 from predictor.progress import progress
 
@@ -58,6 +61,8 @@ AUDIENCE = "deepres-extender"
 GPU_SCHEDULER = "deepres-scheduler"
 #: the plain phases' profile: the chart's, renamed, so the extender's pod watch never sees plain pods
 PLAIN_SCHEDULER = "plain-scheduler"
+#: How kube-scheduler reaches the verbs (`--verbs-access`).
+VERBS_PATHS = ("loopback", "mtls", "listener")
 LIMITS = {"default_limits": 50, "high_qps": 500}
 HEARTBEAT_S = 15.0  # helm/deepres/values.yaml agent.heartbeatSeconds
 
@@ -69,10 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="client-limit settings to run (default both); others keep their figures in the report")
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                         help="seconds between two reports of one simulated agent (default 15, the chart's)")
-    parser.add_argument("--verbs-access", choices=("loopback", "mtls"), default="loopback",
-                        help="how kube-scheduler calls the verbs: loopback (default: plain HTTP to the main port) "
-                             "or mtls (the chart's default: the extender's own listener, TLS with a client "
-                             "certificate)")
+    parser.add_argument("--verbs-access", choices=VERBS_PATHS, default="loopback",
+                        help="how kube-scheduler calls the verbs: loopback (default: plain HTTP to the main port), "
+                             "mtls (the chart's default: the extender's own listener, TLS with a client certificate) "
+                             "or listener (plain HTTP to that listener, server.scheduler_bind with verbs_access "
+                             "loopback: not a chart setting)")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -127,9 +133,9 @@ def _scheduler_config(ports: tuple[int, int], kubeconfig: Path, qps: int, with_e
     the extender's main port and its scheduler's listener. With `verbs_access` mtls (the chart's
     default, sidecar mode) the verbs go to the scheduler's listener over TLS with kube-scheduler's
     client certificate, the per-pod files (`deepres pod-certs`) at `client_dir` instead of the pod's
-    mount; with loopback, over plain HTTP to the main port (granian)."""
+    mount; with loopback, over plain HTTP to the main port (granian); with listener, to the listener."""
     helm = str(Path(sys.executable).with_name("helm"))
-    access = [] if verbs_access == "mtls" else ["--set", f"extender.verbsAccess={verbs_access}"]
+    access = [] if verbs_access == "mtls" else ["--set", "extender.verbsAccess=loopback"]
     rendered = subprocess.run(
         [helm, "template", "deepres", str(REPO / "helm" / "deepres"), "--show-only",
          "templates/scheduler/configmap.yaml", "--set", f"extender.port={ports[0]}",
@@ -140,6 +146,8 @@ def _scheduler_config(ports: tuple[int, int], kubeconfig: Path, qps: int, with_e
         tls = extender.get("tlsConfig")
         if tls and client_dir is not None:  # the pod's mount -> this run's files
             extender["tlsConfig"] = {k: str(client_dir / Path(v).name) for k, v in tls.items()}
+        if verbs_access == "listener":
+            extender["urlPrefix"] = f"http://127.0.0.1:{ports[1]}"
     config["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": qps, "burst": 2 * qps}
     if not with_extender:
         config.pop("extenders", None)
@@ -212,6 +220,8 @@ class _Run:
                        DEEPRES_SCHEDULER_TLS_CERT=str(self.pod_tls / "extender" / "tls.crt"),
                        DEEPRES_SCHEDULER_TLS_KEY=str(self.pod_tls / "extender" / "tls.key"))
             access = ["--verbs-access", "mtls", "--tls-client-ca", str(self.pod_tls / "extender" / "ca.crt")]
+        elif self.verbs_access == "listener":  # plain HTTP on the scheduler's listener (verbs_access loopback)
+            env.update(DEEPRES_SCHEDULER_BIND=f"127.0.0.1:{self.scheduler_port}")
         self.extender_pid = start_process("extender", [
             sys.executable, "-m", "extender.cli", "serve", "--bind", f"127.0.0.1:{self.extender_port}",
             "--log-level", "warning", *access], self.plane.logs, env, cwd=REPO).pid
@@ -584,6 +594,8 @@ def run(args: argparse.Namespace) -> int:
                                              "plain": plain[name]["apiserver_binding_ms"]},
                     "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
+                    "provenance": stamp(f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {name} "
+                                        f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"),
                 }
             if spy is not None:
                 pyspy.stop(spy)

@@ -44,6 +44,7 @@ from typing import Any
 
 from devtools.localserver import LocalServer
 from extender.cli import UsageError
+from extender.provenance import stamp
 from predictor.progress import progress
 
 GPU_MODELS = (("NVIDIA A100-SXM4-40GB", 40960.0), ("NVIDIA A100-SXM4-80GB", 81920.0), ("Tesla V100-SXM2-32GB", 32768.0),
@@ -108,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if cpus:
             os.sched_setaffinity(0, set(cpus))
+    results["provenance"] = stamp(
+        f"deepres bench extender --nodes {args.nodes} --candidates {args.candidates} --full-nodes {args.full_nodes} "
+        f"--clients {args.clients} --duration-s {args.duration_s:g} --repeats {args.repeats} "
+        f"--telemetry-rate {args.telemetry_rate:g} --seed {args.seed}" + (" --no-pin" if args.no_pin else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

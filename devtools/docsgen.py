@@ -408,6 +408,10 @@ def capacity_results(reports: Path = REPORTS) -> str:
                 f"{dr['max_shared_slowdown_p95']}, max failure rate {dr['max_failure_rate']}, at most "
                 f"{dr['max_preemptions']:g} preemptions and {dr['max_lost_gpu_hours']} GPU-hours thrown away "
                 "a run.", ""]
+        prio = d.get("deepres_vs_static_priority")
+        if prio is not None:  # static in DeepRes's own priority order: what sharing gains under the class order
+            out += [f"DeepRes / static-priority (whole GPUs in DeepRes's priority order), worst seed: "
+                    f"**{prio['worst_seed_ratio']}** (by seed {prio['by_seed']}).", ""]
         worse = d.get("deepres_worse_bounded_slowdown_at") or []
         out += [f"DeepRes's mean bounded slowdown worse than static-sjf's at: {worse if worse else 'no (seed, rate)'}.",
                 ""]

@@ -149,21 +149,33 @@ def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
     `joins` memoises `may_join` by the only fields of a GPU it reads (its duties, whether it is empty,
     strict, and its free memory where `share_memory_margin` makes it count): one answer for the GPUs of
     one filter that run the same jobs."""
-    need, fitting, refused = pod.admission_mib, 0, False
-    for g in node.healthy:
+    need, want, refused = pod.admission_mib, max(pod.gpus, 1), False
+    fitting = 0
+    for free in node.empty_free_desc:  # an empty GPU is never refused (largest first: stop at the first short)
+        if free < need:
+            break
+        fitting += 1
+    if fitting >= want:  # enough empty GPUs: the node passes whatever its busy GPUs would answer
+        return True
+    for g in node.busy:
         free = g.free_mib
-        if not g.empty and free >= need:
-            key = (g.duties, g.empty, g.strict, free if params.share_memory_margin else 0.0)
-            joined = joins.get(key)
-            if joined is None:
-                joined = joins[key] = may_join(pod, g, params, wait_s, waiting_priority)
-            if not joined:  # shown full, as sharing_view shows it: max(capacity, reserved) reserved
-                refused = True
-                free = effective_free_mib(g.capacity_mib, occupied_mib(
-                    g.used_mib, max(g.capacity_mib, g.reserved_mib), g.foreign_mib, g.pending_mib), g.healthy)
-        if free >= need:
+        if free < need:
+            continue
+        key = (g.duties, g.empty, g.strict, free if params.share_memory_margin else 0.0)
+        joined = joins.get(key)
+        if joined is None:
+            joined = joins[key] = may_join(pod, g, params, wait_s, waiting_priority)
+        if joined:
             fitting += 1
-    return not refused or fitting >= max(pod.gpus, 1)  # (no GPU refused: the node as it passed the filter)
+            continue
+        refused = True
+        # shown full, as sharing_view shows it: max(capacity, reserved) reserved, so nothing is free on it
+        # (occupied_mib >= capacity) unless foreign use is negative; the formula is kept for that case
+        shown_free = 0.0 if g.foreign_mib >= 0.0 else effective_free_mib(g.capacity_mib, occupied_mib(
+            g.used_mib, max(g.capacity_mib, g.reserved_mib), g.foreign_mib, g.pending_mib), g.healthy)
+        if shown_free >= need:
+            fitting += 1
+    return not refused or fitting >= want  # (no GPU refused: the node as it passed the filter)
 
 
 def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, NodeView], params: PolicyParams,

@@ -69,7 +69,9 @@ class NodeView:
     Derived once: `healthy` (the healthy GPUs), `free_desc` (their free memory, largest first),
     `capacity_desc` (their capacities, largest first) and `partly_count` (healthy GPUs partly used)
     make the filter O(1) per node and the score O(GPUs of the node) with no sorting for 1-GPU pods;
-    `busy_count` (healthy GPUs not empty) lets the sharing rule pass a node with none in O(1).
+    `busy_count` (healthy GPUs not empty) lets the sharing rule pass a node with none in O(1);
+    `busy` (those GPUs) and `empty_free_desc` (the empty healthy GPUs' free memory, largest first) let
+    it count the empty GPUs a pod fits without a loop and look at the busy ones alone.
     """
 
     name: str
@@ -80,12 +82,18 @@ class NodeView:
     capacity_desc: tuple[float, ...] = field(init=False, default=())
     partly_count: int = field(init=False, default=0)
     busy_count: int = field(init=False, default=0)
+    busy: tuple[GpuView, ...] = field(init=False, default=())
+    empty_free_desc: tuple[float, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         healthy = tuple(g for g in self.gpus if g.healthy)
         object.__setattr__(self, "healthy", healthy)
         object.__setattr__(self, "partly_count", sum(1 for g in healthy if g.partly))
-        object.__setattr__(self, "busy_count", sum(1 for g in healthy if not g.empty))
+        busy = tuple(g for g in healthy if not g.empty)
+        object.__setattr__(self, "busy", busy)
+        object.__setattr__(self, "busy_count", len(busy))
+        object.__setattr__(self, "empty_free_desc", tuple(sorted((g.free_mib for g in healthy if g.empty),
+                                                                 reverse=True)))
         object.__setattr__(self, "free_desc", tuple(sorted((g.free_mib for g in healthy), reverse=True)))
         object.__setattr__(self, "capacity_desc", tuple(sorted((g.capacity_mib for g in healthy), reverse=True)))
 

@@ -40,7 +40,7 @@ from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.traces import pod_list_path, read_pods
 
 RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
-POLICIES = ("static", "static-sjf", "request", "deepres", "deepres-memory", "deepres-one-class")
+POLICIES = ("static", "static-sjf", "static-priority", "request", "deepres", "deepres-memory", "deepres-one-class")
 WAIT_BOUND_S = 1800.0
 #: Memory-only co-location (the opt-in ablation) is measured up to this rate: its runs are the slowest
 #: (every GPU shared, rates moving at each change) and its cost shows at the lowest rates already.
@@ -90,8 +90,8 @@ class OneClassDeepRes(LiveDeepRes):
 
 
 #: The policies as this experiment runs them.
-CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres": LiveDeepRes,
-                                             "deepres-one-class": OneClassDeepRes}
+CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "static-priority": replay.StaticPriority,
+                                             "deepres": LiveDeepRes, "deepres-one-class": OneClassDeepRes}
 
 
 def capacity_params() -> PolicyParams:
@@ -183,9 +183,9 @@ def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies:
         caps_b = {p: [capacity_of(r["runs"][p], "mean_bounded_slowdown", BSLD_BOUND) for r in mine] for p in policies}
         doc["capacity_by_seed"] = {p.replace("-", "_"): v for p, v in caps.items()}
         doc["capacity_bounded_slowdown_by_seed"] = {p.replace("-", "_"): v for p, v in caps_b.items()}
-        for mine_p, base in (("deepres", "static"), ("deepres", "static-sjf"), ("deepres-one-class", "static"),
-                             ("deepres-one-class", "static-sjf")):
-            if mine_p not in caps:
+        for mine_p, base in (("deepres", "static"), ("deepres", "static-sjf"), ("deepres", "static-priority"),
+                             ("deepres-one-class", "static"), ("deepres-one-class", "static-sjf")):
+            if mine_p not in caps or base not in caps:
                 continue
             ratios = [_ratio(d, s) for d, s in zip(caps[mine_p], caps[base], strict=True)]
             ratios_b = [_ratio(d, s) for d, s in zip(caps_b[mine_p], caps_b[base], strict=True)]

@@ -339,7 +339,11 @@ def _commit() -> str:
 
 
 def run(out_dir: Path, data_dir: Path = COLOCATION) -> dict[str, Any]:
+    from extender.provenance import stamp
+
     report = build_report(load(data_dir))
+    report["provenance"] = stamp("deepres simulate --experiment interference"
+                                 + ("" if Path(data_dir) == Path(COLOCATION) else f" --colocation-data {data_dir}"))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "interference.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report

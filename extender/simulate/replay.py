@@ -65,6 +65,7 @@ from extender.simulate.strategies import DeepResNoFrag as DeepResNoFrag
 from extender.simulate.strategies import DeepResPack as DeepResPack
 from extender.simulate.strategies import Request as Request
 from extender.simulate.strategies import Static as Static
+from extender.simulate.strategies import StaticPriority as StaticPriority
 from extender.simulate.strategies import StaticSjf as StaticSjf
 from extender.simulate.strategies import Strategy as Strategy
 from extender.simulate.traces import Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods

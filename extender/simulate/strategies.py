@@ -117,6 +117,20 @@ class StaticSjf(Static):
         return (job.predicted_s, job.arrival, job.idx)
 
 
+class StaticPriority(Static):
+    """Static whole GPUs, the queue in DeepRes's priority order (criticality, then deadline urgency,
+    then size: `priority_of` with the predictor's run time, as DeepRes orders it): DeepRes without
+    sharing, usage following or preemption, so DeepRes against it is what sharing gains under the
+    admin's class order (against static-sjf the class order's cost is counted in too)."""
+
+    name = "static-priority"
+
+    def order_key(self, job: Job, now: float) -> tuple[float, ...]:
+        inputs = PriorityInputs(criticality=CRITICALITY.get(job.qos, 1), deadline_s=job.deadline,
+                                gpu_seconds=job.predicted_s, gpus=job.pod.num_gpu)
+        return (-priority_of(inputs, now, self.params), job.arrival, job.idx)
+
+
 class Request(Strategy):
     name = "request"
 

@@ -28,9 +28,9 @@ def _stamps(doc: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
         return
     if isinstance(doc.get("provenance"), dict):
         yield where or "(top)", doc["provenance"]
-    if not where:
-        for key, value in doc.items():
-            yield from _stamps(value, key)
+    for key, value in doc.items():
+        if key != "provenance":
+            yield from _stamps(value, f"{where}.{key}" if where else key)
 
 
 @pytest.mark.parametrize("path", CITED)

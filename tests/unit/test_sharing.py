@@ -244,6 +244,9 @@ def test_the_filters_sharing_rule_builds_no_view(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sharing, "sharing_view", lambda *a: pytest.fail("the filter built a view"))
     result = FilterResult(passed=("n",), failed={}, unresolvable={}, kinds={"passed": 1}, request=request)
     assert sharing.apply_sharing(request, result, {"n": node}, P, 0.0).passed == ("n",)  # the empty GPU fits
+    # and with enough empty GPUs that fit, the busy ones are not even asked (most nodes of a large cluster)
+    monkeypatch.setattr(sharing, "may_join", lambda *a: pytest.fail("a busy GPU was asked"))
+    assert sharing.apply_sharing(request, result, {"n": node}, P, 0.0).passed == ("n",)
 
 
 def test_a_busy_gpu_drains_while_a_higher_priority_pod_waits() -> None:
