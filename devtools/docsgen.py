@@ -313,9 +313,18 @@ def _capacity_line(cap: dict[str, Any]) -> str:
             f"({pai['deepres_vs_static_sjf']['worst_seed_ratio']:g}x static shortest-first), "
             f"{philly['deepres_vs_static']['worst_seed_ratio']:g}x with Philly-like duty "
             f"({philly['deepres_vs_static_sjf']['worst_seed_ratio']:g}x); at most {_pct(oom)} of jobs OOM-killed "
-            f"and shared jobs slowed {slow:.2f}x at p95{_one_class(pai, philly)}. "
+            f"and shared jobs slowed {slow:.2f}x at p95{_priority_order(pai, philly)}{_one_class(pai, philly)}. "
             f"[reports/simulation.json](reports/simulation.json) "
             f"`capacity` (`deepres simulate --experiment capacity --seeds 42..46 --no-cache`)")
+
+
+def _priority_order(pai: dict[str, Any], philly: dict[str, Any]) -> str:
+    """Against whole GPUs in DeepRes's own priority order: what sharing gains under the class order."""
+    key = "deepres_vs_static_priority"
+    if key not in pai or key not in philly:
+        return ""
+    return (f"; against whole GPUs in DeepRes's own priority order (what sharing adds to it) "
+            f"{pai[key]['worst_seed_ratio']:g}x PAI-like and {philly[key]['worst_seed_ratio']:g}x Philly-like")
 
 
 def _one_class(pai: dict[str, Any], philly: dict[str, Any]) -> str:

@@ -63,8 +63,11 @@ ASSIGNED_NODE = "assigned-node"
 PLACEMENT = "placement"
 #: the wall time of the bind (RFC 3339, UTC): a restart rebuilds the attained service preemption protects
 BOUND_AT = "bound-at"
+#: the kind of arrival that evicted the pod's workload before this pod (`Reservation.evicted_by`; "none"):
+#: a restart keeps the churn rule (the same kind does not evict it again)
+EVICTED_BY = "evicted-by"
 WRITTEN_KEYS: tuple[str, ...] = (ASSIGNED_GPUS, PREDICTED_MEMORY, ADMISSION_MEMORY, PREDICTOR_VERSION, ASSIGNED_NODE,
-                                 PLACEMENT, BOUND_AT)
+                                 PLACEMENT, BOUND_AT, EVICTED_BY)
 KNOWN_KEYS: frozenset[str] = frozenset((*JOB_KEYS, *SCHEDULING_KEYS, *WRITTEN_KEYS))
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ priority, then the fewest victims, then the least memory evicted, then the first
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 
 from extender.policy.filtering import gpus_fit
@@ -45,6 +46,14 @@ RESTART_S = 120.0
 def arrival_kind(criticality: int, gpus: int) -> str:
     """The kind of an arriving pod for the churn rule: its criticality and its GPU count."""
     return f"c{criticality}/g{gpus}"
+
+
+def is_arrival_kind(text: str) -> bool:
+    """Whether `text` is a kind `arrival_kind` makes (a restored `deepres.io/evicted-by` is checked so)."""
+    return ARRIVAL_KIND.fullmatch(text) is not None
+
+
+ARRIVAL_KIND = re.compile(r"c[0-9]/g[0-9]{1,5}")
 
 
 def eviction_cost_gpu_s(victims: Iterable[Reservation], now_s: float) -> float:

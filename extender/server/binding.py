@@ -97,6 +97,9 @@ class Binder(Part):
             ann.PREFIX + ann.PLACEMENT: placement,
             # wall time: a restart turns it back into attained service on its own monotonic clock
             ann.PREFIX + ann.BOUND_AT: ann.format_time(now),
+            # always written (a value a user put on the pod at its creation is replaced): the churn rule
+            # survives a restart (`Intake._restore`)
+            ann.PREFIX + ann.EVICTED_BY: res.evicted_by or "none",
         }
         try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
             self.cluster.bind(raw, args.node, written)

@@ -17,6 +17,7 @@ from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
 from extender.ledger import ACCEPTED, GPU_CONFLICT, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
 from extender.policy import PriorityInputs, Reservation
+from extender.policy.preemption import is_arrival_kind
 from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, settle_restored
 from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
@@ -242,7 +243,7 @@ class Intake(Part):
         res = Reservation(pod.uid, pod.namespace, pod.name, pod.node_name, claimed.gpu_uuids, admission,
                           admission, predicted, inputs, bound_s, signature,
                           pod.annotations.get(ann.PREFIX + ann.PREDICTOR_VERSION, ""),
-                          checkpoint_interval_s=checkpoint)
+                          checkpoint_interval_s=checkpoint, evicted_by=self._evicted_by(pod, problems))
         if self.ledger.restore(res):
             if plan is not None:  # the online calibration learns from its peaks again
                 try:
@@ -370,6 +371,20 @@ class Intake(Part):
                                        "memory figure in MiB; each GPU is booked whole"))
             return UNREADABLE_BOOKING_MIB, UNREADABLE_BOOKING_MIB
         return admission, predicted if predicted is not None else admission
+
+    @staticmethod
+    def _evicted_by(pod: PodInfo, problems: list[tuple[str, str]]) -> str:
+        """The kind of arrival that evicted the pod's workload (`evicted-by`, written at bind): the churn rule
+        keeps protecting it after a restart. Missing or "none": none; not a kind (`c<level>/g<gpus>`): none,
+        and a problem."""
+        text = pod.annotations.get(ann.PREFIX + ann.EVICTED_BY)
+        if text is None or text == "none":
+            return ""
+        if not is_arrival_kind(text):
+            problems.append(("evicted_by", f"{ann.PREFIX}{ann.EVICTED_BY}={ann.shown(text)} is not a kind of arrival "
+                                           "(c<criticality>/g<gpus>); the pod may be evicted by any kind"))
+            return ""
+        return text
 
     def _bound_mono(self, pod: PodInfo, now: float, mono: float, problems: list[tuple[str, str]]) -> float:
         """The bind time on the monotonic clock: `bound-at` (wall) is turned into an age, never more than

@@ -66,7 +66,8 @@ class ExtenderMetrics:
             "deepres_extender_restore_unparsable_pods_total",
             "Bound pods rebuilt after a restart whose annotations no longer parse, by what did not (annotations: "
             "the job, restored at default priority; memory: the recorded figures, the GPUs booked whole; bound_at: "
-            "the bind time, attained service counted from the restart). Their GPUs stay booked.", ["part"],
+            "the bind time, attained service counted from the restart; evicted_by: the kind that evicted its workload, "
+            "which may then evict it again). Their GPUs stay booked.", ["part"],
             registry=r)
         self.restore_invalid = Counter(
             "deepres_extender_restore_invalid_pods_total",

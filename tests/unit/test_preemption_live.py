@@ -57,6 +57,58 @@ def test_a_workload_evicted_by_one_kind_of_arrival_is_not_evicted_again_by_that_
     assert worker.drain() and cluster.evictions == ["default/train-0", "default/lone", "default/train-1"]
 
 
+def test_the_churn_rule_survives_an_extender_restart() -> None:
+    """The kind that evicted a workload is written on its next pod at bind (`deepres.io/evicted-by`) and read
+    back by the restore: a restarted extender does not evict it again for the same kind of arrival (it
+    did before: the restored reservation had no `evicted_by`), while another kind still may."""
+    from extender.kube.local import InMemoryCluster
+
+    cluster = InMemoryCluster()
+    client, _, clock = make(cluster, default_criticality_ceiling="critical")
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    worker = extender_of(client.application).worker
+    first = _owned("train-0", LOW, "train")
+    client.post("/filter", json=extender_args(first, names=["a"]))
+    assert client.post("/bind", json=binding_args(first, "a")).get_json() == {"Error": ""}
+    assert cluster.pods[("default", "train-0")]["metadata"]["annotations"]["deepres.io/evicted-by"] == "none"
+    client.post("/filter", json=extender_args(pod("h1", HIGH), names=["a"]))
+    assert worker.drain() and cluster.evictions == ["default/train-0"]
+    clock.now += 121
+    send_report(client, "a", 2, [(NEED * 1.5, 0.0)], clock)
+    again = _owned("train-1", LOW, "train")
+    client.post("/filter", json=extender_args(again, names=["a"]))
+    assert client.post("/bind", json=binding_args(again, "a")).get_json() == {"Error": ""}
+    kind = cluster.pods[("default", "train-1")]["metadata"]["annotations"]["deepres.io/evicted-by"]
+    assert kind != "none"
+    # restart: a new process over the same cluster; the node reports again
+    client2, _, _ = make(cluster, clock, default_criticality_ceiling="critical")
+    (restored,) = extender_of(client2.application).state.reservations()
+    assert restored.name == "train-1" and restored.evicted_by == kind
+    send_report(client2, "a", 3, [(NEED * 1.5, 0.0)], clock)
+    worker2 = extender_of(client2.application).worker
+    assert client2.post("/filter", json=extender_args(pod("h2", HIGH), names=["a"])).get_json()["NodeNames"] == []
+    assert worker2.drain() and cluster.evictions == ["default/train-0"]  # the same kind: not again
+    client2.post("/filter", json=extender_args(pod("c1", CRITICAL), names=["a"]))
+    assert worker2.drain() and cluster.evictions == ["default/train-0", "default/train-1"]  # another kind may
+
+
+def test_an_unreadable_evicted_by_is_restored_as_none_and_said() -> None:
+    from extender.kube.local import InMemoryCluster
+
+    cluster = InMemoryCluster()
+    client, _, clock = make(cluster)
+    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
+    p1 = pod("p1", CNN_ANNOTATIONS)
+    client.post("/filter", json=extender_args(p1, names=["a"]))
+    assert client.post("/bind", json=binding_args(p1, "a")).get_json() == {"Error": ""}
+    cluster.pods[("default", "p1")]["metadata"]["annotations"]["deepres.io/evicted-by"] = "c9/everything"
+    client2, _, _ = make(cluster, clock)
+    (restored,) = extender_of(client2.application).state.reservations()
+    assert restored.evicted_by == ""
+    metrics = client2.get("/metrics").get_data(as_text=True)
+    assert 'deepres_extender_restore_unparsable_pods_total{part="evicted_by"} 1.0' in metrics
+
+
 def _long(annotations: dict[str, str], iterations: int) -> dict[str, str]:
     return {**annotations, "deepres.io/iterations": str(iterations)}
 

@@ -17,13 +17,20 @@ from extender.provenance import policy_hash, predictor_version, stamp
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CITED = sorted(set(re.findall(r"reports/[A-Za-z0-9_.-]+\.json", README)))
-#: Report sections that must carry a stamp (made since the stamp exists); the others are listed in
-#: docs/capacity.md until their writers call `extender.provenance.stamp`.
-STAMPED = {"reports/simulation.json": ("capacity",)}
+#: Report sections that must carry a stamp (their writers call `extender.provenance.stamp`; "(top)": the
+#: report's top level); docs/capacity.md "Provenance" lists them and says which sections carry none.
+STAMPED = {
+    "reports/simulation.json": ("capacity", "replay"),
+    "reports/interference.json": ("(top)",),
+    "reports/bench-cluster.json": tuple(f"nodes_{n}.{limit}" for n in (1000, 5000)
+                                        for limit in ("default_limits", "high_qps")),
+    "reports/bench-extender.json": ("(top)",),
+    "reports/predictor.json": ("live_calibration",),
+}
 
 
 def _stamps(doc: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every `provenance` object in a report: at its top or in one of its sections."""
+    """Every `provenance` object in a report, at any depth ("(top)", "section", "section.sub")."""
     if not isinstance(doc, dict):
         return
     if isinstance(doc.get("provenance"), dict):
