@@ -419,8 +419,10 @@ def capacity_results(reports: Path = REPORTS) -> str:
                 "a run.", ""]
         prio = d.get("deepres_vs_static_priority")
         if prio is not None:  # static in DeepRes's own priority order: what sharing gains under the class order
+            prio_worse = d.get("deepres_worse_than_static_priority_at") or []
             out += [f"DeepRes / static-priority (whole GPUs in DeepRes's priority order), worst seed: "
-                    f"**{prio['worst_seed_ratio']}** (by seed {prio['by_seed']}).", ""]
+                    f"**{prio['worst_seed_ratio']}** (by seed {prio['by_seed']}); DeepRes's mean bounded slowdown "
+                    f"worse than static-priority's at: {prio_worse if prio_worse else 'no (seed, rate)'}.", ""]
         worse = d.get("deepres_worse_bounded_slowdown_at") or []
         out += [f"DeepRes's mean bounded slowdown worse than static-sjf's at: {worse if worse else 'no (seed, rate)'}.",
                 ""]

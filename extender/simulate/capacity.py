@@ -168,7 +168,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    never_sjf, never_static = True, True
+    never_sjf, never_static, never_prio = True, True, True
     compared = 0
     for dist in dists:
         mine = sorted((r for r in results if r["dist"] == dist), key=lambda r: r["seed"])
@@ -223,11 +223,16 @@ def aggregate(results: Sequence[dict[str, Any]], dists: Sequence[str], policies:
         never_static = never_static and not any(w.startswith("static ") for w in worse)
         compared += sum(1 for r in mine for rate in r["runs"]["deepres"] if rate in r["runs"]["static-sjf"])
         doc["deepres_worse_bounded_slowdown_at"] = worse
+        if "static-priority" in policies:  # the same order without sharing: does sharing ever hurt?
+            doc["deepres_worse_than_static_priority_at"] = _worse_at(mine, "deepres", ("static-priority",))
+            never_prio = never_prio and not doc["deepres_worse_than_static_priority_at"]
         if "deepres-one-class" in policies:  # the ablation against the same baseline, same rule
             doc["deepres_one_class_worse_bounded_slowdown_at"] = _worse_at(mine, "deepres-one-class", ("static-sjf",))
         out[dist] = doc
     out["never_worse_than_static_sjf"] = never_sjf
     out["never_worse_than_static"] = never_static
+    if "static-priority" in policies:
+        out["never_worse_than_static_priority"] = never_prio
     out["comparisons"] = compared
     return out
 
