@@ -19,6 +19,7 @@ clamped to the capacity (`policy.usage.observed_peak`).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -32,7 +33,7 @@ from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
 from extender.policy.sharing import sharing_view, wait_for_empty_s
-from extender.policy.types import GpuView, NodeView, PodRequest, PolicyParams, Reservation
+from extender.policy.types import EMPTY_SLACK_MIB, GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
 
@@ -173,7 +174,10 @@ class Ledger:
                     for uuid in res.gpu_uuids:
                         if uuid in held:
                             held[uuid].append((res.bound_s, res.priority_inputs.gpu_seconds))
-            waits = sorted(wait_for_empty_s(now_s, [jobs]) for jobs in held.values())
+            # a GPU holding memory deepres did not place (another scheduler's pod, a process of the node)
+            # empties at no time deepres can predict: it is no GPU to wait for (0 would say it is empty now)
+            waits = sorted(math.inf if g.foreign_mib > EMPTY_SLACK_MIB or (not held[g.uuid] and not g.empty)
+                           else wait_for_empty_s(now_s, [held[g.uuid]]) for g in view.healthy)
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
                 if best <= 0.0:  # no wait is shorter
@@ -181,16 +185,16 @@ class Ledger:
         return best
 
     def _spare_holds(self, k: int) -> bool:
-        """Whether a node without any reservation has `k` healthy GPUs (lock held): then `k` empty GPUs
-        are there now, the wait is 0, and no node need be looked at. Asked of a few of the nodes
+        """Whether a node without any reservation has `k` empty GPUs (lock held; healthy, nothing on them,
+        ours or not): then the wait is 0, and no node need be looked at. Asked of a few of the nodes
         nobody placed on or that emptied (candidates only: each is checked), so that the filter and
         the bind, which both ask for the wait over every node, do not go through every node's GPUs
         and reservations (O(cluster) per pod: ~40% of the extender's CPU per GPU pod at 300 nodes)."""
         for spare in (self._unplaced, self._emptied):
             for name in islice(reversed(spare), SPARES_CHECKED):
                 view = self._views.get(name)
-                if view is not None and len(view.healthy) >= k and not self._by_node.get(name):
-                    return True
+                if view is not None and len(view.empty_free_desc) >= k and not self._by_node.get(name):
+                    return True  # k GPUs empty now (not merely without a reservation of ours)
         return False
 
     def demand_mix(self) -> DemandMix:

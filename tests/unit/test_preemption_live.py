@@ -145,6 +145,22 @@ def test_a_busy_gpu_takes_no_new_sharer_while_a_higher_priority_pod_waits() -> N
         assert out["NodeNames"] == ([] if drain else ["a"]), drain
 
 
+def test_a_gpu_full_of_memory_deepres_did_not_place_does_not_stop_sharing() -> None:
+    """Through the verbs: node x's one GPU is full of memory no pod of deepres's holds (another
+    scheduler's pod), node y's GPU runs one long small pod. A second such pod joins y (the sharing rule:
+    joining costs less than waiting for an empty GPU). Before, x's GPU counted as empty in the wait, the
+    wait was 0, and the pod waited with nowhere to go."""
+    client, _, clock = make(sharing=True, self_preemption=False, default_gpu_share_floor=0.0)
+    send_report(client, "x", 1, [(NEED * 2.5, NEED * 2.45)], clock)
+    send_report(client, "y", 1, [(NEED * 2.5, 0.0)], clock)
+    small = {**_long(LOW, 10**9), "deepres.io/gpu-share": "0.05"}
+    first = pod("first", small)
+    assert client.post("/filter", json=extender_args(first, names=["y"])).get_json()["NodeNames"] == ["y"]
+    assert client.post("/bind", json=binding_args(first, "y")).get_json() == {"Error": ""}
+    second = pod("second", small)
+    assert client.post("/filter", json=extender_args(second, names=["x", "y"])).get_json()["NodeNames"] == ["y"]
+
+
 def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
     """kube-scheduler's /preempt: the same gain check as the extender's own evictions."""
     for victim_iterations, answered in ((10**7, False), (10**10, True)):

@@ -200,6 +200,32 @@ def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypat
     assert node_by_node(1, 150.0) > 0.0  # (the case above is not the trivial one)
 
 
+def test_a_gpu_holding_memory_deepres_did_not_place_is_no_gpu_to_wait_for() -> None:
+    """W (the wait for an empty GPU) counted every GPU without a reservation of ours as empty now: one GPU
+    full of another scheduler's pod (or any process deepres did not place) made W 0 for the whole cluster,
+    and then no pod with a run time joined a busy GPU (joining had to beat waiting no time at all), while
+    that GPU emptied at no time deepres could predict. Now such a GPU waits forever and W is that of the
+    GPUs deepres holds."""
+    from extender.ledger import Ledger
+    from extender.telemetry import GpuReport, NodeReport
+
+    ledger = Ledger(P)
+    full = GpuReport("x-g0", 0, "H100", 80 * GIB, 79 * GIB)  # used, no process of ours on it
+    ledger.apply_report(NodeReport("x", 1, 1.0, "0", "nvml", (full,), boot_id="b"), 0.0)
+    ledger.apply_report(NodeReport("y", 1, 1.0, "0", "nvml", (GpuReport("y-g0", 0, "H100", 80 * GIB, 0.0),),
+                                   boot_id="b"), 0.0)
+    job = PodRequest("p", "ns", "p", 1, 20 * GIB, 20 * GIB, 10.0, duty=0.3, predicted_run_s=1000.0)
+    held = Reservation("p", "ns", "p", "y", (), 20 * GIB, 20 * GIB, 20 * GIB, PriorityInputs(gpu_seconds=1000.0),
+                       0.0, duty=0.3)
+    assert not isinstance(ledger.reserve_on(job, held, 1.0), str)
+    assert ledger.wait_for_empty_s(1, 100.0) == pytest.approx(900.0)  # y's pod ends then; x is not empty
+    assert ledger.wait_for_empty_s(1, 100.0, ["x"]) == math.inf
+    # an empty GPU elsewhere is still found at once
+    ledger.apply_report(NodeReport("z", 1, 1.0, "0", "nvml", (GpuReport("z-g0", 0, "H100", 80 * GIB, 0.0),),
+                                   boot_id="b"), 0.0)
+    assert ledger.wait_for_empty_s(1, 100.0) == 0.0
+
+
 def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
     """`apply_sharing` (the filter) decides without building `sharing_view` (issue 31); bind decides
     on the view (`Ledger.reserve_on`). Over random nodes, pods and waits both pass the same nodes."""
