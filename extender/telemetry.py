@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Annotated, Any
 
 import msgspec
@@ -156,6 +157,16 @@ class NodeReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists, not tuples), the inverse of `parse_report`."""
         return asdict(self, dict_factory=_json_ready)
+
+    @cached_property
+    def model_key(self) -> tuple[tuple[str, ...], str]:
+        """(the distinct GPU models in GPU order, the node software "driver/CUDA", "" when neither is
+        known): what admission per GPU model and the online calibration key a node by. Computed once
+        per report: a filter asks it of every node it is offered (recomputed per name, it was ~40% of
+        the filter's time at 1,000 nodes)."""
+        software = (f"{self.driver_version or '?'}/{self.cuda_version or '?'}"
+                    if self.driver_version or self.cuda_version else "")
+        return tuple(dict.fromkeys(g.model for g in self.gpus)), software
 
 
 def cross_field_problem(gpu: GpuReport) -> tuple[str, str] | None:

@@ -320,3 +320,35 @@ def test_a_burst_never_fills_a_gpu_twice_when_its_report_lists_no_processes() ->
     reserved(listed, request("first", 6_000.0), "n1", NOW + 1)
     view = listed.node_view("n1")
     assert view is not None and view.gpus[0].free_mib == 1_000.0 and view.gpus[0].pending_mib == 0.0
+
+
+def test_the_ledger_keeps_each_nodes_gpu_model_key_and_how_many_nodes_have_it() -> None:
+    """Admission per GPU model reads these instead of each name's report (`ModelDemands.by_model`): they
+    follow every report (a driver upgrade in an otherwise unchanged heartbeat too) and a forgotten node."""
+    state = ClusterState(PolicyParams())
+
+    def send(node: str, seq: int, model: str, driver: str, gpus: int = 2) -> None:
+        report = NodeReport(node, seq, float(seq), "t", "nvml",
+                            tuple(GpuReport(f"{node}-g{i}", i, model, 80_000.0, 0.0) for i in range(gpus)),
+                            boot_id="b", driver_version=driver, cuda_version="13.0")
+        assert state.apply_report(report, float(seq)) == ACCEPTED
+
+    h100, a100 = ("NVIDIA H100 80GB HBM3",), ("NVIDIA A100-SXM4-80GB",)
+    send("n1", 1, h100[0], "580")
+    send("n2", 1, h100[0], "580")
+    key_of, in_use = state.model_keys()
+    assert in_use == ((h100, "580/13.0"),) and key_of["n1"] == key_of["n2"] == (h100, "580/13.0")
+    assert key_of["n1"] is key_of["n2"] is in_use[0]  # one object per key: the filter groups by identity
+    send("n3", 1, a100[0], "580")
+    assert sorted(state.model_keys()[1]) == sorted([(h100, "580/13.0"), (a100, "580/13.0")])
+    send("n1", 2, h100[0], "590")  # the same GPU readings, another driver: the heartbeat path
+    key_of, in_use = state.model_keys()
+    assert key_of["n1"] == (h100, "590/13.0") and len(in_use) == 3
+    send("n1", 3, h100[0], "580")
+    assert len(state.model_keys()[1]) == 2  # back: no key is left with no node
+    state.set_known_nodes(["n1", "n2"])  # n3 leaves the cluster
+    key_of, in_use = state.model_keys()
+    assert "n3" not in key_of and in_use == ((h100, "580/13.0"),)
+    send("n2", 2, h100[0], "580", gpus=0)  # a report without GPUs: no key
+    key_of, in_use = state.model_keys()
+    assert "n2" not in key_of and in_use == ((h100, "580/13.0"),)
