@@ -16,7 +16,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.ledger import Ledger, ModelKey
+from extender.ledger import Ledger
+from extender.model_keys import ModelKey
 from extender.policy import FilterResult, PodRequest, PolicyParams, corrected_admission
 from extender.policy.calibration import corrected, regime
 from extender.settings import Settings

@@ -21,7 +21,8 @@ def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path) -> None:
     argv = ["--nodes", "60", "--candidates", "20", "--full-nodes", "5", "--clients", "2",
             "--duration-s", "0.5", "--telemetry-rate", "50", "--repeats", "2", *_predictor_argv()]
     figures = run_bench(bench_extender, tmp_path / "bench-extender.json", argv)
-    assert list(figures) == ["names", "nodes", "under_telemetry", "rss_mib", "cluster_nodes"]
+    assert list(figures) == ["names", "nodes", "under_telemetry", "rss_mib", "cluster_nodes", "provenance"]
+    assert figures["provenance"]["command"].startswith("deepres bench extender --nodes 60 ")  # what made it
     assert figures["cluster_nodes"] == 60  # the size asked for: the RSS is read at it
     for mode in ("names", "nodes", "under_telemetry"):
         assert list(figures[mode]) == MODE_KEYS
