@@ -201,6 +201,12 @@ class Ledger:
                     return True  # k GPUs empty now (not merely without a reservation of ours)
         return False
 
+    def model_keys(self) -> tuple[Mapping[str, ModelKey], tuple[ModelKey, ...]]:
+        """Each node's (GPU models, node software) and the distinct ones in the cluster, nodes of one key
+        sharing one object (compare them with `is`): `ModelKeys.snapshot`."""
+        with self._lock:
+            return self._model_keys.snapshot()
+
     def demand_mix(self) -> DemandMix:
         with self._lock:
             return self._demand.mix()
@@ -529,12 +535,6 @@ class Ledger:
         self._rebuild(res.node)
 
     # ---- internals (lock held) ----
-    def model_keys(self) -> tuple[Mapping[str, ModelKey], tuple[ModelKey, ...]]:
-        """Each node's (GPU models, node software) and the distinct ones in the cluster, nodes of one key
-        sharing one object (compare them with `is`): `ModelKeys.snapshot`."""
-        with self._lock:
-            return self._model_keys.snapshot()
-
     def _forget(self, name: str) -> None:
         """Drop a node's telemetry and the GPUs it owns but holds no reservation on: O(its GPUs)."""
         self._telemetry.pop(name, None)

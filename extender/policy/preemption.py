@@ -48,12 +48,13 @@ def arrival_kind(criticality: int, gpus: int) -> str:
     return f"c{criticality}/g{gpus}"
 
 
+#: What `arrival_kind` makes (criticality level, GPU count).
+ARRIVAL_KIND = re.compile(r"c[0-9]/g[0-9]{1,5}")
+
+
 def is_arrival_kind(text: str) -> bool:
     """Whether `text` is a kind `arrival_kind` makes (a restored `deepres.io/evicted-by` is checked so)."""
     return ARRIVAL_KIND.fullmatch(text) is not None
-
-
-ARRIVAL_KIND = re.compile(r"c[0-9]/g[0-9]{1,5}")
 
 
 def eviction_cost_gpu_s(victims: Iterable[Reservation], now_s: float) -> float:

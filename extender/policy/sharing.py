@@ -31,7 +31,6 @@ from dataclasses import replace
 
 from extender.policy.filtering import PASSED
 from extender.policy.interference import slowdowns
-from extender.policy.memory import effective_free_mib, occupied_mib
 from extender.policy.types import FilterResult, GpuView, NodeView, PodRequest, PolicyParams
 
 #: The filter's reason kind (a metric label) for nodes the sharing rule failed.
@@ -169,11 +168,9 @@ def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
             fitting += 1
             continue
         refused = True
-        # shown full, as sharing_view shows it: max(capacity, reserved) reserved, so nothing is free on it
-        # (occupied_mib >= capacity) unless foreign use is negative; the formula is kept for that case
-        shown_free = 0.0 if g.foreign_mib >= 0.0 else effective_free_mib(g.capacity_mib, occupied_mib(
-            g.used_mib, max(g.capacity_mib, g.reserved_mib), g.foreign_mib, g.pending_mib), g.healthy)
-        if shown_free >= need:
+        # shown full, as sharing_view shows it: max(capacity, reserved) reserved, so occupied_mib >= capacity
+        # and nothing is free on it (foreign use is a sum of reported process memory: never negative)
+        if need <= 0.0:
             fitting += 1
     return not refused or fitting >= want  # (no GPU refused: the node as it passed the filter)
 

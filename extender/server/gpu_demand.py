@@ -54,7 +54,7 @@ def node_software(report: NodeReport) -> str:
     return report.model_key[1]
 
 
-def node_models(ledger: Ledger, node: str) -> tuple[tuple[str, ...], str] | None:
+def node_models(ledger: Ledger, node: str) -> ModelKey | None:
     """(the distinct GPU models of `node` in GPU order, node software) from its last report, or None."""
     telemetry = ledger.telemetry(node)
     if telemetry is None or not telemetry.report.gpus:
@@ -143,7 +143,7 @@ class ModelDemands:
             model = self.on_node(req, demand, precision, signature_correction, *in_use[0], batch_size, node)
             if model is None or abs(model.admission_mib - req.admission_mib) <= 0.05:
                 return None
-            return [(on_request(req, model), tuple(names))]
+            return [(on_request(req, model), names)]
         groups = grouped_by_key(tuple(names), key_of, in_use)
         out: list[tuple[PodRequest, tuple[str, ...]]] = []
         for key, members in groups.items():

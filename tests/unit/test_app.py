@@ -322,13 +322,19 @@ def test_failed_binding_rolls_the_reservation_back_and_writes_no_annotation() ->
     assert client.post("/bind", json=binding_args(p, "a")).get_json() == {"Error": ""}
 
 
-def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> None:
-    cluster = InMemoryCluster()
+def bound_one(cluster: InMemoryCluster) -> tuple[FlaskClient, Clock, dict[str, Any]]:
+    """An extender over `cluster` with node "a" (room for one pod) and pod "p1" filtered and bound there."""
     client, _, clock = make(cluster)
     send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
     p1 = pod("p1", CNN_ANNOTATIONS)
     client.post("/filter", json=extender_args(p1, names=["a"]))
     assert client.post("/bind", json=binding_args(p1, "a")).get_json() == {"Error": ""}
+    return client, clock, p1
+
+
+def test_pod_end_releases_and_restart_rebuilds_without_double_allocation() -> None:
+    cluster = InMemoryCluster()
+    _, clock, p1 = bound_one(cluster)
     # restart: a new process, same cluster
     client2, _, _ = make(cluster, clock)
     restored = extender_of(client2.application).state.reservations()

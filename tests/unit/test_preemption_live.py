@@ -10,7 +10,7 @@ from typing import Any
 
 from extender.server.app import extender_of
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, binding_args, extender_args, pod, preemption_args
-from tests.unit.test_app import NEED, make, send_report
+from tests.unit.test_app import NEED, bound_one, make, send_report
 
 
 def _owned(name: str, annotations: dict[str, str], owner: str) -> dict[str, Any]:
@@ -96,11 +96,7 @@ def test_an_unreadable_evicted_by_is_restored_as_none_and_said() -> None:
     from extender.kube.local import InMemoryCluster
 
     cluster = InMemoryCluster()
-    client, _, clock = make(cluster)
-    send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)
-    p1 = pod("p1", CNN_ANNOTATIONS)
-    client.post("/filter", json=extender_args(p1, names=["a"]))
-    assert client.post("/bind", json=binding_args(p1, "a")).get_json() == {"Error": ""}
+    _, clock, _ = bound_one(cluster)
     cluster.pods[("default", "p1")]["metadata"]["annotations"]["deepres.io/evicted-by"] = "c9/everything"
     client2, _, _ = make(cluster, clock)
     (restored,) = extender_of(client2.application).state.reservations()
