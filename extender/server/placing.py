@@ -92,6 +92,10 @@ class Placer(Part):
         if (result.passed and plan.request.gpu_job and self.settings.policy.filter_shortlist > 0
                 and not soft_preferences(args.raw_pod)):
             result = planner.shortlisted(plan, result)
+        if len(result.passed) == 1 and plan.request.gpu_job:
+            # one node left: kube-scheduler binds there without a prioritize ("only one node after predicate,
+            # just use it"), so the filter makes the assumption the prioritize would have made
+            self._assume(plan, result.passed, (1,), args.raw_pod)
         for kind, count in result.kinds.items():
             self.metrics.filter_nodes.labels(kind).inc(count)
         if result.kinds.get(NO_REPORT) or result.kinds.get(STALE):
@@ -133,7 +137,8 @@ class Placer(Part):
     def _assume(self, plan: Plan, names: Sequence[str], values: Any, raw_pod: Any) -> None:
         """kube-scheduler binds the pod where its score is highest, the extender's weighing most: the
         best-scored node's GPUs are the pod's until its bind (`Planner.assume`), so that the pods it
-        filters meanwhile do not all count on the same free GPU."""
+        filters meanwhile do not all count on the same free GPU. Made by the prioritize, or by the
+        filter when it leaves one node (kube-scheduler then sends no prioritize)."""
         if not plan.request.gpu_job or not len(names) or not self.settings.kube.assume_on_prioritize:
             return
         self.planner.assume(plan, names[int(np.argmax(values))], raw_pod, self.mono())

@@ -16,8 +16,11 @@ from tests.unit.test_app import NEED, make, send_report
 
 
 def _cycle(client: Any, body: dict[str, Any], names: list[str]) -> tuple[list[str], str]:
-    """kube-scheduler's scheduling cycle for one pod: filter, prioritize, the best score's node."""
+    """kube-scheduler's scheduling cycle for one pod: filter, prioritize, the best score's node (with one
+    node left, that node and no prioritize, as kube-scheduler's schedulePod)."""
     passed = client.post("/filter", json=extender_args(body, names=names)).get_json()["NodeNames"]
+    if len(passed) == 1:
+        return passed, passed[0]
     scores = client.post("/prioritize", json=extender_args(body, names=passed)).get_json()
     best = max(scores, key=lambda h: h["Score"])["Host"] if scores else ""
     return passed, best
@@ -48,6 +51,31 @@ def test_the_next_pod_filtered_before_the_first_ones_bind_does_not_count_on_its_
         assert (answer == {"Error": ""}) == (assume or best2 != best), answer
         if assume:
             assert _metric(client, "made") == 2 and _metric(client, "bound") == 2
+
+
+def test_a_filter_that_leaves_one_node_assumes_it() -> None:
+    """kube-scheduler sends no prioritize when its filters leave one node ("only one node after predicate,
+    just use it"): the filter makes the assumption then, or the next pod counted on the same GPU and its
+    bind was refused (with `extender.filterShortlist: 1` every GPU pod's answer is one node)."""
+    from extender.server.app import extender_of
+
+    for shortlist in (100, 1):
+        client, _, clock = make(filter_shortlist=shortlist)
+        state = extender_of(client.application).state
+        send_report(client, "a", 1, [(NEED * 1.5, 0.0)], clock)  # room for one pod
+        send_report(client, "b", 1, [(NEED * 1.5, 0.0)], clock)
+        first, second, third = (pod(name, CNN_ANNOTATIONS) for name in ("first", "second", "third"))
+        names = ["a"] if shortlist == 100 else ["a", "b"]
+        passed = client.post("/filter", json=extender_args(first, names=names)).get_json()["NodeNames"]
+        assert len(passed) == 1 and [(r.name, r.assumed) for r in state.reservations()] == [("first", True)]
+        # the first pod's bind is on its way, no prioritize came: the next filter sees its GPU taken
+        passed2 = client.post("/filter", json=extender_args(second, names=names)).get_json()["NodeNames"]
+        assert passed[0] not in passed2, shortlist
+        assert client.post("/bind", json=binding_args(first, passed[0])).get_json() == {"Error": ""}
+        if passed2:
+            assert client.post("/bind", json=binding_args(second, passed2[0])).get_json() == {"Error": ""}
+        assert client.post("/filter", json=extender_args(third, names=names)).get_json()["NodeNames"] == []
+        assert _metric(client, "made") == _metric(client, "bound") == 1 + len(passed2), shortlist
 
 
 def test_a_pod_bound_elsewhere_than_assumed_moves_and_an_assumption_without_bind_expires() -> None:
