@@ -252,7 +252,8 @@ class KubeSettings:
     assume_on_prioritize: bool = True
     """A GPU pod's prioritize reserves the GPUs of its best-scored node for it until its bind comes (or
     its next filter, or 15 s), as kube-scheduler assumes a pod on its node before the binding cycle:
-    the pods filtered meanwhile see them taken. Off: a burst of pods counts on the same free GPU while
+    the pods filtered meanwhile see them taken. A filter that leaves one node reserves it (kube-scheduler
+    sends no prioritize then). Off: a burst of pods counts on the same free GPU while
     the first one's bind is on its way, and the later binds are refused and scheduled again."""
     placed_events: bool = False
     """Also record a `Placed` Event per bound GPU pod (its text is always in the pod's
