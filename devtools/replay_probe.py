@@ -2,17 +2,16 @@
 
     python -m devtools.replay_probe capacity --dist philly --seed 44 --rates 0.75 1 1.25 \
         --policies deepres --set max_slowdown_high=1.25        # a live knob, one seed, the capacity world
-    python -m devtools.replay_probe slice --seed 44 --policies deepres deepres-point
+    python -m devtools.replay_probe slice --seed 44 --policies deepres deepres-point deepres-sized
     python -m devtools.replay_probe calibration --seed 44 --observed 20 50 100 300
 
 `capacity`: the capacity experiment's world (`simulate.capacity`) for one distribution and seed, each
 policy at each rate, with policy parameters changed by `--set`; prints p95 queueing over all jobs and
 by class (LS, BE). `slice`: the compute replay's default slice (`simulate.compute`, interference on, no
-world) for one seed; besides the experiment's policies, a diagnosis that is not a policy:
+world) for one seed; besides the experiment's policies, two diagnoses that are not policies:
 `deepres-point` admits every pod at 1.1x its predicted point (it reads no observation: an upper
-bound on what a tighter memory bound could do); it prints the jobs that waited longest. (The
-diagnosis `deepres-sized`, the wait for an empty GPU counting only GPUs that can hold the pod, is
-DeepRes's own rule since: `sharing.waits_for`.)
+bound on what a tighter memory bound could do) and `deepres-sized` counts, in the wait for an empty
+GPU, only GPUs that can hold the pod's admission. Both print the jobs that waited longest.
 `calibration`: the live calibration (`policy.calibration.learn`) fed the slice's first N jobs as observed
 pods (their point and true peak, family path, one GPU model, ten nodes): how many of the other jobs
 keep a bound above 16 GiB.
@@ -34,6 +33,7 @@ from typing import Any
 
 from extender.policy import calibration as cal
 from extender.policy.duty import admission_duty
+from extender.policy.sharing import wait_for_empty_s
 from extender.simulate import capacity, capworld, compute, replay
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.interference import COLOCATION, build_report, load
@@ -51,7 +51,25 @@ class PointAdmission(replay.DeepRes):
         return job.predicted_mib * 1.1
 
 
-SLICE_CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres-point": PointAdmission}
+class SizedWait(replay.DeepRes):
+    """Diagnosis: the wait for an empty GPU counts only GPUs that can hold the pod's admission."""
+
+    name = "deepres-sized"
+
+    def wait_s(self, job: Job, rows: Sequence[int], now: float) -> float:
+        k, best = max(job.pod.num_gpu, 1), math.inf
+        for i in rows:
+            waits = sorted(wait_for_empty_s(now, [[(self.jobs[j].start, self.jobs[j].predicted_s)
+                                                   for j in self.c.jobs_on[i][g]]])
+                           for g in range(self.c.cap.shape[1])
+                           if self.c.present[i, g] and self.c.cap[i, g] >= job.admission_mib)
+            if len(waits) >= k:
+                best = min(best, waits[k - 1])
+        return best
+
+
+SLICE_CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres-point": PointAdmission,
+                                                   "deepres-sized": SizedWait}
 
 
 def _params(base: Any, sets: Sequence[str]) -> Any:

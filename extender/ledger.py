@@ -33,7 +33,7 @@ from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
-from extender.policy.sharing import sharing_view, wait_for_empty_s, waits_for
+from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.policy.types import EMPTY_SLACK_MIB, GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
@@ -155,19 +155,16 @@ class Ledger:
         with self._lock:
             return self._duties.get(signature) if signature else None
 
-    def wait_for_empty_s(self, gpus: int, now_s: float, admission_mib: float,
-                         names: Iterable[str] | None = None) -> float:
-        """The predicted wait until `gpus` GPUs of one node (of `names`, default all) that can each hold
-        `admission_mib` (`sharing.waits_for`) are empty, from the bind times and predicted run times
-        (`PriorityInputs.gpu_seconds`) of the pods holding them (`sharing.wait_for_empty_s`); the
-        sharing rule's W."""
+    def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None) -> float:
+        """The predicted wait until `gpus` GPUs of one node (of `names`, default all) are empty, from
+        the bind times and predicted run times (`PriorityInputs.gpu_seconds`) of the pods holding them
+        (`sharing.wait_for_empty_s`); the sharing rule's W."""
         with self._lock:
-            return self._wait_for_empty_s(gpus, now_s, admission_mib, names)
+            return self._wait_for_empty_s(gpus, now_s, names)
 
-    def _wait_for_empty_s(self, gpus: int, now_s: float, admission_mib: float,
-                          names: Iterable[str] | None) -> float:
+    def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None) -> float:
         k = max(gpus, 1)
-        if names is None and self._spare_holds(k, admission_mib):
+        if names is None and self._spare_holds(k):
             return 0.0
         best = float("inf")
         for name in (self._views if names is None else names):
@@ -183,9 +180,7 @@ class Ledger:
                             held[uuid].append((res.bound_s, res.priority_inputs.gpu_seconds))
             # a GPU holding memory deepres did not place (another scheduler's pod, a process of the node)
             # empties at no time deepres can predict: it is no GPU to wait for (0 would say it is empty now)
-            # nor is a GPU too small for the pod (`sharing.waits_for`)
             waits = sorted(math.inf if g.foreign_mib > EMPTY_SLACK_MIB or (not held[g.uuid] and not g.empty)
-                           or not waits_for(g.capacity_mib, admission_mib)
                            else wait_for_empty_s(now_s, [held[g.uuid]]) for g in view.healthy)
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
@@ -193,18 +188,16 @@ class Ledger:
                     return 0.0
         return best
 
-    def _spare_holds(self, k: int, admission_mib: float) -> bool:
-        """Whether a node without any reservation has `k` empty GPUs with `admission_mib` free (lock held;
-        healthy, nothing on them, ours or not): then the wait is 0, and no node need be looked at.
-        Asked of a few of the nodes nobody placed on or that emptied (candidates only: each is
-        checked), so that the filter and
+    def _spare_holds(self, k: int) -> bool:
+        """Whether a node without any reservation has `k` empty GPUs (lock held; healthy, nothing on them,
+        ours or not): then the wait is 0, and no node need be looked at. Asked of a few of the nodes
+        nobody placed on or that emptied (candidates only: each is checked), so that the filter and
         the bind, which both ask for the wait over every node, do not go through every node's GPUs
         and reservations (O(cluster) per pod: ~40% of the extender's CPU per GPU pod at 300 nodes)."""
         for spare in (self._unplaced, self._emptied):
             for name in islice(reversed(spare), SPARES_CHECKED):
                 view = self._views.get(name)
-                if (view is not None and len(view.empty_free_desc) >= k and not self._by_node.get(name)
-                        and view.empty_free_desc[k - 1] >= admission_mib):
+                if view is not None and len(view.empty_free_desc) >= k and not self._by_node.get(name):
                     return True  # k GPUs empty now (not merely without a reservation of ours)
         return False
 
@@ -434,8 +427,7 @@ class Ledger:
                 return f"pod {pod.key} is already bound to {bound}"
             view = self._views.get(node)
             if view is not None and self.params.sharing and pod.gpu_job:  # the sharing rule, as the filter
-                view = sharing_view(pod, view, self.params,
-                                    self._wait_for_empty_s(pod.gpus, now_s, pod.admission_mib, None))
+                view = sharing_view(pod, view, self.params, self._wait_for_empty_s(pod.gpus, now_s, None))
             failure = node_failure(pod, view, now_s, self.params)
             chosen = None
             if view is not None and failure is None:

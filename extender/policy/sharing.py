@@ -11,8 +11,7 @@ place (memory without a duty) counts as one GPU-bound job. The pod may join only
 2. joining beats waiting for an empty GPU: with R the pod's *predicted* run time alone (the
    predictor's estimate, never the true one) and W the predicted wait until an empty GPU frees
    (`wait_for_empty_s`, from the predicted run times of the jobs holding GPUs; a job past its
-   predicted end is expected to run half its attained time again; only GPUs that can hold the pod
-   count, `waits_for`), its predicted
+   predicted end is expected to run half its attained time again), its predicted
    completion shared, R x slowdown, is below W + R. With an empty GPU free now (W = 0) a pod never
    joins a busy one: it takes the empty GPU. A pod with no run time estimate (R = 0) joins on the
    bound alone, and so does a pod of priority below `pack_below_priority` (off by default: see
@@ -125,13 +124,6 @@ def expected_end_s(now_s: float, start_s: float, run_s: float) -> float:
     `now_s`: its predicted end, or for an overdue job now + OVERDUE_SHARE x its attained time."""
     end = start_s + max(run_s, 0.0)
     return end if end >= now_s else now_s + OVERDUE_SHARE * (now_s - start_s)
-
-
-def waits_for(capacity_mib: float, admission_mib: float) -> bool:
-    """Whether a GPU of `capacity_mib` counts in a pod's wait for an empty GPU (W): only one that can
-    hold the pod's admission once empty. A 16 GB GPU empty now says nothing of when a 21 GiB pod can
-    start: counted, it made W 0, so the pod joined no busy GPU it fits and evicting never paid."""
-    return capacity_mib >= admission_mib
 
 
 def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]) -> float:

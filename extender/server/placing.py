@@ -70,9 +70,7 @@ class Placer(Part):
             result = merged([filter_matrix(req, names, self.ledger.matrix, self.ledger.views, mono, self.params)
                              for req, names in groups], args.node_names)
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
-            # over every node, as bind's; GPUs that cannot hold the pod on any GPU model offered are not waited for
-            need = min(req.admission_mib for req, _ in groups) if groups else plan.request.admission_mib
-            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono, need)
+            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
             waiting = planner.waiting_priority(plan.request.uid, mono) if self.params.drain else -math.inf
             result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait, waiting)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request

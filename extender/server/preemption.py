@@ -77,7 +77,7 @@ class Preemptor(Part):
         """The pod's predicted wait for empty GPUs without preempting (`sharing.wait_for_empty_s`, as the
         filter's sharing rule and the replay): what preempting must gain (`preemption_pays`); None
         (not judged) without the sharing rule."""
-        return self.ledger.wait_for_empty_s(req.gpus, mono, req.admission_mib) if self.params.sharing else None
+        return self.ledger.wait_for_empty_s(req.gpus, mono) if self.params.sharing else None
 
     def request_preemption(self, pod: PodInfo, nodes: list[str], mono: float) -> bool:
         """Ask the worker to preempt for `pod` (at most once per `preemption_grace_s`): the filter

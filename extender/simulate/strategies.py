@@ -34,7 +34,7 @@ from extender.policy import (
 from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty
 from extender.policy.filtering import reserved_per_gpu
 from extender.policy.preemption import arrival_kind
-from extender.policy.sharing import sharing_view, wait_for_empty_s, waits_for
+from extender.policy.sharing import sharing_view, wait_for_empty_s
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.traces import MILLI
 from extender.simulate.world import CRITICALITY, SAMPLE_EVERY_S, Cluster, Job
@@ -232,19 +232,17 @@ class DeepRes(Strategy):
         return res.duty if res is not None else self.jobs[j].admission_duty
 
     def wait_s(self, job: Job, rows: Sequence[int], now: float) -> float:
-        """The predicted wait until `job.pod.num_gpu` GPUs of one of `rows` that can hold the job
-        (`sharing.waits_for`) are empty, from the predicted run times of the jobs on them
-        (`sharing.wait_for_empty_s` per GPU)."""
+        """The predicted wait until `job.pod.num_gpu` GPUs of one of `rows` are empty, from the
+        predicted run times of the jobs on them (`sharing.wait_for_empty_s` per GPU)."""
         k = max(job.pod.num_gpu, 1)
-        key = (now, k, job.admission_mib, tuple(rows), int(self.c.version.sum()))
+        key = (now, k, tuple(rows), int(self.c.version.sum()))
         if self._wait is not None and self._wait[0] == key:
             return self._wait[1]
         best = math.inf
         for i in rows:
             waits = sorted(wait_for_empty_s(now, [[(self.jobs[j].start, self.jobs[j].predicted_s)
                                                    for j in self.c.jobs_on[i][g]]])
-                           for g in range(self.c.cap.shape[1])
-                           if self.c.present[i, g] and waits_for(self.c.cap[i, g], job.admission_mib))
+                           for g in range(self.c.cap.shape[1]) if self.c.present[i, g])
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
         self._wait = (key, best)

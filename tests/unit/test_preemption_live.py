@@ -157,22 +157,6 @@ def test_a_gpu_full_of_memory_deepres_did_not_place_does_not_stop_sharing() -> N
     assert client.post("/filter", json=extender_args(second, names=["x", "y"])).get_json()["NodeNames"] == ["y"]
 
 
-def test_an_empty_gpu_too_small_for_the_pod_does_not_stop_sharing() -> None:
-    """Through the verbs: node x's one GPU is empty but too small for the pod (a smaller GPU model), node
-    y's GPU runs one long small pod. A second such pod joins y. Before, x's empty GPU counted in the
-    wait for an empty GPU, the wait was 0, and the pod waited for a GPU it could never use."""
-    client, _, clock = make(sharing=True, self_preemption=False, default_gpu_share_floor=0.0)
-    send_report(client, "x", 1, [(NEED * 0.8, 0.0)], clock)
-    send_report(client, "y", 1, [(NEED * 2.5, 0.0)], clock)
-    small = {**_long(LOW, 10**9), "deepres.io/gpu-share": "0.05"}
-    first = pod("first", small)
-    assert client.post("/filter", json=extender_args(first, names=["y"])).get_json()["NodeNames"] == ["y"]
-    assert client.post("/bind", json=binding_args(first, "y")).get_json() == {"Error": ""}
-    second = pod("second", small)
-    assert client.post("/filter", json=extender_args(second, names=["x", "y"])).get_json()["NodeNames"] == ["y"]
-    assert client.post("/bind", json=binding_args(second, "y")).get_json() == {"Error": ""}
-
-
 def test_the_preempt_verb_answers_only_victims_whose_eviction_pays() -> None:
     """kube-scheduler's /preempt: the same gain check as the extender's own evictions."""
     for victim_iterations, answered in ((10**7, False), (10**10, True)):

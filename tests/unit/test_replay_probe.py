@@ -19,7 +19,7 @@ def test_set_changes_a_real_parameter_and_refuses_an_unknown_one() -> None:
 
 def test_the_probes_name_only_policies_they_can_run() -> None:
     probes = replay_probe.parsers()
-    args = probes[""].parse_args(["slice", "--policies", "deepres", "deepres-point"])
-    assert args.policies == ["deepres", "deepres-point"] and args.seed == 44
+    args = probes[""].parse_args(["slice", "--policies", "deepres", "deepres-point", "deepres-sized"])
+    assert args.policies == ["deepres", "deepres-point", "deepres-sized"] and args.seed == 44
     with pytest.raises(SystemExit):
         probes[""].parse_args(["capacity", "--policies", "deepres-point"])  # a diagnosis of the slice only

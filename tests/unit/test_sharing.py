@@ -127,7 +127,7 @@ def test_the_live_filter_and_bind_apply_the_rule() -> None:
     second = PodRequest("second", "ns", "second", 1, 8 * GIB, 8 * GIB, 10.0, duty=1.0, predicted_run_s=3600.0)
     memory_only = filter_matrix(second, ["n"], ledger.matrix, ledger.views, 1.0, P)
     assert memory_only.passed == ("n",)  # 72 GiB free: memory alone would pack it
-    wait = ledger.wait_for_empty_s(1, 1.0, 0.0)
+    wait = ledger.wait_for_empty_s(1, 1.0)
     assert wait == pytest.approx(3599.0)
     shared = apply_sharing(second, memory_only, ledger.views, P, wait)
     assert shared.passed == () and "compute" in shared.failed["n"] and shared.kinds.get("compute") == 1
@@ -180,7 +180,7 @@ def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypat
         return not isinstance(ledger.reserve_on(job, template, 1.0), str)  # telemetry fresh (sent at 0)
 
     def node_by_node(k: int, now: float) -> float:  # the rule's definition, per node
-        return min(ledger.wait_for_empty_s(k, now, 0.0, [n]) for n in names)
+        return min(ledger.wait_for_empty_s(k, now, [n]) for n in names)
 
     calls = []
     real = ledger_module.wait_for_empty_s
@@ -188,7 +188,7 @@ def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypat
     for i in range(150):  # most nodes still empty: the wait is 0, found without a scan
         place(i, names[i % 60])
     calls.clear()
-    assert ledger.wait_for_empty_s(2, 150.0, 0.0) == 0.0
+    assert ledger.wait_for_empty_s(2, 150.0) == 0.0
     assert len(calls) < 4 * 5, f"{len(calls)} GPUs looked at for a wait an empty node answers"
     i = 150
     for name in names:  # every GPU holds a pod now (one 50 GiB pod each): the full answer, exact
@@ -196,7 +196,7 @@ def test_wait_for_empty_over_the_cluster_is_exact_and_does_not_scan_it(monkeypat
             i += 2
     for k in (1, 2, 4):
         for now in (150.0, 900.0, 5000.0):
-            assert ledger.wait_for_empty_s(k, now, 0.0) == pytest.approx(node_by_node(k, now))
+            assert ledger.wait_for_empty_s(k, now) == pytest.approx(node_by_node(k, now))
     assert node_by_node(1, 150.0) > 0.0  # (the case above is not the trivial one)
 
 
@@ -218,34 +218,12 @@ def test_a_gpu_holding_memory_deepres_did_not_place_is_no_gpu_to_wait_for() -> N
     held = Reservation("p", "ns", "p", "y", (), 20 * GIB, 20 * GIB, 20 * GIB, PriorityInputs(gpu_seconds=1000.0),
                        0.0, duty=0.3)
     assert not isinstance(ledger.reserve_on(job, held, 1.0), str)
-    assert ledger.wait_for_empty_s(1, 100.0, 0.0) == pytest.approx(900.0)  # y's pod ends then; x is not empty
-    assert ledger.wait_for_empty_s(1, 100.0, 0.0, ["x"]) == math.inf
+    assert ledger.wait_for_empty_s(1, 100.0) == pytest.approx(900.0)  # y's pod ends then; x is not empty
+    assert ledger.wait_for_empty_s(1, 100.0, ["x"]) == math.inf
     # an empty GPU elsewhere is still found at once
     ledger.apply_report(NodeReport("z", 1, 1.0, "0", "nvml", (GpuReport("z-g0", 0, "H100", 80 * GIB, 0.0),),
                                    boot_id="b"), 0.0)
-    assert ledger.wait_for_empty_s(1, 100.0, 0.0) == 0.0
-
-
-def test_a_gpu_too_small_for_the_pod_is_no_gpu_to_wait_for() -> None:
-    """W counted every empty GPU, whatever its size: an empty 16 GB GPU made W 0 for a 21 GiB pod, which
-    then joined no busy GPU it fits and waited for one it could never use. Now only GPUs that can hold
-    the pod's admission count (`sharing.waits_for`), the spare-node shortcut included."""
-    from extender.ledger import Ledger
-    from extender.telemetry import GpuReport, NodeReport
-
-    ledger = Ledger(P)
-    ledger.apply_report(NodeReport("t4", 1, 1.0, "0", "nvml", (GpuReport("t-g0", 0, "T4", 16 * GIB, 0.0),),
-                                   boot_id="b"), 0.0)
-    ledger.apply_report(NodeReport("y", 1, 1.0, "0", "nvml", (GpuReport("y-g0", 0, "H100", 80 * GIB, 0.0),),
-                                   boot_id="b"), 0.0)
-    job = PodRequest("p", "ns", "p", 1, 20 * GIB, 20 * GIB, 10.0, duty=0.3, predicted_run_s=1000.0)
-    held = Reservation("p", "ns", "p", "y", (), 20 * GIB, 20 * GIB, 20 * GIB, PriorityInputs(gpu_seconds=1000.0),
-                       0.0, duty=0.3)
-    assert not isinstance(ledger.reserve_on(job, held, 1.0), str)
-    assert ledger.wait_for_empty_s(1, 100.0, 8 * GIB) == 0.0  # a small pod: the empty T4 holds it
-    assert ledger.wait_for_empty_s(1, 100.0, 21 * GIB) == pytest.approx(900.0)  # only y's GPU can hold it
-    assert ledger.wait_for_empty_s(1, 100.0, 21 * GIB, ["t4"]) == math.inf
-    assert ledger.wait_for_empty_s(1, 100.0, 90 * GIB) == math.inf  # no GPU holds it
+    assert ledger.wait_for_empty_s(1, 100.0) == 0.0
 
 
 def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
