@@ -127,12 +127,15 @@ class PolicySettings:
     fragmentation_aware_packing: bool = True
     """Score packing (below `spread_priority`) pods by the fragmentation-aware rule against the mix of
     recent admissions (FGD's idea in memory terms; reports/simulation.md). False: best fit only."""
-    filter_shortlist: int = 100
+    filter_shortlist: int = 1
     """When more GPU nodes than this fit a pod, the filter answers with only this many, the best by
     the prioritize score, so that kube-scheduler scores (its plugins and the extender's prioritize)
-    those instead of every node: at 1,000-5,000 nodes most of a scheduling cycle. Not for pods with
-    soft preferences kube-scheduler scores itself (preferred node or pod (anti-)affinity, spread
-    constraints with ScheduleAnyway): they get every node that fits. 0: every node that fits, always."""
+    those instead of every node: at 1,000-5,000 nodes most of a scheduling cycle. With 1 (the
+    default, as HAMi's filter answers) kube-scheduler scores nothing and sends no prioritize: the
+    filter's best node is the pod's, reserved by the filter until its bind (`assume_on_prioritize`).
+    Not for pods with soft preferences kube-scheduler scores itself (preferred node or pod
+    (anti-)affinity, spread constraints with ScheduleAnyway): they get every node that fits. 0: every
+    node that fits, always."""
     usage_warmup_s: float = 120.0
     """Time after bind before a reservation follows the pod's observed peak."""
     usage_plateau_s: float = 300.0

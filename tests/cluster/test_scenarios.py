@@ -264,7 +264,8 @@ def test_15_a_flood_of_invented_tokens_leaves_agents_and_scheduling_served(clean
 
 
 #: Nodes the shortlist scenario adds, each with 8 reported GPUs of 80 GB: more than the chart's
-#: extender.filterShortlist (100), so every GPU pod's filter has more nodes that fit than it names.
+#: extender.filterShortlist (1) and than the 100 it once was, so every GPU pod's filter has more
+#: nodes that fit than it names.
 MANY_NODES = 130
 MANY_GPU_MIB = 81920.0
 TIGHT_NODE, BUSY_NODE = "many-077", "many-101"
@@ -317,8 +318,8 @@ def _prioritize(cluster: LocalCluster, pod: dict[str, Any], names: list[str]) ->
 
 
 def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> None:
-    """130 GPU nodes fit every pod here, more than the filter names (extender.filterShortlist, 100), so
-    kube-scheduler scores only the shortlist. Packing is unchanged: a pod lands on the node the
+    """130 GPU nodes fit every pod here, more than the filter names (extender.filterShortlist, 1), so
+    kube-scheduler scores nothing and sends no prioritize. Packing is unchanged: a pod lands on the node the
     extender ranks best among all (a tight fit), 24 pods created at once are all placed with no GPU
     over-committed, and the shortlist did cut (its metric). A pod with a preferred node affinity is
     not shortlisted: it reaches its preferred node although the extender ranks 129 nodes above it,

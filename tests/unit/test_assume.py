@@ -34,7 +34,7 @@ def _metric(client: Any, outcome: str) -> float:
 
 def test_the_next_pod_filtered_before_the_first_ones_bind_does_not_count_on_its_gpu() -> None:
     for assume in (True, False):
-        client, _, clock = make(assume_on_prioritize=assume)
+        client, _, clock = make(assume_on_prioritize=assume, filter_shortlist=100)  # two nodes: a prioritize
         for node in ("a", "b"):  # one GPU each, room for one pod
             send_report(client, node, 1, [(NEED * 1.5, 0.0)], clock)
         first, second = pod("first", CNN_ANNOTATIONS), pod("second", CNN_ANNOTATIONS)
@@ -79,7 +79,7 @@ def test_a_filter_that_leaves_one_node_assumes_it() -> None:
 
 
 def test_a_pod_bound_elsewhere_than_assumed_moves_and_an_assumption_without_bind_expires() -> None:
-    client, _, clock = make()
+    client, _, clock = make(filter_shortlist=100)
     for node in ("a", "b"):
         send_report(client, node, 1, [(NEED * 1.5, 0.0)], clock)
     first = pod("first", CNN_ANNOTATIONS)
