@@ -85,7 +85,10 @@ def local_server(workdir: Path, token: str) -> Iterator[tuple[str, Path]]:
            "DEEPRES_FRAGMENTATION_AWARE_PACKING": "false",
            # the packing experiment's policy is memory-only: compare the memory rules (the sharing rule,
            # compute, is checked by the replay's and the unit tests)
-           "DEEPRES_SHARING": "false"}
+           "DEEPRES_SHARING": "false",
+           # compared is every node the filter passes and its score on each: no shortlist (the default names
+           # the best node only, which the scores compared here choose as well)
+           "DEEPRES_FILTER_SHORTLIST": "0"}
     with LocalServer(workdir, token=token, env=env, log_level="info") as server:  # ready: the verbs wait for it
         yield server.url, server.log_path
 

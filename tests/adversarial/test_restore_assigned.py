@@ -39,11 +39,14 @@ def settings() -> Settings:
     out = Settings()
     out.kube.telemetry_grace_s = 0.0
     out.policy.sharing = False  # several pods on a GPU: the memory rule is what is attacked here
+    out.kube.assume_on_prioritize = False  # `fits` probes with a filter: its one node is not kept for a bind
     return out
 
 
 def gpus_of(ext: Any) -> dict[str, tuple[str, ...]]:
-    return {r.name: r.gpu_uuids for r in ext.state.reservations()}
+    """The GPUs each pod holds, bound or restored (not what a probing filter reserved for its newcomer
+    until a bind that never comes: `fits`)."""
+    return {r.name: r.gpu_uuids for r in ext.state.reservations() if not r.assumed}
 
 
 def wait(what: str, check: Callable[[], Any], timeout_s: float = 10.0) -> Any:

@@ -16,7 +16,8 @@ DOUBLE = {"DEEPRES_PREDICTOR_FACTORY": "tests.fixtures.kube.doubles:make_predict
 
 
 def test_simulated_agents_report_over_keep_alive_and_refusals_are_counted(tmp_path: Path) -> None:
-    with LocalServer(tmp_path, token=TOKEN, env=DOUBLE) as server:
+    # every node that fits is named (no shortlist): which nodes the reports made known is what is checked
+    with LocalServer(tmp_path, token=TOKEN, env={**DOUBLE, "DEEPRES_FILTER_SHORTLIST": "0"}) as server:
         conn = _AgentConnection(server.port)
         first = conn.post("/v1/telemetry", TOKEN, _ReportTemplate("n1").body(5, time.time()))
         older = conn.post("/v1/telemetry", TOKEN, _ReportTemplate("n1").body(4, time.time()))  # same connection

@@ -16,7 +16,10 @@ GPU_MIB = 10 * 1024 + 700  # room for exactly 10 of them
 
 def test_racing_binds_never_overcommit(tmp_path: Path) -> None:
     # memory decides here: the racers declare a tiny GPU share, which this namespace is trusted with
-    with running_server(tmp_path, env={"DEEPRES_THREADS": "16", "DEEPRES_DEFAULT_GPU_SHARE_FLOOR": "0"}) as url:
+    # the binds race here: no filter reserves its pod's GPU before them (kube.assume_on_prioritize off; a filter
+    # answering one node reserves it, so these 64 filters would fill the GPU before any bind)
+    env = {"DEEPRES_THREADS": "16", "DEEPRES_DEFAULT_GPU_SHARE_FLOOR": "0", "DEEPRES_ASSUME_ON_PRIORITIZE": "false"}
+    with running_server(tmp_path, env=env) as url:
         body = report("racy", 1, time.time(), [(float(GPU_MIB), 0.0)])
         assert post(url + "/v1/telemetry", body, token=TOKEN)[0] == 200
         # tiny declared GPU shares: the sharing rule (compute) lets all of them share; memory decides here
