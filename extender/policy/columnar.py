@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 
@@ -155,21 +155,6 @@ class NodeMatrix:
         ranks.flags.writeable = False
         self._ranks = (layout, ranks)
         return ranks
-
-    def remember_without(self, names: tuple[str, ...], dropped: Collection[str], kept: tuple[str, ...]) -> None:
-        """Remember the rows of `kept`, `names` (a list already looked up) less `dropped` in its order, from
-        the rows of `names`: no name is looked up again. The filter's sharing pass drops busy nodes
-        from the list the matrix filter passed, and the shortlist then reads that shorter list's
-        rows: looked up afresh, each of ~1,000 names missed the dict (~14% of a filter at 1,000 nodes)."""
-        looked = self.lookup(names)
-        if len(looked.names) != len(names):  # repeated names (never from kube-scheduler): `lookup` decides
-            return
-        mask = np.fromiter((name not in dropped for name in looked.names), dtype=bool, count=len(names))
-        rows = looked.rows[mask]
-        if len(rows) != len(kept):  # not that list less those names: nothing is remembered
-            return
-        rows.flags.writeable = False
-        self.remember(kept, Lookup(list(kept), rows, looked.layout))
 
     def remember(self, key: tuple[str, ...], looked: Lookup) -> None:
         """Keep `looked` as the rows of the list `key` (the LOOKUP_MEMO most recent lists)."""

@@ -197,8 +197,6 @@ def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, Nod
                         "or cost more than waiting for an empty one")
         kinds[COMPUTE] = kinds.get(COMPUTE, 0) + 1
         kinds[PASSED] = kinds.get(PASSED, 1) - 1
-    if len(passed) == len(result.passed):  # no node moved: the same answer (its list's rows are remembered)
-        return result
     if kinds.get(PASSED) == 0:
         kinds.pop(PASSED)
     return replace(result, passed=tuple(passed), failed=failed, kinds=kinds)

@@ -72,11 +72,7 @@ class Placer(Part):
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
             wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
             waiting = planner.waiting_priority(plan.request.uid, mono) if self.params.drain else -math.inf
-            before = result
             result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait, waiting)
-            if result.passed is not before.passed and result.passed and groups is None:  # the shortlist reads its rows
-                self.ledger.matrix.remember_without(before.passed, result.failed.keys() - before.failed.keys(),
-                                                    result.passed)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
         planner.keep_filter_plan(args.pod, plan, now)

@@ -579,30 +579,6 @@ def test_the_passed_names_of_a_filter_are_looked_up_once() -> None:
         matrix.lookup(["a", "c"])  # another list is
 
 
-def test_a_list_less_some_names_takes_its_rows_from_the_longer_list() -> None:
-    """The filter's sharing pass drops busy nodes from the list the matrix filter passed; the shortlist
-    then reads the shorter list's rows (`remember_without`): taken from the longer list's, no name
-    looked up again, and the same rows a lookup gives. A list that is not the longer one less those
-    names is not remembered."""
-    nodes = {n.name: n for n in (node(x, (40, 0, 0)) for x in "abcde")}
-    matrix = NodeMatrix()
-    for view in nodes.values():
-        matrix.put(view)
-    names = ("e", "c", "a", "d", "b")
-    fresh = {k: [matrix.index[n] for n in k] for k in (("e", "a", "b"), ("c", "d"))}
-    matrix.lookup(names)
-    rows = dict(matrix.index)
-    matrix.index = Unreadable(rows)
-    matrix.remember_without(names, {"c", "d"}, ("e", "a", "b"))
-    matrix.remember_without(names, {"e", "a", "b"}, ("c", "d"))
-    for kept, want in fresh.items():
-        looked = matrix.lookup(list(kept))
-        assert looked.names == list(kept) and looked.rows.tolist() == want
-    matrix.remember_without(names, {"c"}, ("e", "a", "b"))  # not `names` less {"c"}
-    with pytest.raises(AssertionError):
-        matrix.lookup(["e", "a", "b", "d"])  # not remembered: looked up
-
-
 @pytest.mark.parametrize("names", [("c", "a", "b"), ("c", "a", "c", "b"), ["c", "a", "b"]])
 def test_when_every_candidate_passes_the_prioritize_list_is_looked_up_once(names: Any) -> None:
     """The usual answer (every node passes), with the names as ExtenderArgs has them (a tuple),
