@@ -319,11 +319,12 @@ def _prioritize(cluster: LocalCluster, pod: dict[str, Any], names: list[str]) ->
 
 def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> None:
     """130 GPU nodes fit every pod here, more than the filter names (extender.filterShortlist, 1), so
-    kube-scheduler scores nothing and sends no prioritize. Packing is unchanged: a pod lands on the node the
-    extender ranks best among all (a tight fit), 24 pods created at once are all placed with no GPU
-    over-committed, and the shortlist did cut (its metric). A pod with a preferred node affinity is
-    not shortlisted: it reaches its preferred node although the extender ranks 129 nodes above it,
-    which a shortlist of 100 would have left out."""
+    kube-scheduler scores nothing and sends no prioritize. Packing is unchanged: a pod lands on the
+    node the extender ranks best among all (a tight fit), 24 pods created at once are all placed with
+    no GPU over-committed, kube-scheduler sent them no prioritize, and the shortlist did cut (its
+    metric). A pod with a preferred node affinity is not shortlisted (kube-scheduler scores it, the
+    prioritize included): it reaches its preferred node although the extender ranks 129 nodes above
+    it, which any shortlist below 130 would have left out."""
     cluster = clean
     names = [f"many-{i:03d}" for i in range(MANY_NODES)]
     idle = [(0.0, 0.0)] * 8
@@ -352,10 +353,13 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
         assert scheduled(cluster, "shortlist-tight", timeout_s=60) == best
 
         burst = [f"shortlist-burst-{i}" for i in range(24)]
+        prioritized = _prioritized(cluster)
         for name in burst:
             create(cluster, sized(name, 6))
         for name in burst:
             scheduled(cluster, name, timeout_s=120)
+        # the filter named one node each time: kube-scheduler scored nothing and sent no prioritize
+        assert _prioritized(cluster) == prioritized, "kube-scheduler sent a prioritize after a one-node filter"
         assert _not_shortlisted(cluster) - cut_before >= 25 * (MANY_NODES - 100), "the filter named every node"
         booked: dict[str, float] = {}
         for pod in s.live_gpu_pods(cluster):
@@ -373,8 +377,10 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
         ranked = _prioritize(cluster, prefers, candidates)
         above = sum(1 for score in ranked.values() if score > ranked[BUSY_NODE])
         assert above >= 100, f"only {above} nodes rank above {BUSY_NODE}: the check needs a node a shortlist leaves out"
+        prioritized = _prioritized(cluster)
         create(cluster, prefers)
         assert scheduled(cluster, "shortlist-prefers", timeout_s=60) == BUSY_NODE
+        assert _prioritized(cluster) > prioritized, "every node named, yet kube-scheduler sent no prioritize"
         assert not reporters.refused, reporters.refused[:3]
     finally:
         if reporters is not None:
@@ -382,6 +388,12 @@ def test_16_the_filter_shortlist_among_many_gpu_nodes(clean: LocalCluster) -> No
         s.delete_workloads(cluster)
         for name in names:
             cluster.core.delete_node(name)
+
+
+def _prioritized(cluster: LocalCluster) -> float:
+    """The prioritize requests the extender answered (kube-scheduler's and the test's own)."""
+    return sum(value for labels, value in s.samples(cluster.extender_metrics(), "deepres_extender_requests_total")
+               if labels.get("verb") == "prioritize")
 
 
 def _not_shortlisted(cluster: LocalCluster) -> float:
