@@ -44,9 +44,7 @@ def settings() -> Settings:
 
 
 def gpus_of(ext: Any) -> dict[str, tuple[str, ...]]:
-    """The GPUs each pod holds, bound or restored (not what a probing filter reserved for its newcomer
-    until a bind that never comes: `fits`)."""
-    return {r.name: r.gpu_uuids for r in ext.state.reservations() if not r.assumed}
+    return {r.name: r.gpu_uuids for r in ext.state.reservations()}
 
 
 def wait(what: str, check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
