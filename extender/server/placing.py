@@ -12,9 +12,8 @@ import numpy as np
 import orjson
 
 from extender.annotations import AnnotationError
-from extender.policy.columnar import filter_matrix
+from extender.policy.columnar import filter_matrix, sharing_matrix
 from extender.policy.filtering import NO_REPORT, STALE
-from extender.policy.sharing import apply_sharing
 from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
@@ -72,7 +71,8 @@ class Placer(Part):
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
             wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
             waiting = planner.waiting_priority(plan.request.uid, mono) if self.params.drain else -math.inf
-            result = apply_sharing(plan.request, result, self.ledger.views, self.params, wait, waiting)
+            result = sharing_matrix(plan.request, result, self.ledger.matrix, self.ledger.views, self.params, wait,
+                                    waiting)
         if result.request is not None:  # the whole-GPU fallback: prioritize and bind place that request
             plan = replace(plan, request=result.request)
         planner.keep_filter_plan(args.pod, plan, now)

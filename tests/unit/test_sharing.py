@@ -304,3 +304,57 @@ def test_sharers_keep_a_memory_margin_on_busy_gpus_only() -> None:
     assert may_join(pod(0.05), tight, P, wait_s=math.inf)
     assert not may_join(pod(0.05), tight, margin, wait_s=math.inf)
     assert may_join(pod(0.05), empty(), margin, wait_s=math.inf)
+
+
+class _NoLookups(dict):  # type: ignore[type-arg]
+    """A name index that refuses to be read: a lookup that was remembered never reads it."""
+
+    def get(self, *args: object) -> object:
+        raise AssertionError("a name was looked up")
+
+
+def test_the_filters_columnar_sharing_pass_equals_the_per_name_one_and_remembers_its_list() -> None:
+    """`columnar.sharing_matrix` (what the filter runs, issue 31) answers as `apply_sharing`, the rule,
+    over random nodes, pods and waits: the same nodes passed in the same order, the same failures and
+    counts; and the list it passes is remembered with its rows, so the shortlist and the prioritize
+    after it read no name (a filter used to look ~900 fresh names up again there)."""
+    import random
+
+    from extender.policy.columnar import NodeMatrix, filter_matrix, sharing_matrix
+    from extender.policy.sharing import apply_sharing
+
+    rng = random.Random(11)
+    dropped_some = passed_untouched = 0
+    for trial in range(400):
+        nodes = {}
+        for i in range(rng.choice((1, 3, 8))):
+            gpus = []
+            for j in range(rng.choice((1, 2, 4, 8))):
+                used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
+                duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
+                gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
+                                    foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
+            nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+        matrix = NodeMatrix(rows=2, cols=1)  # small: grown as nodes arrive
+        for view in nodes.values():
+            matrix.put(view)
+        need = rng.choice((0.0, 8 * GIB, 40 * GIB))
+        request = PodRequest("p", "ns", "p", rng.choice((1, 2, 3)), need, need, rng.choice((5.0, 10.0, 30.0)),
+                             duty=rng.choice((0.05, 0.5, 1.0)), predicted_run_s=rng.choice((0.0, 600.0, 7200.0)))
+        wait = rng.choice((0.0, 300.0, 1e5))
+        names = list(nodes)
+        rng.shuffle(names)
+        memory_only = filter_matrix(request, names, matrix, nodes, 1.0, P)
+        expected = apply_sharing(request, memory_only, nodes, P, wait)
+        shared = sharing_matrix(request, memory_only, matrix, nodes, P, wait)
+        assert shared == expected, (trial, shared, expected)
+        if shared.passed == memory_only.passed:
+            passed_untouched += 1
+            continue
+        dropped_some += 1
+        index, matrix.index = matrix.index, _NoLookups(matrix.index)
+        looked = matrix.lookup(shared.passed)
+        matrix.index = index
+        assert looked.names == list(shared.passed)
+        assert looked.rows.tolist() == [index[n] for n in shared.passed]
+    assert dropped_some > 20 and passed_untouched > 20  # both branches were exercised
