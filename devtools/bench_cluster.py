@@ -338,8 +338,7 @@ class _Run:
         bound: dict[str, float] = {}
         running: set[str] = set()
         done = threading.Event()
-        watcher = threading.Thread(target=self._watch_binds, args=(set(names), bound, done,
-                                                                    running if self.accounting else None), daemon=True)
+        watcher = threading.Thread(target=self._watch_binds, args=(set(names), bound, done, running), daemon=True)
         watcher.start()
         time.sleep(1.0)
         verbs0 = self._verb_totals() if gpu else {}
@@ -371,13 +370,18 @@ class _Run:
             raise RuntimeError(f"{label}: only {len(bound)} of {pods} pods bound")
         elapsed = max(bound.values()) - start
         cpu1 = self._cpu()
+        running_at_bound = len(running)
         if self.accounting is not None:
             self.accounting.end(label, pods)
-            # and until kwok has every pod Running: work a fast phase leaves behind its window
-            deadline = time.monotonic() + 120
-            while len(running) < pods and time.monotonic() < deadline:
-                time.sleep(0.05)
-            cpu2 = self._cpu()
+        # and until kwok has every pod Running: the work a fast phase leaves behind its window (the status
+        # kwok writes for each pod, the API server's handling of it, the watchers' events), counted for
+        # both kinds of pods alike
+        deadline = time.monotonic() + 120
+        while len(running) < pods and time.monotonic() < deadline:
+            time.sleep(0.05)
+        settled_s = time.monotonic() - start
+        cpu2 = self._cpu()
+        if self.accounting is not None:
             self.accounting.end(f"{label}-settled", pods,
                                 {k: round(1000 * (cpu2[k] - cpu0[k]) / pods, 2) for k in cpu2})
         verbs1 = self._verb_totals() if gpu else {}
@@ -388,6 +392,9 @@ class _Run:
             "pods_per_s": round(pods / elapsed, 1), "latency_p50_s": round(_percentile(latencies, 0.5), 2),
             "latency_p99_s": round(_percentile(latencies, 0.99), 2),
             "cpu_ms_per_pod": {k: round(1000 * (cpu1[k] - cpu0[k]) / pods, 2) for k in cpu1},
+            "cpu_ms_per_pod_settled": {k: round(1000 * (cpu2[k] - cpu0[k]) / pods, 2) for k in cpu2},
+            "running_share_at_bound": round(running_at_bound / pods, 3),
+            "settled_s": round(settled_s, 2), "pods_running": len(running),
             # the API server's own time per Binding (whoever sent it: kube-scheduler, or the extender)
             "apiserver_binding_ms": round(1000 * (binding1[0] - binding0[0]) / max(1.0, binding1[1] - binding0[1]), 1),
         }
@@ -590,6 +597,14 @@ def run(args: argparse.Namespace) -> int:
                     # all processes' CPU per GPU pod over that per plain pod (the bench's own included in both)
                     "cpu_ratio_gpu_over_plain": round(sum(gpu["cpu_ms_per_pod"].values())
                                                       / max(sum(plain[name]["cpu_ms_per_pod"].values()), 1e-9), 2),
+                    # the same, each window until kwok had every pod Running (`phase`): a plain phase ends its
+                    # window with most of its pods' status writes still to come, a GPU phase with few
+                    "gpu_cpu_ms_per_pod_settled": gpu["cpu_ms_per_pod_settled"],
+                    "plain_cpu_ms_per_pod_settled": plain[name]["cpu_ms_per_pod_settled"],
+                    "cpu_ratio_settled": round(sum(gpu["cpu_ms_per_pod_settled"].values())
+                                               / max(sum(plain[name]["cpu_ms_per_pod_settled"].values()), 1e-9), 2),
+                    "running_share_at_bound": {"gpu": gpu["running_share_at_bound"],
+                                               "plain": plain[name]["running_share_at_bound"]},
                     "apiserver_binding_ms": {"gpu": gpu["apiserver_binding_ms"],
                                              "plain": plain[name]["apiserver_binding_ms"]},
                     "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),

@@ -53,5 +53,7 @@ def _git(*args: str) -> str:
 def stamp(command: str) -> dict[str, Any]:
     """The provenance of a report made now by `command`."""
     return {"commit": _git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            # reports/ left out: a command that writes its report in parts (one cluster size after another)
+            # would find its own first part there and call its tree dirty
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports")),
             "predictor_version": predictor_version(), "policy_params_hash": policy_hash(), "command": command}

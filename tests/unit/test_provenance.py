@@ -64,3 +64,33 @@ def test_a_stamp_says_what_made_it() -> None:
     assert made["predictor_version"] == predictor_version() != ""
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", made["commit"])
     assert made["policy_params_hash"] == policy_hash()
+
+
+def test_a_tree_is_dirty_for_its_code_not_for_the_reports_being_written(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deepres bench cluster` writes its report after each cluster size: the second size's stamp must
+    not call the tree dirty for the first size's part (it did: nodes_5000 `dirty: true` on clean trees)."""
+    import shutil
+    import subprocess
+
+    from extender import provenance
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "bench.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    assert provenance.stamp("c")["dirty"] is False
+    (tmp_path / "reports" / "bench.json").write_text('{"nodes_1000": {}}\n')
+    assert provenance.stamp("c")["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.stamp("c")["dirty"] is True
