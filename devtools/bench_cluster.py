@@ -79,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "mtls (the chart's default: the extender's own listener, TLS with a client certificate) "
                              "or listener (plain HTTP to that listener, server.scheduler_bind with verbs_access "
                              "loopback: not a chart setting)")
+    parser.add_argument("--order", choices=("plain-first", "gpu-first"), default="plain-first",
+                        help="which kind of pods goes first (default plain-first: the plain phases, then the agents "
+                             "start and the GPU phases); gpu-first runs the GPU phases first and stops the agents "
+                             "before the plain ones, to see what the phases' order does to the comparison")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -263,6 +267,10 @@ class _Run:
         self.agents = _Agents(self.extender_port, self.tokens, self.heartbeat_s)
         if self.heartbeat_s > 0:
             self.agents.start()
+
+    def stop_agents(self) -> None:
+        if self.agents is not None:
+            self.agents.stop()
 
     def _http(self, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
         request = urllib.request.Request(f"http://127.0.0.1:{self.extender_port}{path}", data=body,
@@ -569,19 +577,33 @@ def run(args: argparse.Namespace) -> int:
                      args.verbs_access)
         previous = report.get(f"nodes_{nodes}", {})
         section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
-                                   "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access}
+                                   "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access,
+                                   "order": args.order}
         load = [round(os.getloadavg()[0], 2)]
         try:
             bench.setup()
-            plain = {name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
-                     for name in limits}
+            gpu_first = args.order == "gpu-first"
             accounting = bench.accounting
+            if gpu_first and accounting is not None:
+                raise UsageError("--api-accounting measures the plain phases first: leave --order as it is")
+            plain = {} if gpu_first else {
+                name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
+                for name in limits}
             if accounting is not None:  # the background without pods: no agents, as in the plain phases
                 accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
             bench.start_agents()
             spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if args.profile else None
+            gpus = {name: bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
+                    for name in limits}
+            if spy is not None:
+                pyspy.stop(spy)
+                spy = None
+            if gpu_first:  # the agents stop: the plain phases run beside an idle extender, as they do first
+                bench.stop_agents()
+                plain = {name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
+                         for name in limits}
             for name in limits:
-                gpu = bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
+                gpu = gpus[name]
                 section[name] = {
                     "kube_api_qps": LIMITS[name],
                     "gpu_pods_per_s": gpu["pods_per_s"], "plain_pods_per_s": plain[name]["pods_per_s"],
@@ -610,10 +632,9 @@ def run(args: argparse.Namespace) -> int:
                     "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
                     "provenance": stamp(f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {name} "
-                                        f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"),
+                                        f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
+                                        + (" --order gpu-first" if gpu_first else "")),
                 }
-            if spy is not None:
-                pyspy.stop(spy)
             if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
                 gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
                 accounting.idle("idle-agents", max(gpu_windows))
