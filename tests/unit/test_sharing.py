@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,6 +227,20 @@ def test_a_gpu_holding_memory_deepres_did_not_place_is_no_gpu_to_wait_for() -> N
     assert ledger.wait_for_empty_s(1, 100.0) == 0.0
 
 
+def random_nodes(rng: Any, count: int) -> dict[str, NodeView]:
+    """`count` nodes of 1-8 80 GB GPUs, empty, partly or fully used, by jobs of random duties."""
+    nodes = {}
+    for i in range(count):
+        gpus = []
+        for j in range(rng.choice((1, 2, 4, 8))):
+            used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
+            duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
+            gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
+                                foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
+        nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+    return nodes
+
+
 def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
     """`apply_sharing` (the filter) decides without building `sharing_view` (issue 31); bind decides
     on the view (`Ledger.reserve_on`). Over random nodes, pods and waits both pass the same nodes."""
@@ -237,15 +252,7 @@ def test_the_filters_sharing_rule_agrees_with_the_view_bind_uses() -> None:
 
     rng = random.Random(7)
     for trial in range(300):
-        nodes = {}
-        for i in range(6):
-            gpus = []
-            for j in range(rng.choice((1, 2, 4, 8))):
-                used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
-                duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
-                gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
-                                    foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
-            nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+        nodes = random_nodes(rng, 6)
         need = rng.choice((0.0, 8 * GIB, 40 * GIB))
         request = PodRequest("p", "ns", "p", rng.choice((1, 2, 3)), need, need, rng.choice((5.0, 10.0, 30.0)),
                              duty=rng.choice((0.05, 0.5, 1.0)), predicted_run_s=rng.choice((0.0, 600.0, 7200.0)))
@@ -326,15 +333,7 @@ def test_the_filters_columnar_sharing_pass_equals_the_per_name_one_and_remembers
     rng = random.Random(11)
     dropped_some = passed_untouched = 0
     for trial in range(400):
-        nodes = {}
-        for i in range(rng.choice((1, 3, 8))):
-            gpus = []
-            for j in range(rng.choice((1, 2, 4, 8))):
-                used = rng.choice((0.0, 0.0, 4 * GIB, 30 * GIB, 70 * GIB, 80 * GIB))
-                duties = tuple(rng.choice((0.05, 0.3, 0.9)) for _ in range(rng.choice((0, 1, 2)))) if used else ()
-                gpus.append(GpuView(f"n{i}g{j}", j, 80 * GIB, rng.uniform(0.0, used), used, healthy=rng.random() > 0.1,
-                                    foreign_mib=rng.choice((0.0, 2 * GIB)), duties=duties, strict=rng.random() < 0.3))
-            nodes[f"n{i}"] = NodeView(f"n{i}", tuple(gpus), 0.0)
+        nodes = random_nodes(rng, rng.choice((1, 3, 8)))
         matrix = NodeMatrix(rows=2, cols=1)  # small: grown as nodes arrive
         for view in nodes.values():
             matrix.put(view)
