@@ -178,6 +178,12 @@ class Agent:
         # sequence numbers start from the wall clock in ms so they keep increasing across restarts
         self.next_sequence = int(clock() * 1000)
         self.boot_id = uuid.uuid4().hex  # a new epoch per start: the extender orders reports within it
+        # a free-memory nudge waiting for the report that shows that memory: (MiB, that report's sequence)
+        self._nudge: tuple[int, int] | None = None
+        self._nudge_lock = threading.Lock()
+        on_delivered = getattr(reporter, "on_delivered", None)
+        if callable(on_delivered):
+            on_delivered(self._delivered)
         self.last_sent: NodeReport | None = None
         self._last_sent_s = float("-inf")
 
@@ -216,8 +222,33 @@ class Agent:
         if sample.responsive:
             value = self.trigger.observe(free_memory_mib(gpus), done)
             if value is not None:
-                self.annotator.publish_free_mib(value)
+                self._nudge_after_delivery(value)
         return report
+
+    def _nudge_after_delivery(self, free_mib: int) -> None:
+        """Publish `free_mib` on the Node (kube-scheduler's cue to retry the pods it set aside) once the
+        extender has the report that shows it: the last one submitted. A Node patch that overtook its
+        report (the two go out on threads of their own) had kube-scheduler retry against the old
+        telemetry; the pod was refused again and no event was left to wake it for up to kube-scheduler's
+        5 minutes (`tests/cluster`, scenario 17, once). A sink that says nothing of deliveries (tests, no
+        extender) publishes at once, as before."""
+        delivered = getattr(self.reporter, "delivered_sequence", None)
+        waits_for = self.last_sent.sequence if self.last_sent is not None else -1
+        if not isinstance(delivered, int) or delivered >= waits_for:
+            self.annotator.publish_free_mib(free_mib)
+            return
+        with self._nudge_lock:
+            self._nudge = (free_mib, waits_for)  # the newest value wins, as on the Node
+        self._delivered(getattr(self.reporter, "delivered_sequence", -1))  # delivered meanwhile?
+
+    def _delivered(self, sequence: int) -> None:
+        """The extender accepted the report `sequence` (the reporter's thread): a nudge waiting for it goes."""
+        with self._nudge_lock:
+            nudge = self._nudge
+            if nudge is None or sequence < nudge[1]:
+                return
+            self._nudge = None
+        self.annotator.publish_free_mib(nudge[0])
 
     def run(self, stop: threading.Event) -> None:
         """Step every interval on a fixed schedule (a slow round does not shift the next ones)."""

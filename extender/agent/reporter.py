@@ -172,6 +172,11 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name="deepres-reporter", daemon=True)
         self.last_delivery: Delivery | None = None
         self.delivered_sequence = -1
+        self._delivered_listeners: list[Callable[[int], None]] = []
+
+    def on_delivered(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(sequence)` (on the sender's thread) after each report the extender accepted."""
+        self._delivered_listeners.append(listener)
 
     def start(self) -> Reporter:
         self._thread.start()
@@ -224,6 +229,11 @@ class Reporter:
             if delivery.result in ("ok", "rejected"):
                 if delivery.result == "ok":
                     self.delivered_sequence = report.sequence
+                    for listener in self._delivered_listeners:
+                        try:
+                            listener(report.sequence)
+                        except Exception:  # a listener's bug must not stop the reports
+                            log.exception("a delivery listener failed")
                     if failures:
                         log.info("extender reachable again after %d failed attempts", failures)
                 else:

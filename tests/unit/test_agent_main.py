@@ -183,3 +183,53 @@ def test_a_failing_round_does_not_end_the_loop() -> None:
     agent.run(stop)
     assert source.calls == 4
     assert len(sink.reports) == 3  # rounds 1, 3 and 4 reported; round 2 was logged and skipped
+
+
+def test_the_free_memory_nudge_waits_for_the_report_that_shows_it(tmp_path: Path) -> None:
+    """The Node patch is kube-scheduler's cue to retry the pods it set aside: it must not overtake the
+    report that shows the freed memory (the extender would refuse the retried pod on the old telemetry,
+    and no event would be left to wake it). Through the agent's real Reporter; only the HTTP post is
+    stood in for, held until the test lets the extender answer."""
+    import threading
+
+    from extender.agent.reporter import Delivery, Reporter, TokenFile
+
+    let_through = threading.Event()
+    posted: list[bytes] = []
+
+    def post(body: bytes, token: str | None) -> Delivery:
+        posted.append(body)
+        let_through.wait(30)
+        return Delivery("ok", 200, "")
+
+    published = threading.Event()
+
+    class Notes(Annotations):
+        def publish_free_mib(self, free_mib: int) -> None:
+            super().publish_free_mib(free_mib)
+            published.set()
+
+    nvml = FakeNvml([FakeGpu(uuid="GPU-0", total_mib=40960, used_mib=9000, processes=[])])
+    clock = Clock(1_700_000_000.0)
+    settings = AgentSettings(node="n1", interval_s=5, heartbeat_s=15, proc_root=str(make_proc_root(tmp_path / "p", {})),
+                             free_threshold_mib=1024, annotate_min_interval_s=10)
+    reporter = Reporter(post, TokenFile(None)).start()
+    notes = Notes()
+    agent = Agent(settings, NvmlSource.open(nvml), reporter, annotator=notes, clock=clock, monotonic=clock)
+    try:
+        agent.step()  # the first report, and the first annotation: after that report only
+        assert not published.is_set() and notes.values == []  # the extender has not answered yet
+        let_through.set()
+        assert published.wait(30), "the nudge never followed the report's delivery"
+        assert notes.values == [40960 - 9000] and reporter.delivered_sequence == agent.last_sent.sequence  # type: ignore[union-attr]
+        published.clear()
+        let_through.clear()
+        nvml.gpus[0].used_mib = 1000  # a job ended: 8 GB freed
+        clock.t += 15
+        agent.step()
+        assert not published.is_set() and notes.values == [40960 - 9000]
+        let_through.set()
+        assert published.wait(30) and notes.values == [40960 - 9000, 40960 - 1000]
+    finally:
+        let_through.set()
+        reporter.stop()
