@@ -564,6 +564,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--pods must be at least 10, got {args.pods}")
     if args.heartbeat_s < 0:
         raise UsageError(f"--heartbeat-s must be >= 0, got {args.heartbeat_s:g}")
+    gpu_first = args.order == "gpu-first"
+    if gpu_first and args.api_accounting:
+        raise UsageError("--api-accounting measures the plain phases first: leave --order as it is")
     report: dict[str, Any] = {}
     out = Path(args.out)
     if out.exists():
@@ -582,10 +585,7 @@ def run(args: argparse.Namespace) -> int:
         load = [round(os.getloadavg()[0], 2)]
         try:
             bench.setup()
-            gpu_first = args.order == "gpu-first"
             accounting = bench.accounting
-            if gpu_first and accounting is not None:
-                raise UsageError("--api-accounting measures the plain phases first: leave --order as it is")
             plain = {} if gpu_first else {
                 name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
                 for name in limits}

@@ -227,19 +227,18 @@ class Agent:
 
     def _nudge_after_delivery(self, free_mib: int) -> None:
         """Publish `free_mib` on the Node (kube-scheduler's cue to retry the pods it set aside) once the
-        extender has the report that shows it: the last one submitted. A Node patch that overtook its
-        report (the two go out on threads of their own) had kube-scheduler retry against the old
-        telemetry; the pod was refused again and no event was left to wake it for up to kube-scheduler's
-        5 minutes (`tests/cluster`, scenario 17, once). A sink that says nothing of deliveries (tests, no
-        extender) publishes at once, as before."""
+        extender has the report that shows it: the last one submitted. The two go out on threads of
+        their own, and a Node patch that overtakes its report can have kube-scheduler retry against the
+        old telemetry: the pod is refused again, with no event left to wake it for up to
+        kube-scheduler's 5 minutes. A sink that says nothing of deliveries (tests, no extender)
+        publishes at once."""
         delivered = getattr(self.reporter, "delivered_sequence", None)
-        waits_for = self.last_sent.sequence if self.last_sent is not None else -1
-        if not isinstance(delivered, int) or delivered >= waits_for:
+        if not isinstance(delivered, int):
             self.annotator.publish_free_mib(free_mib)
             return
-        with self._nudge_lock:
-            self._nudge = (free_mib, waits_for)  # the newest value wins, as on the Node
-        self._delivered(getattr(self.reporter, "delivered_sequence", -1))  # delivered meanwhile?
+        with self._nudge_lock:  # the newest value wins, as on the Node
+            self._nudge = (free_mib, self.last_sent.sequence if self.last_sent is not None else -1)
+        self._delivered(getattr(self.reporter, "delivered_sequence", -1))  # delivered already, or meanwhile
 
     def _delivered(self, sequence: int) -> None:
         """The extender accepted the report `sequence` (the reporter's thread): a nudge waiting for it goes."""

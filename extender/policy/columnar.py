@@ -374,7 +374,6 @@ def filter_matrix(
     return FilterResult(passed, failed, unresolvable, kinds)
 
 
-
 def sharing_matrix(pod: PodRequest, result: FilterResult, matrix: NodeMatrix, nodes: Mapping[str, NodeView],
                    params: PolicyParams, wait_s: float, waiting_priority: float = -math.inf) -> FilterResult:
     """`sharing.apply_sharing` over the matrix (its vectorised twin, property-tested equal): a passed
