@@ -103,7 +103,9 @@ def test_calibration_learns_answers_admits_and_survives_a_restart(tmp_path: Path
         after = wait_for(lambda: (a := predict(url, probe, GPU))["calibrated"] and a)
         assert after and after["pods"] == 16 and after["software"] == "580.159.04/13.0"
         expected = truth(after["offline_mib"])
-        assert after["memory_mib"] == pytest.approx(expected, rel=0.02)
+        # 16 pods shrink the truth's slope 1.3 toward 1 (calibration.SLOPE_PRIOR_PODS): the line is
+        # exact at no pod, and the intercept fits the pods' relative errors (the probe is a mid-size pod)
+        assert after["memory_mib"] == pytest.approx(expected, rel=0.03)
         assert after["memory_mib_upper"] >= after["memory_mib"]
         # the offline bound failed on every observed pod: the calibrated one covers the truth
         assert after["memory_mib_upper"] >= expected * 0.999 and after["admission_mib"] == after["memory_mib_upper"]

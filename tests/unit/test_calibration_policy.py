@@ -63,6 +63,26 @@ def test_a_holding_offline_bound_is_kept_while_few_pods_then_tightened() -> None
     assert 9_500.0 <= tightened < 15_000.0 * 0.8
 
 
+@pytest.mark.parametrize(("above", "holds"), [(0, True), (1, True), (2, False), (5, False)])
+def test_the_offline_bound_holds_through_an_outlier_not_through_several(above: int, holds: bool) -> None:
+    """20 pods, the offline bound 1.25 x the point, readings around the point, `above` of them at 1.6 x
+    the point: one outlier among 20 is what a bound leaving 3% of pods above shows a third of the
+    time, so it is kept (the largest of 20 ratios would be 1.6x); two or more say it does not hold,
+    and the calibrated bound covers them."""
+    def reading(point: float, rnd: random.Random) -> float:
+        return point * rnd.uniform(0.9, 1.05)
+    observed = pods(20, reading, upper_share=1.25)
+    observed = [cal.Observation(o.pod_uid, o.node, *KEY, o.point_mib, o.point_mib * 1.6 if i < above else o.peak_mib,
+                                o.order, o.upper_mib) for i, o in enumerate(observed)]
+    shift = cal.learn(observed)[KEY]
+    assert shift.offline_holds is holds
+    bound = cal.corrected(10_000.0, 12_500.0, {KEY: shift}, KEY).memory_mib_upper
+    if holds:
+        assert bound == 12_500.0
+    else:
+        assert bound >= 15_500.0  # the pods above it (1.6x) are covered
+
+
 def test_the_bound_scale_is_per_batch_regime() -> None:
     """Small-batch pods scattering 2% and large-batch ones 15% around the same line: a small-batch
     pod's bound is tighter than a large-batch one's, and each covers its regime's new pods."""
@@ -110,3 +130,19 @@ def test_one_value_per_pod_and_absurd_readings_are_no_observation() -> None:
 def test_uncalibrated_key_is_unchanged() -> None:
     answer = cal.corrected(1_000.0, 1_200.0, {}, KEY)
     assert (answer.memory_mib, answer.memory_mib_upper, answer.calibrated, answer.pods) == (1_000.0, 1_200.0, False, 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_intercept_makes_the_pods_relative_errors_least(seed: int) -> None:
+    """The point is judged by |point / peak - 1|: under the fitted slope, no other intercept (the
+    plain median of the residuals among them) gives the pods a smaller summed relative error."""
+    observed = pods(25, noisy, seed=seed)
+    xs, ys = [o.point_mib for o in observed], [o.peak_mib for o in observed]
+    intercept, slope = cal._theil_sen(xs, ys)
+
+    def cost(a: float) -> float:
+        return sum(abs(a + slope * x - y) / y for x, y in zip(xs, ys, strict=True))
+
+    residuals = sorted(y - slope * x for x, y in zip(xs, ys, strict=True))
+    assert all(cost(intercept) <= cost(a) + 1e-9 for a in residuals)
+    assert cost(intercept) < cost(residuals[len(residuals) // 2]) or intercept == residuals[len(residuals) // 2]
