@@ -116,14 +116,19 @@ def summary(runs: list[dict[str, float]], path: str) -> dict[str, Any]:
             "seed_0": {k: runs[0][k] for k in keys}}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (docs/calibration.md names them: tests/unit/test_docs_generated.py)."""
     parser = argparse.ArgumentParser(prog="python -m devtools.calibration_offline", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--pods", type=int, nargs="+", default=[20, 100])
     parser.add_argument("--bound-side", type=int, default=0, metavar="DRAWS",
                         help="score on seed 0's bound-side rows only (DRAWS seeded draws of --pods observed, the "
                              "rest of the 200 scored): for choosing a rule without looking at the held-out rows")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.bound_side:
         data = rows_by_seed(range(1))
         out = {f"{path}.pods_{pods}.bound_side": summary([bound_side(data[0][path], path, pods, draw)
