@@ -667,24 +667,27 @@ class Ledger:
             if held is not None:
                 for uuid in held.gpu_uuids:
                     duties.setdefault(uuid, []).append(held.duty)
-        view = NodeView(
-            name=node,
-            gpus=tuple(
-                GpuView(
-                    uuid=g.uuid,
-                    index=g.index,
-                    capacity_mib=g.memory_total_mib,
-                    used_mib=g.memory_used_mib,
-                    reserved_mib=self._shown_reserved_mib(node, g, blocked),
-                    utilization=g.utilization_gpu,
-                    healthy=g.healthy,
-                    foreign_mib=self._foreign_mib(node, g) if g.processes else 0.0,
-                    pending_mib=0.0 if g.processes else pending.get(g.uuid, 0.0),
-                    duties=tuple(sorted(duties.get(g.uuid, ()))),
-                )
-                for g in telemetry.report.gpus
-            ),
-            received_s=telemetry.received_s,
-        )
+        old = self._views.get(node)
+        previous = {g.uuid: g for g in old.gpus} if old is not None else {}
+        gpus = []
+        for g in telemetry.report.gpus:
+            reserved = self._shown_reserved_mib(node, g, blocked)
+            foreign = self._foreign_mib(node, g) if g.processes else 0.0
+            waiting = 0.0 if g.processes else pending.get(g.uuid, 0.0)
+            shares = tuple(sorted(duties.get(g.uuid, ())))
+            last = previous.get(g.uuid)
+            # a GPU whose inputs did not change keeps its view (frozen): a reservation or a release
+            # changes one GPU of the node, and building the other views again was most of the rebuild
+            if (last is not None and last.index == g.index and last.capacity_mib == g.memory_total_mib
+                    and last.used_mib == g.memory_used_mib and last.reserved_mib == reserved
+                    and last.utilization == g.utilization_gpu and last.healthy == g.healthy
+                    and last.foreign_mib == foreign and last.pending_mib == waiting and last.duties == shares
+                    and not last.strict and not last.compute_full):
+                gpus.append(last)
+                continue
+            gpus.append(GpuView(uuid=g.uuid, index=g.index, capacity_mib=g.memory_total_mib, used_mib=g.memory_used_mib,
+                                reserved_mib=reserved, utilization=g.utilization_gpu, healthy=g.healthy,
+                                foreign_mib=foreign, pending_mib=waiting, duties=shares))
+        view = NodeView(name=node, gpus=tuple(gpus), received_s=telemetry.received_s)
         self._views[node] = view
         self.matrix.put(view)

@@ -352,3 +352,39 @@ def test_the_ledger_keeps_each_nodes_gpu_model_key_and_how_many_nodes_have_it() 
     send("n2", 2, h100[0], "580", gpus=0)  # a report without GPUs: no key
     key_of, in_use = state.model_keys()
     assert "n2" not in key_of and in_use == ((h100, "580/13.0"),)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["reserve", "release", "report", "processes"]), st.integers(0, 2),
+                          st.sampled_from([3_000.0, 9_000.0, 30_000.0])), min_size=1, max_size=30))
+def test_a_rebuilt_view_equals_one_built_afresh(ops: list[tuple[str, int, float]]) -> None:
+    """The rebuild keeps the views of GPUs whose inputs did not change (one reservation changes one
+    GPU): after any sequence of reservations, releases and reports (with and without processes, used
+    memory moving), every node's view is field for field the view built from nothing."""
+    state = ClusterState(PolicyParams(usage_warmup_s=60.0))  # the sharing rule on: duties enter the views
+    seq = {f"n{i}": 1 for i in range(3)}
+    for node in seq:
+        assert state.apply_report(report(node, 1, used=(0.0,) * 4, ts=NOW), NOW) == ACCEPTED
+    held: list[Reservation] = []
+    for i, (op, n, mib) in enumerate(ops):
+        node = f"n{n}"
+        if op == "reserve":
+            out = state.reserve_on(request(f"p{i}", mib), template(request(f"p{i}", mib), node, NOW), NOW)
+            if isinstance(out, Reserved):
+                held.append(out.reservation)
+        elif op == "release" and held:
+            state.release(held.pop(n % len(held)).pod_uid)
+        else:
+            seq[node] += 1
+            mine = [r for r in held if r.node == node]
+            used = tuple(sum(r.memory_mib for r in mine if f"{node}-u{g}" in r.gpu_uuids) for g in range(4))
+            procs = tuple(tuple(ProcessReport(100 + k, r.memory_mib, r.pod_uid) for k, r in enumerate(mine)
+                                if f"{node}-u{g}" in r.gpu_uuids) for g in range(4)) if op == "processes" else None
+            state.apply_report(report(node, seq[node], used=used, ts=NOW + seq[node], processes=procs),
+                               NOW + seq[node])
+    for node in seq:
+        kept = state.node_view(node)
+        with state._lock:
+            state._views.pop(node)  # nothing to keep: every GPU's view built anew
+            state._rebuild(node)
+        assert kept == state.node_view(node)
