@@ -201,7 +201,10 @@ def score_nodes_fragaware(
         if node is None or node_failure(pod, node, node.received_s, params) is not None:
             continue
         cpu = None if cpu_left_milli is None else cpu_left_milli.get(name)
-        key = (cpu, *sorted((g.free_mib, g.capacity_mib) for g in node.gpus))  # GPU order does not matter
+        # a one-GPU pod's merit is its best GPU's, whatever their order; a multi-GPU pod takes the fitting
+        # GPUs with the smallest leftover, then the lowest index, so their indices pick which GPUs (and
+        # capacities) it takes: nodes with the same GPUs in another order may differ
+        key = (cpu, *sorted((g.free_mib, g.capacity_mib, g.index if pod.gpus > 1 else 0) for g in node.gpus))
         if key not in known:
             found = fragmentation_delta(pod, node, mix, cpu, pod_cpu_milli, sharpness)
             known[key] = None if found is None else merit_from_delta(found[0], sharpness)

@@ -269,3 +269,29 @@ def test_the_memo_recomputes_only_the_nodes_that_changed() -> None:
     other = mix((4_000.0, 1, 1.0, 0.0))  # another demand mix: nothing of the first one is reused
     score_matrix_fragaware(pod(2_000.0), list(views), matrix, PolicyParams(), other, memo=memo)
     assert (memo.computed, memo.reused) == (12, 10)
+
+
+def test_nodes_with_the_same_gpus_in_another_order_are_scored_apart_for_a_multi_gpu_pod() -> None:
+    """Found by the property test above: a 2-GPU pod takes the fitting GPUs with the smallest leftover,
+    then the lowest index, so on `f` it takes two 40 GB GPUs and on `g` a 40 GB and a 16 GB one (the
+    same GPUs, indexed otherwise): placing it there frees less of the smaller GPU's idle memory for the
+    mix, so `g`'s fragmentation falls more. The scalar score memoised merits by the GPUs' (free,
+    capacity) alone and gave `g` the merit of `f`; both scores now rank `g` first."""
+    from extender.policy.columnar import NodeMatrix, score_matrix_fragaware
+
+    def node(name: str, gpus: list[tuple[int, float, float]]) -> NodeView:
+        return NodeView(name=name, gpus=tuple(GpuView(uuid=f"{name}-{i}", index=i, capacity_mib=cap,
+                                                      used_mib=cap - free) for i, cap, free in gpus),
+                        received_s=0.0)
+
+    views = {"f": node("f", [(0, 40_960.0, 1_000.0), (1, 40_960.0, 1_000.0), (2, 40_960.0, 3_500.0),
+                             (4, 16_000.0, 1_000.0)]),
+             "g": node("g", [(0, 40_960.0, 1_000.0), (1, 40_960.0, 3_500.0), (3, 16_000.0, 1_000.0),
+                             (4, 40_960.0, 1_000.0)])}
+    m = demand_mix([(1_000.0, 0, 1.0, 0.0)])  # a CPU-only shape: all free GPU memory is idle for it
+    scalar = dict(score_nodes_fragaware(pod(500.0, 2), ["f", "g"], views, PolicyParams(), m))
+    assert scalar["g"] == 10 and scalar["f"] < 10
+    matrix = NodeMatrix(rows=2, cols=2)
+    for view in views.values():
+        matrix.put(view)
+    assert dict(score_matrix_fragaware(pod(500.0, 2), ["f", "g"], matrix, PolicyParams(), m).pairs()) == scalar
