@@ -11,7 +11,7 @@ it is). Once TRAIN pods per path were observed, /v1/predict with `gpu` is scored
 of the path (held out: never bound): median |point / peak - 1|, share of peaks above the bound,
 median bound / peak; `uncalibrated`: the same answers before any pod was observed.
 
-    PYTHONPATH=$PWD python -m devtools.bench_calibration        # ~2 minutes a seed; merges the key
+    PYTHONPATH=$PWD python -m devtools.bench_calibration        # about a minute for its 5 seeds here; merges the key
 
 The figures are seed 0's (the seed orders the rows: which are bound, which held out); `by_seed`
 has seeds 0-4, each on a fresh server, and `across_seeds_median` their medians: one draw of 20
@@ -147,17 +147,21 @@ def annotated_rows(seed: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def figures(answers: list[tuple[float, float, float]]) -> dict[str, float]:
+    """The figures of (point, bound, measured peak) triples: median |point / peak - 1|, share of
+    peaks above the bound, median bound / peak."""
+    return {"median_abs_rel_err": round(statistics.median(abs(p / peak - 1.0) for p, _, peak in answers), 4),
+            "under_rate": round(sum(upper < peak for _, upper, peak in answers) / len(answers), 4),
+            "median_bound_ratio": round(statistics.median(upper / peak for _, upper, peak in answers), 4)}
+
+
 def score(url: str, rows: list[tuple[dict[str, str], float]]) -> dict[str, Any]:
-    errors, under, ratios, calibrated = [], 0, [], 0
+    answers, calibrated = [], 0
     for job, peak in rows:
         answer = predict(url, job)
-        errors.append(abs(answer["memory_mib"] / peak - 1.0))
-        under += answer["memory_mib_upper"] < peak
-        ratios.append(answer["memory_mib_upper"] / peak)
+        answers.append((answer["memory_mib"], answer["memory_mib_upper"], peak))
         calibrated += bool(answer["calibrated"])
-    return {"n": len(rows), "median_abs_rel_err": round(statistics.median(errors), 4),
-            "under_rate": round(under / len(rows), 4), "median_bound_ratio": round(statistics.median(ratios), 4),
-            "calibrated_answers": calibrated}
+    return {"n": len(rows), **figures(answers), "calibrated_answers": calibrated}
 
 
 def measure(url: str, token: str, seed: int = 0, train: int = TRAIN, more: int = MORE,

@@ -1,9 +1,9 @@
 """The live calibration's rule on the bench's rows without a server: for choosing its constants.
 
 `devtools.bench_calibration` measures `live_calibration` through a running `deepres serve --no-kube`
-(~2 minutes a seed). This runs the same rows through the pure functions the server calls
+(about a minute for 5 seeds). This runs the same rows through the pure functions the server calls
 (`extender.policy.calibration.learn` / `corrected`, the offline demand of `predictor.gpucal.on_gpu`
-for a GPU model with no line) in a second for many seeds: the first `--pods` rows of a seed's order
+for a GPU model with no line) in seconds a seed: the first `--pods` rows of a seed's order
 that fit a GPU (their admission at most its memory) are observed, round-robin over 8 nodes, and the
 rows after the first 200 (never bound in the bench) are scored. The bench's figures are the
 server's; these are how a change of the rule moves them across seeds (the two agree on the exact
@@ -12,7 +12,7 @@ differently). `--bound-side DRAWS` looks at seed 0's bound-side rows only (the 2
 bind; DRAWS seeded draws of pods observed among them, the rest of them scored): the split a rule's
 constants are chosen on, never the held-out rows the report scores.
 
-    PYTHONPATH=$PWD python -m devtools.calibration_offline --bound-side 200   # choosing (~1 minute)
+    PYTHONPATH=$PWD python -m devtools.calibration_offline --bound-side 200   # choosing (~2 minutes)
     PYTHONPATH=$PWD python -m devtools.calibration_offline --seeds 20         # the bench's split, 20 seeds
 """
 
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from devtools.bench_calibration import CAPACITY_MIB, GPU, NODES, annotated_rows
+from devtools.bench_calibration import CAPACITY_MIB, GPU, NODES, annotated_rows, figures
 from extender import annotations as ann
 from extender.policy import calibration as cal
 from predictor import gpucal
@@ -71,32 +72,28 @@ def run(candidates: list[Row], held: list[Row] | None, path: str, pods: int) -> 
     key = (GPU, "bench", path)
     observed: list[cal.Observation] = []
     seen: set[int] = set()
+    shifts = cal.learn(observed)  # learned again only when a pod was observed, as the server does
     for i, row in enumerate(candidates):
         if len(observed) >= pods:
             break
-        fixed = cal.corrected(row.point_mib, row.upper_mib, cal.learn(observed), key, row.regime)
+        fixed = cal.corrected(row.point_mib, row.upper_mib, shifts, key, row.regime)
         if fixed.memory_mib_upper > CAPACITY_MIB:
             continue  # the filter would not place it on an empty GPU
         seen.add(i)
         observed.append(cal.Observation(f"pod-{i}", f"node-{len(observed) % NODES}", GPU, "bench", path,
                                         row.point_mib, row.peak_mib, len(observed), row.upper_mib, row.regime))
-    shifts = cal.learn(observed)
+        shifts = cal.learn(observed)
     scored = held if held is not None else [row for i, row in enumerate(candidates) if i not in seen]
-    errors, under, ratios = [], 0, []
+    answers = []
     for row in scored:
         fixed = cal.corrected(row.point_mib, row.upper_mib, shifts, key, row.regime)
-        errors.append(abs(fixed.memory_mib / row.peak_mib - 1.0))
-        under += fixed.memory_mib_upper < row.peak_mib
-        ratios.append(fixed.memory_mib_upper / row.peak_mib)
-    return {"median_abs_rel_err": round(statistics.median(errors), 4), "under_rate": round(under / len(errors), 4),
-            "median_bound_ratio": round(statistics.median(ratios), 4), "observed": len(observed), "scored": len(errors)}
+        answers.append((fixed.memory_mib, fixed.memory_mib_upper, row.peak_mib))
+    return {**figures(answers), "observed": len(observed), "scored": len(answers)}
 
 
 def bound_side(rows: list[Row], path: str, pods: int, draw: int) -> dict[str, float]:
     """One draw on the bound-side rows alone (the first HELD_FROM, never the held-out ones the
     bench scores): `pods` of them in a seeded order observed, the rest of them scored."""
-    import random
-
     side = list(rows[:HELD_FROM])
     random.Random(draw).shuffle(side)
     return run(side, None, path, pods)
