@@ -217,3 +217,28 @@ def test_a_node_mixing_gpu_models_admits_a_pod_at_its_largest_demand_among_them(
         status, answer = post(url + "/bind", {"PodName": "mix", "PodNamespace": "default", "PodUID": "uid-mix",
                                               "Node": "mixed"})
         assert answer["Error"], "bind must refuse the node as the filter did"
+
+
+@pytest.mark.parametrize(("outliers", "kept"), [(1, True), (3, False)])
+def test_the_offline_bound_outlives_one_outlier_through_the_live_path(outliers: int, kept: bool) -> None:
+    """20 pods bound through /filter and /bind, their peaks reported through /v1/telemetry: most at
+    the offline point (under its bound, 1.1 x the point), `outliers` of them at 1.4 x it. One pod
+    above the bound among 20 is what a bound that holds shows: /v1/predict keeps the offline bound;
+    three are not, and the calibrated bound covers them (docs/calibration.md)."""
+    with serving(None) as url:
+        fleet = Fleet(url, TOKEN, GPU, nodes=4, gpus=8, capacity_mib=81920.0)
+        fleet.report_all()
+        seen = {"n": 0}
+
+        def reading(point: float) -> float:
+            seen["n"] += 1
+            return point * (1.4 if seen["n"] <= outliers else 1.0)
+
+        learn_honest(url, fleet, 20, reading=reading)
+        probe = job(3)
+        answer = wait_for(lambda: (a := predict(url, probe, GPU))["pods"] == 20 and a)
+        assert answer and answer["calibrated"]
+        if kept:
+            assert answer["memory_mib_upper"] == pytest.approx(answer["offline_upper_mib"], rel=1e-3)
+        else:
+            assert answer["memory_mib_upper"] >= 1.4 * answer["offline_mib"] * 0.999
