@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which kind of pods goes first (default plain-first: the plain phases, then the agents "
                              "start and the GPU phases); gpu-first runs the GPU phases first and stops the agents "
                              "before the plain ones, to see what the phases' order does to the comparison")
+    parser.add_argument("--floor", action="store_true",
+                        help="the extender with its placement rule taken out (devtools/floor_extender.py: each GPU "
+                             "pod's filter names one offered node in turn): what everything but the rule costs per "
+                             "pod; not the benchmark's figures, so --out must name another file")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -173,7 +177,7 @@ class _Run:
     """One control plane with N nodes, the extender, and its simulated agents."""
 
     def __init__(self, root: Path, nodes: int, heartbeat_s: float, accounting: str = "",
-                 verbs_access: str = "loopback") -> None:
+                 verbs_access: str = "loopback", floor: bool = False) -> None:
         client: Any = importlib.import_module("kubernetes.client")
         config: Any = importlib.import_module("kubernetes.config")
         audit = bench_api.apiserver_args(root / "audit") if accounting else []
@@ -196,6 +200,7 @@ class _Run:
         self.extender_port = free_port()
         self.scheduler_port = free_port()  # the extender's listener for kube-scheduler (server.scheduler_bind)
         self.verbs_access = verbs_access
+        self.floor = floor
         self.pod_tls = root / "pod-tls"  # what the chart's init container makes in the pod (deepres pod-certs)
         self.extender_pid = 0
         self.scheduler_pid = 0
@@ -227,7 +232,8 @@ class _Run:
         elif self.verbs_access == "listener":  # plain HTTP on the scheduler's listener (verbs_access loopback)
             env.update(DEEPRES_SCHEDULER_BIND=f"127.0.0.1:{self.scheduler_port}")
         self.extender_pid = start_process("extender", [
-            sys.executable, "-m", "extender.cli", "serve", "--bind", f"127.0.0.1:{self.extender_port}",
+            sys.executable, "-m", "devtools.floor_extender" if self.floor else "extender.cli", "serve",
+            "--bind", f"127.0.0.1:{self.extender_port}",
             "--log-level", "warning", *access], self.plane.logs, env, cwd=REPO).pid
         deadline = time.monotonic() + 180
         while self._http("/readyz")[0] != 200:
@@ -565,6 +571,9 @@ def run(args: argparse.Namespace) -> int:
     if args.heartbeat_s < 0:
         raise UsageError(f"--heartbeat-s must be >= 0, got {args.heartbeat_s:g}")
     gpu_first = args.order == "gpu-first"
+    if args.floor and Path(args.out).resolve() == (REPO / "reports" / "bench-cluster.json").resolve():
+        raise UsageError("--floor measures the extender without its placement rule, not the benchmark: "
+                         "give --out another file")
     if gpu_first and args.api_accounting:
         raise UsageError("--api-accounting measures the plain phases first: leave --order as it is")
     report: dict[str, Any] = {}
@@ -577,11 +586,11 @@ def run(args: argparse.Namespace) -> int:
         if args.keep:
             shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)
         bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json",
-                     args.verbs_access)
+                     args.verbs_access, args.floor)
         previous = report.get(f"nodes_{nodes}", {})
         section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
                                    "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access,
-                                   "order": args.order}
+                                   "order": args.order, **({"floor": True} if args.floor else {})}
         load = [round(os.getloadavg()[0], 2)]
         try:
             bench.setup()
@@ -633,7 +642,8 @@ def run(args: argparse.Namespace) -> int:
                     "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
                     "provenance": stamp(f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {name} "
                                         f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
-                                        + (" --order gpu-first" if gpu_first else "")),
+                                        + (" --order gpu-first" if gpu_first else "")
+                                        + (" --floor" if args.floor else "")),
                 }
             if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
                 gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
