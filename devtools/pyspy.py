@@ -39,7 +39,7 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("node watch", ("_watch_nodes",)),
     ("bind: the Binding POST (JSON, TLS, HTTP)", ("_post (extender/kube/cluster.py",)),
     ("bind: the rest (confirm from the watch, plan, reserve)", ("bind (extender/server/binding.py",)),
-    ("filter (decode, shortlist, answer)", ("Placer.filter (",)),
+    ("filter (decode, shortlist, answer)", ("Placer.filter (", "floor_filter (")),  # the second: bench cluster --floor
     ("prioritize", ("prioritize (",)),
     ("token reviews", ("review_token", "auth.py")),
     ("telemetry reports (decode, ledger)", ("telemetry (",)),
