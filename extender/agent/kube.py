@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,10 @@ import yaml
 log = logging.getLogger(__name__)
 
 FREE_MIB_ANNOTATION = "deepres.io/gpu-free-mib"
+#: Written with every publication (Unix time, milliseconds): a patch that leaves the Node as it was is
+#: no update (the API server writes nothing and sends no watch event), and a node whose jobs all ended
+#: frees exactly what it had free at the last publication, so the value alone would wake nobody.
+FREE_AT_ANNOTATION = "deepres.io/gpu-free-at"
 ASSIGNED_GPUS_ANNOTATION = "deepres.io/assigned-gpus"
 PREDICTED_MEMORY_ANNOTATION = "deepres.io/predicted-memory-mib"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -239,10 +244,11 @@ class KubePods:
 
 
 class KubeNodeAnnotator:
-    """Patches `deepres.io/gpu-free-mib` on the Node from a background thread (newest value wins)."""
+    """Patches `deepres.io/gpu-free-mib` (and `deepres.io/gpu-free-at`) on the Node from a background
+    thread (newest value wins)."""
 
-    def __init__(self, api: Any, node: str) -> None:
-        self._api, self._node = api, node
+    def __init__(self, api: Any, node: str, clock: Callable[[], float] = time.time) -> None:
+        self._api, self._node, self._clock = api, node, clock
         self._value: int | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -270,8 +276,11 @@ class KubeNodeAnnotator:
                 self.patch_now(value)
 
     def patch_now(self, free_mib: int) -> bool:
-        """One PATCH of the annotation; False (logged) on RBAC or API trouble: the next change retries."""
-        body = {"metadata": {"annotations": {FREE_MIB_ANNOTATION: str(free_mib)}}}
+        """One PATCH of the annotations (the free memory and when it was published, so that every
+        publication is a Node update kube-scheduler sees); False (logged) on RBAC or API trouble:
+        the next change retries."""
+        body = {"metadata": {"annotations": {FREE_MIB_ANNOTATION: str(free_mib),
+                                             FREE_AT_ANNOTATION: str(int(self._clock() * 1000))}}}
         try:
             self._api.patch_node(self._node, body, _request_timeout=10)
         except Exception as err:

@@ -518,3 +518,56 @@ def test_19_a_forged_assignment_never_outranks_the_pod_deepres_bound(clean: Loca
         s.assert_no_gpu_overcommitted(cluster)
     finally:
         cluster.core.delete_namespaced_pod("forged", s.NAMESPACE, grace_period_seconds=0)
+
+
+def test_20_a_pod_set_aside_is_retried_when_the_node_frees_what_it_had_free_at_the_last_publication(
+        clean: LocalCluster) -> None:
+    """kube-scheduler retries a pod the extender refused only on a cluster event, and the agent's Node
+    annotation is that event when GPU memory frees (its report alone reaches only the extender). A node
+    whose jobs all ended frees exactly what it had free at its last publication: that patch used to leave
+    the Node as it was, so the API server wrote nothing, sent no event, and the pod waited for
+    kube-scheduler's 5 minutes (a full-suite run lost test 17 so). Here the node's report and the
+    agent's patch are made by the test, through the agent's own annotator, with the real API server,
+    kube-scheduler and extender: 141 GiB free published, a 130 GiB job, a 100 GiB pod refused, the job
+    gone, 141 GiB published again: the pod is placed."""
+    from kubernetes import client
+
+    from extender.agent.kube import KubeNodeAnnotator
+
+    cluster, node, gpu_mib = clean, "nudge-node", 141 * 1024
+    cluster.core.create_node(node_body(node, {"nudgetest": "true"}, gpus=1))
+    try:
+        spec = client.V1TokenRequestSpec(audiences=["deepres-extender"], expiration_seconds=3600,
+                                         bound_object_ref=client.V1BoundObjectReference(
+                                             api_version="v1", kind="Node", name=node,
+                                             uid=cluster.core.read_node(node).metadata.uid))
+        token = cluster.core.create_namespaced_service_account_token(
+            "deepres-agent", s.NAMESPACE, client.AuthenticationV1TokenRequest(spec=spec)).status.token
+        sequence = [0]
+
+        def report(used_mib: float) -> int:
+            sequence[0] += 1
+            gpus = [{"uuid": "GPU-nudge-0", "index": 0, "model": "NVIDIA H200", "memory_total_mib": gpu_mib,
+                     "memory_used_mib": used_mib, "utilization_gpu": 0.0}]
+            status, _ = post(f"http://127.0.0.1:{cluster.extender_port}/v1/telemetry",
+                             {"node": node, "sequence": sequence[0], "timestamp_s": time.time(),
+                              "agent_version": "scenario", "source": "simulated", "gpus": gpus, "pods": []},
+                             token=token)
+            return status
+
+        annotator = KubeNodeAnnotator(cluster.core, node)
+        wait_for("the node's first report accepted", lambda: report(0.0) == 200, 60)
+        assert annotator.patch_now(gpu_mib)  # the agent's publication at start: all of it free
+        assert report(130 * 1024) == 200  # a job arrives (free memory falling is never published)
+        create(cluster, sized("set-aside", 100))  # only this node's GPU is that large
+        wait_for("the extender to refuse it on this node", lambda: [
+            e for e in cluster.events("set-aside") if e.reason == "FailedScheduling" and "GiB free" in e.message],
+            60, 0.5)
+        assert node_of(cluster, "set-aside") is None
+        assert report(0.0) == 200  # the job ended: the extender sees the room, kube-scheduler does not
+        version = cluster.core.read_node(node).metadata.resource_version
+        assert annotator.patch_now(gpu_mib)  # the same free memory as the last publication
+        assert cluster.core.read_node(node).metadata.resource_version != version, "the patch was no Node update"
+        assert scheduled(cluster, "set-aside", 60) == node
+    finally:
+        cluster.core.delete_node(node)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from extender.agent.kube import FREE_MIB_ANNOTATION, KubeNodeAnnotator, KubePods
+from extender.agent.kube import FREE_AT_ANNOTATION, FREE_MIB_ANNOTATION, KubeNodeAnnotator, KubePods
 from tests.fixtures.kube.loopback import Loopback
 
 
@@ -87,8 +87,8 @@ def test_list_then_watch_with_the_real_client(stub: ApiStub) -> None:
 
 
 def test_node_annotation_patch_with_the_real_client(stub: ApiStub) -> None:
-    assert KubeNodeAnnotator(stub.api(), "gpu-7").patch_now(40960)
+    assert KubeNodeAnnotator(stub.api(), "gpu-7", clock=lambda: 1_800_000_000.0).patch_now(40960)
     ((path, content_type, body),) = stub.patches
     assert path == "/api/v1/nodes/gpu-7"
     assert "patch" in content_type and "json" in content_type
-    assert body == {"metadata": {"annotations": {FREE_MIB_ANNOTATION: "40960"}}}
+    assert body == {"metadata": {"annotations": {FREE_MIB_ANNOTATION: "40960", FREE_AT_ANNOTATION: "1800000000000"}}}

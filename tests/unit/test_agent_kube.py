@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from extender.agent.kube import FREE_MIB_ANNOTATION, KubeNodeAnnotator, KubePods
+from extender.agent.kube import FREE_AT_ANNOTATION, FREE_MIB_ANNOTATION, KubeNodeAnnotator, KubePods
 
 
 class FakeCoreV1:
@@ -101,13 +101,14 @@ def test_watch_follows_the_node_and_relists_after_gone() -> None:
 
 def test_annotator_patches_the_node_off_the_sampling_thread() -> None:
     api = FakeCoreV1([])
-    annotator = KubeNodeAnnotator(api, "gpu-7").start()
+    annotator = KubeNodeAnnotator(api, "gpu-7", clock=lambda: 1_800_000_000.25).start()
     try:
         annotator.publish_free_mib(81234)
         assert api.patched.wait(5)
     finally:
         annotator.stop()
-    assert api.patches == [("gpu-7", {"metadata": {"annotations": {FREE_MIB_ANNOTATION: "81234"}}})]
+    assert api.patches == [("gpu-7", {"metadata": {"annotations": {FREE_MIB_ANNOTATION: "81234",
+                                                                   FREE_AT_ANNOTATION: "1800000000250"}}})]
 
 
 def test_annotator_survives_a_forbidden_patch(caplog: pytest.LogCaptureFixture) -> None:
