@@ -48,10 +48,10 @@ import orjson
 import yaml
 
 from devtools import bench_api, pyspy
+from devtools import bench_cluster_rounds as rounds_figures
 from devtools.bench_cluster_agents import GPU_MEMORY_MIB, GPUS_PER_NODE, _Agents, _report_body
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
-from extender.provenance import stamp
 from extender.server import podcerts
 from predictor.progress import progress
 
@@ -64,6 +64,9 @@ PLAIN_SCHEDULER = "plain-scheduler"
 #: How kube-scheduler reaches the verbs (`--verbs-access`).
 VERBS_PATHS = ("loopback", "mtls", "listener")
 LIMITS = {"default_limits": 50, "high_qps": 500}
+#: Rounds per cluster size: a round's phases are a few seconds each on this machine, and identical
+#: runs of one tree gave ratios from 0.57 to 0.85 (docs/benchmarks.md): one round is one draw.
+REPEATS = 3
 HEARTBEAT_S = 15.0  # helm/deepres/values.yaml agent.heartbeatSeconds
 
 
@@ -83,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which kind of pods goes first (default plain-first: the plain phases, then the agents "
                              "start and the GPU phases); gpu-first runs the GPU phases first and stops the agents "
                              "before the plain ones, to see what the phases' order does to the comparison")
+    parser.add_argument("--repeats", type=int, default=REPEATS, metavar="N",
+                        help=f"rounds per cluster size (default {REPEATS}): the plain phases, then the GPU phases, "
+                             "N times on one control plane, the agents stopped between rounds; the report shows the "
+                             "round whose ratio is the median and lists every round")
     parser.add_argument("--floor", action="store_true",
                         help="the extender with its placement rule taken out (devtools/floor_extender.py: each GPU "
                              "pod's filter names one offered node in turn): what everything but the rule costs per "
@@ -206,6 +213,7 @@ class _Run:
         self.scheduler_pid = 0
         self.tokens: dict[str, str] = {}
         self.agents: _Agents | None = None
+        self.agents_stopped = False
         self.profile_s: dict[str, float] = {}  # --api-accounting: seconds of the API server's profile per phase
 
     def setup(self) -> None:
@@ -254,9 +262,11 @@ class _Run:
         self._parallel([lambda n=n: token(n) for n in self.names])
 
     def start_agents(self) -> None:
-        """Every node reports now (as agents starting up do), then each every heartbeat."""
-        if self.agents is not None:
+        """Every node reports now (as agents starting up do), then each every heartbeat (again after
+        `stop_agents`: the reports of a pause are stale)."""
+        if self.agents is not None and not self.agents_stopped:
             return
+        self.agents_stopped = False
         _progress(f"telemetry for {len(self.names)} nodes, then one report per node every {self.heartbeat_s:g} s")
 
         def report(node: str) -> None:
@@ -277,6 +287,7 @@ class _Run:
     def stop_agents(self) -> None:
         if self.agents is not None:
             self.agents.stop()
+            self.agents_stopped = True
 
     def _http(self, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
         request = urllib.request.Request(f"http://127.0.0.1:{self.extender_port}{path}", data=body,
@@ -574,6 +585,10 @@ def run(args: argparse.Namespace) -> int:
     if args.floor and Path(args.out).resolve() == (REPO / "reports" / "bench-cluster.json").resolve():
         raise UsageError("--floor measures the extender without its placement rule, not the benchmark: "
                          "give --out another file")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.repeats > 1 and args.api_accounting:
+        raise UsageError("--api-accounting audits one round: leave --repeats at 1")
     if gpu_first and args.api_accounting:
         raise UsageError("--api-accounting measures the plain phases first: leave --order as it is")
     report: dict[str, Any] = {}
@@ -595,56 +610,35 @@ def run(args: argparse.Namespace) -> int:
         try:
             bench.setup()
             accounting = bench.accounting
-            plain = {} if gpu_first else {
-                name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
-                for name in limits}
-            if accounting is not None:  # the background without pods: no agents, as in the plain phases
-                accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
-            bench.start_agents()
-            spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if args.profile else None
-            gpus = {name: bench.phase(f"gpu-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=True)
+            rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            for rnd in range(args.repeats):
+                suffix = f"-{rnd + 1}" if args.repeats > 1 else ""
+                plain = {} if gpu_first else {
+                    name: bench.phase(f"plain-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name], gpu=False)
                     for name in limits}
-            if spy is not None:
-                pyspy.stop(spy)
-                spy = None
-            if gpu_first:  # the agents stop: the plain phases run beside an idle extender, as they do first
-                bench.stop_agents()
-                plain = {name: bench.phase(f"plain-{name.replace('_', '-')}", args.pods, LIMITS[name], gpu=False)
-                         for name in limits}
+                if accounting is not None:  # the background without pods: no agents, as in the plain phases
+                    accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
+                bench.start_agents()
+                profiled = args.profile and not rnd  # the first round's GPU phases
+                spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if profiled else None
+                gpus = {name: bench.phase(f"gpu-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name], gpu=True)
+                        for name in limits}
+                if spy is not None:
+                    pyspy.stop(spy)
+                    spy = None
+                if gpu_first or rnd + 1 < args.repeats:  # the plain phases run beside an idle extender
+                    bench.stop_agents()
+                if gpu_first:
+                    plain = {name: bench.phase(f"plain-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name],
+                                               gpu=False) for name in limits}
+                rounds.append((plain, gpus))
+            command = (f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {{}} "
+                       f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
+                       + (" --order gpu-first" if gpu_first else "") + (" --floor" if args.floor else "")
+                       + f" --repeats {args.repeats}")
             for name in limits:
-                gpu = gpus[name]
-                section[name] = {
-                    "kube_api_qps": LIMITS[name],
-                    "gpu_pods_per_s": gpu["pods_per_s"], "plain_pods_per_s": plain[name]["pods_per_s"],
-                    "ratio": round(gpu["pods_per_s"] / plain[name]["pods_per_s"], 2),
-                    "gpu_latency_p50_s": gpu["latency_p50_s"], "gpu_latency_p99_s": gpu["latency_p99_s"],
-                    "plain_latency_p50_s": plain[name]["latency_p50_s"],
-                    "plain_latency_p99_s": plain[name]["latency_p99_s"],
-                    "extender_cpu_ms_per_pod": gpu["cpu_ms_per_pod"]["extender"],
-                    "extender_ms_per_call": gpu["extender_ms_per_call"],
-                    "telemetry_reports_per_s": gpu["telemetry_reports_per_s"],
-                    "extender_outcomes_per_1000_pods": gpu["per_1000_pods"],
-                    "gpu_cpu_ms_per_pod": gpu["cpu_ms_per_pod"], "plain_cpu_ms_per_pod": plain[name]["cpu_ms_per_pod"],
-                    # all processes' CPU per GPU pod over that per plain pod (the bench's own included in both)
-                    "cpu_ratio_gpu_over_plain": round(sum(gpu["cpu_ms_per_pod"].values())
-                                                      / max(sum(plain[name]["cpu_ms_per_pod"].values()), 1e-9), 2),
-                    # the same, each window until kwok had every pod Running (`phase`): a plain phase ends its
-                    # window with most of its pods' status writes still to come, a GPU phase with few
-                    "gpu_cpu_ms_per_pod_settled": gpu["cpu_ms_per_pod_settled"],
-                    "plain_cpu_ms_per_pod_settled": plain[name]["cpu_ms_per_pod_settled"],
-                    "cpu_ratio_settled": round(sum(gpu["cpu_ms_per_pod_settled"].values())
-                                               / max(sum(plain[name]["cpu_ms_per_pod_settled"].values()), 1e-9), 2),
-                    "running_share_at_bound": {"gpu": gpu["running_share_at_bound"],
-                                               "plain": plain[name]["running_share_at_bound"]},
-                    "apiserver_binding_ms": {"gpu": gpu["apiserver_binding_ms"],
-                                             "plain": plain[name]["apiserver_binding_ms"]},
-                    "gpu_pods_unplaced": int(gpu["gpu_pods_unplaced"]),
-                    "gpus_overcommitted": int(gpu["gpus_overcommitted"]),
-                    "provenance": stamp(f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {name} "
-                                        f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
-                                        + (" --order gpu-first" if gpu_first else "")
-                                        + (" --floor" if args.floor else "")),
-                }
+                section[name] = rounds_figures.shown(
+                    [rounds_figures.figures(LIMITS[name], p[name], g[name]) for p, g in rounds], command.format(name))
             if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
                 gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
                 accounting.idle("idle-agents", max(gpu_windows))
@@ -670,5 +664,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({f"nodes_{nodes}": section}, indent=1))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if all(report[f"nodes_{n}"].get(limit, {}).get("gpu_pods_unplaced", 1) == 0
+    return 0 if all(rounds_figures.all_placed(report[f"nodes_{n}"].get(limit, {}))
                     for n in args.nodes for limit in limits) else 1
+

@@ -3,8 +3,9 @@
 Issue 31 asks what the extender costs per GPU pod. This measures the floor under that cost: the
 same server, settings, transport, pod watch, bind and telemetry, but each /filter of a GPU pod
 names one of the offered nodes, round-robin, with no filter, sharing pass, score or reservation
-(the pod's demand is still predicted, as the real filter does, to tell a GPU pod). Bind then reserves the GPUs as it does for a
-pod no prioritize assumed, and refuses a node without room (kube-scheduler filters the pod again).
+(the pod's demand is still predicted, as the real filter does, to tell a GPU pod). Bind then
+reserves the GPUs as it does for a pod no prioritize assumed, and refuses a node without room
+(kube-scheduler filters the pod again).
 What a real run costs above this run is the placement rule's share; what this run costs is what
 any choice would leave.
 
