@@ -576,6 +576,13 @@ class _Run:
         self.plane.stop()
 
 
+def _phases(bench: _Run, limits: list[str], pods: int, suffix: str, gpu: bool) -> dict[str, Any]:
+    """One phase of `pods` pods per client limit, plain or GPU (`suffix`: the round's, in the labels)."""
+    kind = "gpu" if gpu else "plain"
+    return {name: bench.phase(f"{kind}-{name.replace('_', '-')}{suffix}", pods, LIMITS[name], gpu=gpu)
+            for name in limits}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.pods < 10:
         raise UsageError(f"--pods must be at least 10, got {args.pods}")
@@ -613,24 +620,20 @@ def run(args: argparse.Namespace) -> int:
             rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
             for rnd in range(args.repeats):
                 suffix = f"-{rnd + 1}" if args.repeats > 1 else ""
-                plain = {} if gpu_first else {
-                    name: bench.phase(f"plain-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name], gpu=False)
-                    for name in limits}
+                plain = {} if gpu_first else _phases(bench, limits, args.pods, suffix, gpu=False)
                 if accounting is not None:  # the background without pods: no agents, as in the plain phases
                     accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
                 bench.start_agents()
                 profiled = args.profile and not rnd  # the first round's GPU phases
                 spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if profiled else None
-                gpus = {name: bench.phase(f"gpu-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name], gpu=True)
-                        for name in limits}
+                gpus = _phases(bench, limits, args.pods, suffix, gpu=True)
                 if spy is not None:
                     pyspy.stop(spy)
                     spy = None
                 if gpu_first or rnd + 1 < args.repeats:  # the plain phases run beside an idle extender
                     bench.stop_agents()
                 if gpu_first:
-                    plain = {name: bench.phase(f"plain-{name.replace('_', '-')}{suffix}", args.pods, LIMITS[name],
-                                               gpu=False) for name in limits}
+                    plain = _phases(bench, limits, args.pods, suffix, gpu=False)
                 rounds.append((plain, gpus))
             command = (f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {{}} "
                        f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
@@ -666,4 +669,3 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if all(rounds_figures.all_placed(report[f"nodes_{n}"].get(limit, {}))
                     for n in args.nodes for limit in limits) else 1
-
