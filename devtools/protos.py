@@ -17,17 +17,19 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PROTO = Path("extender/agent/deviceplugin/api.proto")
-OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+PROTOS = (Path("extender/agent/deviceplugin/api.proto"), Path("extender/agent/deviceplugin/podresources.proto"))
+PROTO = PROTOS[0]
+OUTPUTS = tuple(f"{p.stem}{suffix}" for p in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
 def generate(out: Path) -> None:
     from grpc_tools import protoc  # type: ignore[import-untyped]
 
-    args = ["grpc_tools.protoc", f"-I{REPO}", f"--python_out={out}", f"--pyi_out={out}",
-            f"--grpc_python_out={out}", str(REPO / PROTO)]
-    if protoc.main(args) != 0:
-        raise SystemExit(f"protoc failed on {PROTO}")
+    for proto in PROTOS:
+        args = ["grpc_tools.protoc", f"-I{REPO}", f"--python_out={out}", f"--pyi_out={out}",
+                f"--grpc_python_out={out}", str(REPO / proto)]
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {proto}")
 
 
 #: the lines where a generator writes its own version (grpcio-tools, protobuf): a newer generator of the

@@ -283,6 +283,14 @@ class KubeSettings:
     local_expiry_s: float = 3600.0
     """Local mode: a node silent this long is forgotten, and a reservation whose pod no report
     mentioned this long is released (there are no pod deletions to say so)."""
+    device_resource: str = "deepres.io/gpu"
+    """The extended resource the agents' device plugin advertises (the chart's devicePlugin.resourceName):
+    a pod whose containers request it is bound one pod per node at a time, and its node's plugin is
+    told at `Allocate` (POST /v1/allocate) which pod and GPUs it serves (the allocation handshake,
+    docs/device-plugin.md)."""
+    allocation_wait_s: float = 4.0
+    """How long a bind waits for the node's previous pod to be allocated by its kubelet before it fails
+    (kube-scheduler then retries the pod); keep it below the scheduler's httpTimeout."""
     calibration_configmap: str = ""
     """With the API server: the ConfigMap (in the extender's namespace, POD_NAMESPACE) that keeps the
     online calibration's observed pods across restarts (docs/calibration.md; the chart names
@@ -405,6 +413,9 @@ class Settings:
         _positive(p, "kube.preemption_grace_s", k.preemption_grace_s)
         _positive(p, "kube.api_timeout_s", k.api_timeout_s)
         _positive(p, "kube.local_expiry_s", k.local_expiry_s)
+        _within(p, "kube.allocation_wait_s", k.allocation_wait_s, 0.0, 60.0)
+        if not k.device_resource or "/" not in k.device_resource:
+            p.append(f"kube.device_resource must be an extended resource name (domain/name), got {k.device_resource!r}")
         _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)
         _within(p, "kube.telemetry_grace_s", k.telemetry_grace_s, 0.0, math.inf)
         _positive(p, "policy.correction_min_pods", pol.correction_min_pods)

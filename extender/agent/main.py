@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from extender.agent import AGENT_VERSION
 from extender.agent.cgroups import CachedPodLookup, CgroupReader, PodRef
-from extender.agent.deviceplugin import KUBELET_PLUGIN_DIR, RESOURCE_NAME
+from extender.agent.deviceplugin import KUBELET_PLUGIN_DIR, POD_RESOURCES_SOCKET, RESOURCE_NAME
 from extender.agent.deviceplugin.allocation import DEFAULT_CDI_KIND, STRATEGIES
 from extender.agent.deviceplugin.settings import PluginSettings
 from extender.agent.kube import (
@@ -87,6 +87,7 @@ class AgentSettings:
     device_plugin_resource: str = RESOURCE_NAME
     device_plugin_slots: int = 16
     device_list_strategy: str = "volume-mounts"
+    pod_resources_socket: str = POD_RESOURCES_SOCKET
     cdi_kind: str = DEFAULT_CDI_KIND
 
     def plugin_settings(self) -> PluginSettings:
@@ -309,6 +310,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how Allocate hands the GPUs to the runtime: volume-mounts (default: read by the NVIDIA "
                         "runtime with accept-nvidia-visible-devices-as-volume-mounts, hardened nodes), cdi (CDI "
                         "device names), envvar (NVIDIA_VISIBLE_DEVICES)")
+    parser.add_argument("--pod-resources-socket", default=POD_RESOURCES_SOCKET,
+                        help="the kubelet's PodResources socket: what it has allocated, read at each Allocate "
+                        "(hostPath in the agent pod)")
     parser.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND, help="CDI kind of the device names (cdi strategy)")
 
 
@@ -348,6 +352,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         device_plugin_resource=args.device_plugin_resource,
         device_plugin_slots=args.device_plugin_slots,
         device_list_strategy=args.device_list_strategy,
+        pod_resources_socket=args.pod_resources_socket,
         cdi_kind=args.cdi_kind,
     )
     problems.extend(settings.problems())
@@ -403,10 +408,18 @@ def run(args: argparse.Namespace) -> int:
     ).start()
     plugin_server = None
     if settings.device_plugin:
-        from extender.agent.deviceplugin.plugin import DevicePlugin, KubeBoundPods, PluginServer
+        from extender.agent.deviceplugin.plugin import (
+            DevicePlugin,
+            HttpHandshake,
+            KubeNodePods,
+            PluginServer,
+            PodResourcesClient,
+        )
 
-        plugin = DevicePlugin(settings.plugin_settings(), KubeBoundPods(api, settings.node,
-                                                                        settings.device_plugin_resource))
+        plugin = DevicePlugin(settings.plugin_settings(), KubeNodePods(api, settings.node),
+                              PodResourcesClient(settings.pod_resources_socket),
+                              HttpHandshake(settings.extender_url, token, settings.request_timeout_s,
+                                            settings.ca_file or None))
         plugin.update_gpus(source.sample().gpus)  # the first list the kubelet sees is the real one
         plugin_server = PluginServer(plugin).start()
         threads.append(plugin_server)

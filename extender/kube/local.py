@@ -38,6 +38,9 @@ class InMemoryCluster:
         self.events: list[tuple[str, str, str, bool]] = []  # (namespace/name, reason, message, warning)
         self.tokens: dict[str, TokenIdentity] = dict(tokens or {})
         self.fail_bind = False
+        #: the phase a Binding leaves: local mode has no kubelet, so a bound pod counts as running (a test
+        #: standing in for an API server sets "Pending": the kubelet, not the Binding, moves it)
+        self.bound_phase = "Running"
         self.evictions: list[str] = []  # namespace/name, in order
         self.deleted_nodes: list[str] = []
         self._handlers: ClusterHandlers | None = None
@@ -208,7 +211,7 @@ class InMemoryCluster:
             spec["nodeName"] = node
             if annotations:
                 meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-            stored.setdefault("status", {})["phase"] = "Running"
+            stored.setdefault("status", {})["phase"] = self.bound_phase
             failed = self._save(key)
             if failed:  # in local mode the file is the Binding's only record: no record, no Binding
                 if before is not None:

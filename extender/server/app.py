@@ -28,6 +28,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from extender import annotations as ann
+from extender.allocations import AllocationGate
 from extender.annotations import AnnotationError
 from extender.calibration_store import CalibrationStore
 from extender.kube.cluster import Cluster, ClusterHandlers, KubeCluster, pod_meta
@@ -37,6 +38,7 @@ from extender.policy import PodRequest
 from extender.policy.columnar import Scores
 from extender.policy.fragmentation import DemandMix
 from extender.protocol import PodInfo
+from extender.server.allocate import Allocator
 from extender.server.auth import TelemetryAuth
 from extender.server.binding import Binder
 from extender.server.events import PodEvents
@@ -123,10 +125,12 @@ class Extender:
         self.planner = Planner(settings, self.ledger, self.metrics)
         self.planner.predictor = predictor
         self.ready = Readiness(settings, self.planner, cluster, self.ledger, self.mono)
+        self.gate = AllocationGate(self.mono)
         parts = Parts(settings, self.planner, self.ledger, cluster, self.metrics, self.ready, self.pod_events,
-                      self.worker, clock, self.mono)
+                      self.worker, clock, self.mono, self.gate)
         self.intake, self.preemptor, self.binder = Intake(parts), Preemptor(parts), Binder(parts)
         self.placer = Placer(parts, self.preemptor, self.intake)
+        self.allocate = Allocator(parts).allocate  # the device plugin's handshake (/v1/allocate)
         # the verbs and intake: one call each into their module
         self.filter, self.prioritize, self.bind = self.placer.filter, self.placer.prioritize, self.binder.bind
         self.preempt, self.telemetry = self.preemptor.preempt, self.intake.telemetry

@@ -11,6 +11,7 @@ from extender import annotations as ann
 from extender.annotations import AnnotationError
 from extender.kube.cluster import ClusterError, pod_meta
 from extender.ledger import Reserved
+from extender.policy.allocation import Pending, allocation_sizes
 from extender.policy.filtering import gib
 from extender.protocol import ProtocolError, binding_result, parse_binding_args
 from extender.server.parts import Part
@@ -101,11 +102,23 @@ class Binder(Part):
             # survives a restart (`Intake._restore`)
             ann.PREFIX + ann.EVICTED_BY: res.evicted_by or "none",
         }
+        # The allocation handshake: one pod per node awaits its kubelet's Allocate at a time, so the
+        # node's device plugin can tell which pod an Allocate is for (extender/policy/allocation.py).
+        spec = raw.get("spec")
+        sizes = allocation_sizes(spec if isinstance(spec, dict) else {}, self.settings.kube.device_resource)
+        blocked = self.gate.acquire(args.node, Pending(pod.uid, key, tuple(res.gpu_uuids), sizes),
+                                    self.settings.kube.allocation_wait_s)
+        if blocked:
+            self.ledger.release(res.pod_uid, forget_bound=False)
+            self.metrics.binds.labels("refused").inc()
+            log.info("bind deferred pod=%s node=%s: %s", key, args.node, blocked)
+            return binding_result(f"cannot bind {key} to {args.node} yet: {blocked}")
         try:  # one API call: the Binding writes the annotations with spec.nodeName, all or nothing
             self.cluster.bind(raw, args.node, written)
         except ClusterError as err:
             # a Binding that timed out may still have landed: the watch then shows the pod bound
-            # with these annotations and the intake's restore takes the reservation back
+            # with these annotations and the intake's restore takes the reservation back (and the gate)
+            self.gate.cancel(pod.uid)
             self.ledger.release(res.pod_uid, forget_bound=False)
             self.metrics.binds.labels("failed").inc()
             log.warning("bind failed pod=%s node=%s: %s (reservation released)", key, args.node, err)

@@ -17,6 +17,7 @@ from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
 from extender.ledger import ACCEPTED, GPU_CONFLICT, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
 from extender.policy import PriorityInputs, Reservation
+from extender.policy.allocation import Pending, allocation_sizes, kubelet_admitted
 from extender.policy.preemption import is_arrival_kind
 from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, settle_restored
 from extender.protocol import PodInfo, ProtocolError, parse_pod
@@ -137,6 +138,7 @@ class Intake(Part):
 
     # ---- cluster events ----
     def on_pod_changed(self, raw: dict[str, Any], deleted: bool) -> None:
+        self.gate_watch(raw, deleted)
         if not deleted and self._nothing_to_restore(raw):
             return
         try:
@@ -170,9 +172,38 @@ class Intake(Part):
         uid = meta.get("uid")
         return isinstance(uid, str) and bool(uid) and self.ledger.reservation(uid) is not None
 
+    def gate_watch(self, raw: dict[str, Any], deleted: bool) -> None:
+        """The allocation gate follows the pods: a pod bound by deepres that its kubelet has admitted
+        (or refused), that finished or is gone opens its node's gate; one bound and not admitted yet
+        holds it (after a restart, or a Binding that landed though its call failed)."""
+        meta, spec, status = raw.get("metadata"), raw.get("spec"), raw.get("status")
+        if not isinstance(meta, dict):
+            return
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        annotations = meta.get("annotations")
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        if (deleted or not isinstance(spec, dict) or not isinstance(node, str) or not node
+                or not (isinstance(annotations, dict) and annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS))):
+            if self.gate.holds(uid):
+                self.gate.settle(uid)
+            return
+        status = status if isinstance(status, dict) else {}
+        if kubelet_admitted(status) or meta.get("deletionTimestamp"):
+            if self.gate.holds(uid):
+                self.gate.settle(uid)
+            return
+        if self.gate.holds(uid):
+            return
+        gpus = tuple(u.strip() for u in str(annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS)).split(",") if u.strip())
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        self.gate.restore(node, Pending(uid, key, gpus, allocation_sizes(spec, self.settings.kube.device_resource)))
+
     def on_pods_listed(self, pods: list[dict[str, Any]]) -> None:
         alive: set[str] = set()
         for raw in pods:
+            self.gate_watch(raw, False)
             try:
                 pod = parse_pod(raw)
             except ProtocolError:

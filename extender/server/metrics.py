@@ -56,6 +56,9 @@ class ExtenderMetrics:
                                          "unauthorized, unknown_node).", ["outcome"], registry=r)
         self.binds = Counter("deepres_extender_binds_total", "Binds by outcome (bound, refused, failed).",
                              ["outcome"], registry=r)
+        self.allocations = Counter("deepres_extender_allocations_total",
+                                   "Device plugin Allocate calls answered through /v1/allocate, by outcome "
+                                   "(served, refused): the allocation handshake.", ["outcome"], registry=r)
         self.whole_gpu_binds = Counter("deepres_extender_whole_gpu_binds_total",
                                        "Pods bound to whole GPUs by the whole-GPU fallback (their upper bound "
                                        "exceeded every GPU they could be given, their point estimate fit).",

@@ -131,6 +131,16 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         "admission_memory_mib": {"type": "number"}, "admission_source": {"type": "string"},
         "priority": {"type": "number"}, "criticality": {"type": "integer"},
         "predictor_version": {"type": "string"}, "on_gpu": _ON_GPU}},
+    "AllocateRequest": {"type": "object", "required": ["node", "resource", "size", "pods"], "properties": {
+        "node": {"type": "string"}, "resource": {"type": "string"}, "size": {"type": "integer", "minimum": 1},
+        "pods": {"type": "array", "items": {"type": "object", "required": ["uid", "namespace", "name", "allocated"],
+                                            "properties": {"uid": {"type": "string"}, "namespace": {"type": "string"},
+                                                           "name": {"type": "string"},
+                                                           "allocated": {"type": "boolean"}}}}}},
+    "AllocateResult": {"type": "object", "properties": {
+        "pod": {"type": "object", "properties": {"uid": {"type": "string"}, "namespace": {"type": "string"},
+                                                 "name": {"type": "string"}}},
+        "gpus": {"type": "array", "items": {"type": "string"}}}},
     "Error": _ERROR,
 }
 
@@ -187,6 +197,22 @@ def openapi_document() -> dict[str, Any]:
                             "content": _json("Error")},
                     "409": {"description": "Accepted without the GPUs another node owns (named in the error and "
                                            "refused_gpus; a GPU UUID belongs to the node that reported it first).",
+                            "content": _json("Error")},
+                    "413": {"description": "Body too large.", "content": _json("Error")},
+                    "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
+                            "content": _json("Error")},
+                }}},
+            "/v1/allocate": {"post": {
+                "summary": "The device plugin's handshake at a kubelet Allocate: which pod of the caller's node "
+                           "and which GPUs (bearer token bound to that node).",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": True, "content": _json("AllocateRequest")},
+                "responses": {
+                    "200": {"description": "The pod served and its GPUs.", "content": _json("AllocateResult")},
+                    "400": {"description": "A malformed request.", "content": _json("Error")},
+                    "401": {"description": "Missing or invalid token.", "content": _json("Error")},
+                    "403": {"description": "The token is bound to another node.", "content": _json("Error")},
+                    "409": {"description": "No pod can be told for this Allocate (the plugin refuses it).",
                             "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
                     "503": {"description": "Too many token reviews in flight: retry after Retry-After.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from extender.allocations import AllocationGate
 from extender.kube.cluster import Cluster
 from extender.ledger import Ledger
 from extender.server.events import PodEvents
@@ -28,6 +29,7 @@ class Parts:
     worker: Worker
     clock: Callable[[], float]  # wall (deadlines, priorities)
     mono: Callable[[], float]  # monotonic (ages, warm-ups, grace periods)
+    gate: AllocationGate  # the allocation handshake: one pod per node awaiting its kubelet's Allocate
 
 
 class Part:
@@ -38,3 +40,4 @@ class Part:
         self.cluster, self.metrics, self.readiness = parts.cluster, parts.metrics, parts.readiness
         self.events, self.worker, self.clock, self.mono = parts.events, parts.worker, parts.clock, parts.mono
         self.params = parts.planner.params
+        self.gate = parts.gate

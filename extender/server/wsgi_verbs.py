@@ -53,6 +53,7 @@ class Verbs(Protocol):
     def bind(self, body: Any) -> Any: ...
     def preempt(self, body: Any) -> Any: ...
     def telemetry(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]: ...
+    def allocate(self, body: Any, bound_node: str) -> tuple[int, dict[str, Any]]: ...
 
 
 class BadRequest(ValueError):
@@ -193,6 +194,8 @@ STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 401: "401 UNAUTHORIZED", 403: "
           409: "409 CONFLICT", 429: "429 TOO MANY REQUESTS",
           500: "500 INTERNAL SERVER ERROR", 503: "503 SERVICE UNAVAILABLE"}
 VERBS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
+#: The agents' routes (bearer token, bound to the agent's node): telemetry and the device plugin's handshake.
+AGENT_PATHS = frozenset({"/v1/telemetry", "/v1/allocate"})
 #: Routes whose handler waits on the API server or computes at length (extender/server/rsgi.py says why it
 #: matters): /bind (pod, annotations, Binding), /preempt, /v1/predict. The filter's rare API calls (an
 #: Event for a bad annotation, its own evictions) are short and bounded by the client's timeouts.
@@ -226,6 +229,7 @@ class VerbRoutes:
             "/bind": self._verb("bind", ext.bind, binding_result),
             "/preempt": self._verb("preempt", ext.preempt, lambda message: preemption_result({}, {})),
             "/v1/telemetry": self._telemetry,
+            "/v1/allocate": self._allocate,
         }
         metrics = ext.metrics
         self._telemetry_latency = metrics.latency.labels("telemetry")
@@ -246,7 +250,7 @@ class VerbRoutes:
         again at once (the scheduler's verbs, the agents' accepted reports). Probes, scrapes,
         predictions and refusals close theirs, so kept-alive connections that only poll cannot hold
         the main port's `server.max_connections` (issue 34)."""
-        return status < 400 and (path in VERBS or path == "/v1/telemetry")
+        return status < 400 and (path in VERBS or path in AGENT_PATHS)
 
     def refusal(self, environ: dict[str, Any]) -> tuple[int, str] | None:
         """(status, why) when this request is refused whatever its body (the RSGI bridge asks before
@@ -273,13 +277,13 @@ class VerbRoutes:
         """Largest body this path takes (413 above)."""
         if path == "/v1/predict":
             return self.predict_max
-        return self.telemetry_max if path == "/v1/telemetry" else self.max_body
+        return self.telemetry_max if path in AGENT_PATHS else self.max_body
 
     def may_block(self, environ: dict[str, Any]) -> bool:
         """Whether answering this request may wait on the network (see BLOCKING_PATHS); telemetry
         does when its token is not in the review cache."""
         path = environ.get("PATH_INFO", "")
-        if path == "/v1/telemetry":
+        if path in AGENT_PATHS:
             return self.ext.auth.needs_review(environ.get("HTTP_AUTHORIZATION", ""))
         return path in BLOCKING_PATHS
 
@@ -385,3 +389,27 @@ class VerbRoutes:
             return send(start_response, STATUS[status], encode_json(payload))
         finally:
             self._telemetry_latency.observe(time.perf_counter() - started)
+
+    def _allocate(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """The device plugin's handshake (extender/server/allocate.py): the agent's token, as telemetry."""
+        verdict = self.ext.auth.authenticate(environ.get("HTTP_AUTHORIZATION", ""))
+        if verdict.status == 503:
+            return send(start_response, STATUS[503], encode_json({"error": verdict.why}), (("Retry-After", "1"),))
+        if verdict.status != 200:
+            return refuse(environ, start_response, STATUS[401], encode_json({"error": f"unauthorized: {verdict.why}"}),
+                          (("WWW-Authenticate", 'Bearer realm="deepres-extender"'),))
+        try:
+            body = decode_json(read_body(environ, self.telemetry_max))
+        except BadRequest as err:
+            return send(start_response, STATUS[400], encode_json({"error": str(err)}))
+        except BodyTooLarge as err:
+            return refuse(environ, start_response, STATUS[413], encode_json({"error": str(err)}))
+        except BodyTimeout as err:
+            return refuse(environ, start_response, STATUS[408], encode_json({"error": str(err)}))
+        try:
+            status, payload = self.ext.allocate(body, verdict.node)
+        except Exception as err:  # a bug: the plugin refuses this Allocate; never a traceback
+            log.exception("unexpected error on POST /v1/allocate")
+            return send(start_response, STATUS[500],
+                        encode_json({"error": f"internal error ({type(err).__name__}); see the extender's log"}))
+        return send(start_response, STATUS[status], encode_json(payload))

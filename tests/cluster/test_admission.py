@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from extender.agent.deviceplugin.plugin import KubeBoundPods
+from extender.agent.deviceplugin.plugin import KubeNodePods
 from tests.cluster.conftest import CPU_NODE, LocalCluster
 from tests.e2e.scenarios import JOBS_NAMESPACE, NAMESPACE, RELEASE
 
@@ -117,8 +117,8 @@ def test_only_the_extender_writes_the_assignment(cluster: LocalCluster, as_exten
     bound = cluster.core.read_namespaced_pod(target, GOVERNED)
     assert bound.metadata.annotations[ASSIGNED] == "GPU-bound-by-deepres" and bound.spec.node_name == CPU_NODE
     # the device plugin's lookup (the pods of its node, by field selector) finds it with its GPUs
-    on_node = {p.uid: p for p in KubeBoundPods(cluster.core, CPU_NODE).bound_pods()}
-    assert on_node[bound.metadata.uid].assigned_gpus == ("GPU-bound-by-deepres",)
+    on_node = {p["metadata"]["uid"]: p for p in KubeNodePods(cluster.core, CPU_NODE).pods()}
+    assert on_node[bound.metadata.uid]["metadata"]["annotations"][ASSIGNED] == "GPU-bound-by-deepres"
     # and no user may remove it afterwards
     assert "only the deepres extender" in refusal(lambda: cluster.core.patch_namespaced_pod(
         target, GOVERNED, {"metadata": {"annotations": {ASSIGNED: None}}}))

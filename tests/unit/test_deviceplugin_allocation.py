@@ -1,86 +1,139 @@
-"""The device plugin's pure rules: which pod an Allocate is for, and what each strategy hands over.
+"""The allocation handshake's rule and gate, and the device plugin's pure parts: which pod an Allocate
+is for, and what each strategy hands over.
 
 Why: the kubelet names device IDs, never the pod; a wrong guess hands one pod's GPUs to another.
-Table-driven over pods as the API server returns them (JSON).
+Table-driven; pods as the API server returns them (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import threading
 from typing import Any
 
 import pytest
 
 from extender.agent.deviceplugin.allocation import (
-    Served,
-    bound_pod_from_object,
     check_gpus,
-    choose_pod,
     container_devices,
     devices_of,
+    node_pods,
 )
+from extender.allocations import AllocationGate
+from extender.policy.allocation import NodePod, Pending, allocation_sizes, decide
 
 RES = "deepres.io/gpu"
 A, B = "GPU-aaaaaaaa-0000-4000-8000-000000000000", "GPU-bbbbbbbb-0000-4000-8000-000000000000"
 
 
-def api_pod(name: str, gpus: str | None, requests: tuple[int, ...] = (1,), *, phase: str = "Pending",
-            started: bool = False, deleting: bool = False, scheduled: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": name, "creationTimestamp": scheduled,
-                            "annotations": {} if gpus is None else {"deepres.io/assigned-gpus": gpus}}
+def api_pod(name: str, requests: tuple[int, ...] = (1,), *, init: tuple[int, ...] = (), phase: str = "Pending",
+            started: bool = False, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": name}
     if deleting:
-        meta["deletionTimestamp"] = scheduled
-    status: dict[str, Any] = {"phase": phase, "conditions": [
-        {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}]}
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {"phase": phase}
     if started:
-        status["containerStatuses"] = [{"name": "c0", "state": {"running": {}}}]
-    containers = [{"name": f"c{i}", "resources": {"limits": {RES: str(n)}} if n else {}}
-                  for i, n in enumerate(requests)]
-    return {"metadata": meta, "spec": {"containers": containers}, "status": status}
+        status["containerStatuses"] = [{"name": "c0", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    def containers(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+        return [{"name": f"c{i}", "resources": {"limits": {RES: str(n)}} if n else {}} for i, n in enumerate(sizes)]
+    return {"metadata": meta, "spec": {"containers": containers(requests), "initContainers": containers(init)},
+            "status": status}
 
 
-def chosen(objects: list[dict[str, Any]], size: int, served: Served | None = None) -> str:
-    pods = [p for p in (bound_pod_from_object(o, RES) for o in objects) if p is not None]
-    choice = choose_pod(pods, size, served or Served(), "node-1", RES)
-    return choice.pod.name if choice.pod else "REFUSED: " + choice.error
+def pending(uid: str, sizes: tuple[int, ...] = (1,), served: int = 0, gpus: tuple[str, ...] = (A,)) -> Pending:
+    return Pending(uid, f"ns/{uid}", gpus, sizes, served)
 
 
-@pytest.mark.parametrize(("objects", "size", "expected"), [
-    ([api_pod("p", A)], 1, "p"),
-    ([api_pod("p", A, (2,))], 2, "p"),
-    ([api_pod("p", A, (2,))], 1, "REFUSED: no pod"),  # the request does not match
-    ([api_pod("p", None)], 1, "REFUSED: no pod"),  # not bound by deepres
-    ([api_pod("p", A, started=True, phase="Running")], 1, "REFUSED: no pod"),  # admitted already
-    ([api_pod("p", A, phase="Succeeded")], 1, "REFUSED: no pod"),
-    ([api_pod("p", A, deleting=True)], 1, "REFUSED: no pod"),
-    ([api_pod("p", A), api_pod("q", B)], 1, "REFUSED: 2 pods"),  # ambiguous: different GPUs
-    ([api_pod("late", A, scheduled="2026-01-01T00:00:09Z"), api_pod("early", A)], 1, "early"),  # same GPUs
-    ([api_pod("p", A, (2,)), api_pod("q", B)], 1, "q"),  # only one asks for 1 device
-    ([api_pod("p", A, started=True, phase="Running"), api_pod("q", B)], 1, "q"),
+def node_pod(uid: str, allocated: bool = False) -> NodePod:
+    return NodePod(uid, f"ns/{uid}", allocated)
+
+
+def who(size: int, gate: list[Pending], pods: list[NodePod], done: tuple[str, ...] = ()) -> str:
+    d = decide("n", RES, size, gate, pods, done)
+    return d.pod.uid if d.pod else "REFUSED: " + d.error
+
+
+@pytest.mark.parametrize(("size", "gate", "pods", "expected"), [
+    (1, [pending("p")], [node_pod("p")], "p"),
+    (2, [pending("p", (2,))], [node_pod("p")], "p"),
+    (1, [pending("p", (2,))], [node_pod("p")], "REFUSED: Allocate asks for 1"),  # not what its container asks
+    (1, [], [node_pod("p")], "REFUSED: pods on node n request"),  # a pod deepres did not bind
+    (1, [], [], "REFUSED: no pod that deepres bound"),
+    (1, [pending("p")], [node_pod("p"), node_pod("foreign")], "REFUSED: pods on node n request"),  # never guessed
+    (1, [pending("p")], [node_pod("p"), node_pod("foreign", allocated=True)], "p"),  # an admitted pod is no rival
+    (1, [pending("p")], [node_pod("p", allocated=True)], "REFUSED: no pod"),  # allocated already (restart)
+    (1, [pending("p", (1, 1), served=1)], [node_pod("p", allocated=True)], "p"),  # its second container
+    (1, [pending("p"), pending("q")], [node_pod("p"), node_pod("q")], "REFUSED: 2 pods"),  # after a restart
+    (1, [pending("p"), pending("q")], [node_pod("p", allocated=True), node_pod("q")], "q"),  # PodResources tells
 ])
-def test_which_pod_an_allocate_is_for(objects: list[dict[str, Any]], size: int, expected: str) -> None:
-    assert chosen(objects, size).startswith(expected)
+def test_which_pod_an_allocate_is_for(size: int, gate: list[Pending], pods: list[NodePod], expected: str) -> None:
+    assert who(size, gate, pods).startswith(expected)
 
 
-def test_a_served_container_is_not_served_twice() -> None:
-    served = Served()
-    pod = bound_pod_from_object(api_pod("p", A, (1, 1)), RES)
-    assert pod is not None
-    served.add(pod, 1)
-    assert chosen([api_pod("p", A, (1, 1))], 1, served) == "p"
-    served.add(pod, 1)
-    assert chosen([api_pod("p", A, (1, 1))], 1, served).startswith("REFUSED")
-    served.forget_except([])
-    assert chosen([api_pod("p", A, (1, 1))], 1, served) == "p"
+def test_a_pod_served_a_moment_ago_is_no_rival_while_its_status_lags() -> None:
+    """PodResources does not list plain init containers: a pod whose only request is one looks unallocated
+    until its status comes; the gate remembers it served it."""
+    assert who(1, [pending("p")], [node_pod("p"), node_pod("init-only")], done=("init-only",)) == "p"
+
+
+def test_the_kubelets_order_of_containers_is_read_off_the_spec() -> None:
+    spec = api_pod("p", (1, 0, 2), init=(1,))["spec"]
+    assert allocation_sizes(spec, RES) == (1, 1, 2)
+    assert allocation_sizes(api_pod("p", (0,))["spec"], RES) == ()
+
+
+def test_the_node_pods_sent_are_those_requesting_the_resource_and_alive() -> None:
+    objects = [api_pod("asks"), api_pod("plain", (0,)), api_pod("done", phase="Succeeded"),
+               api_pod("going", deleting=True), api_pod("admitted", started=True), api_pod("in-podresources"),
+               api_pod("init-only", (0,), init=(1,))]
+    sent = {p.uid: p.allocated for p in node_pods(objects, RES, {("ns", "in-podresources")})}
+    assert sent == {"asks": False, "admitted": True, "in-podresources": True, "init-only": False}
+
+
+def test_the_gate_holds_one_pod_per_node_until_its_containers_are_served() -> None:
+    now = [0.0]
+    gate = AllocationGate(lambda: now[0])
+    assert gate.acquire("n", pending("p", (1, 1)), timeout_s=0) == ""
+    assert gate.acquire("n", pending("p", (1, 1)), timeout_s=0) == ""  # a retried bind of the same pod
+    assert gate.acquire("m", pending("other-node"), timeout_s=0) == ""  # other nodes are not held
+    held = gate.acquire("n", pending("q"), timeout_s=0)
+    assert "still admitting ns/p" in held
+    assert gate.acquire("n", pending("no-request", ()), timeout_s=0) == ""  # asks for no device: no gate
+    assert gate.allocate("n", RES, 1, [node_pod("p")]).pod == pending("p", (1, 1), served=1)
+    assert "still admitting" in gate.acquire("n", pending("q"), timeout_s=0)  # one container left
+    assert gate.allocate("n", RES, 1, [node_pod("p", allocated=True)]).served
+    assert gate.acquire("n", pending("q"), timeout_s=0) == ""
+    # p is done: an Allocate while q awaits serves q, never p again
+    assert gate.allocate("n", RES, 1, [node_pod("p", allocated=True), node_pod("q")]).pod == pending("q", served=1)
+
+
+def test_a_waiting_bind_goes_on_when_the_kubelet_admits_the_previous_pod() -> None:
+    gate = AllocationGate()
+    assert gate.acquire("n", pending("p"), timeout_s=0) == ""
+    result: list[str] = []
+    waiter = threading.Thread(target=lambda: result.append(gate.acquire("n", pending("q"), timeout_s=30)))
+    waiter.start()
+    assert gate.stats().pending == 1
+    assert gate.settle("p")  # the watch saw the pod's container statuses
+    waiter.join(30)
+    assert result == [""] and gate.pending("n") == [pending("q")]
+
+
+def test_the_gate_is_rebuilt_from_the_pods_after_a_restart() -> None:
+    gate = AllocationGate()
+    gate.restore("n", pending("p"))
+    gate.restore("n", pending("q"))
+    assert "still admitting" in gate.acquire("n", pending("r"), timeout_s=0)
+    # the kubelet's PodResources shows p allocated: the Allocate is q's
+    assert gate.allocate("n", RES, 1, [node_pod("p", allocated=True), node_pod("q")]).pod == pending("q", served=1)
 
 
 def test_gpus_must_be_this_nodes_and_healthy() -> None:
-    pod = bound_pod_from_object(api_pod("p", f"{A},{B}"), RES)
-    assert pod is not None
-    assert check_gpus(pod, devices_of([(A, True), (B, True)], 2), "n") == ""
-    assert "does not have" in check_gpus(pod, devices_of([(A, True)], 2), "n")
-    assert "unhealthy" in check_gpus(pod, devices_of([(A, True), (B, False)], 2), "n")
+    assert check_gpus("ns/p", (A, B), devices_of([(A, True), (B, True)], 2), "n") == ""
+    assert "does not have" in check_gpus("ns/p", (A, B), devices_of([(A, True)], 2), "n")
+    assert "unhealthy" in check_gpus("ns/p", (A, B), devices_of([(A, True), (B, False)], 2), "n")
+    assert "no GPUs" in check_gpus("ns/p", (), devices_of([(A, True)], 2), "n")
 
 
 def test_each_strategy_names_only_the_given_gpus() -> None:

@@ -4,15 +4,16 @@ Why: handing a pod its GPUs through an `NVIDIA_VISIBLE_DEVICES` env var it sets 
 nodes whose NVIDIA container runtime honours that variable in unprivileged containers, and there it
 lets any pod name any GPU. A device plugin is what the kubelet asks before it starts a container
 (`Allocate`); its answer (an env var, volume mounts, or CDI device names) is the only device list a
-hardened node accepts, and it comes from the extender's decision (`deepres.io/assigned-gpus`), not
-from the pod. HAMi pairs its scheduler extender with a device plugin the same way.
+hardened node accepts, and it comes from the extender's decision (its allocation gate, asked at each
+`Allocate`), not from the pod. HAMi pairs its scheduler extender with a device plugin the same way.
 
 Modules:
 - `api.proto` (vendored kubelet API v1beta1) and its generated `api_pb2*` (`python -m devtools.protos`);
-- `allocation`: pure rules: device IDs (slots per GPU), which pod a request is for, the response per
-  device-list strategy;
-- `plugin`: the gRPC service on a Unix socket, the registration with the kubelet, the pods on this
-  node from the API server.
+- `podresources.proto` (the kubelet's PodResources API v1, the List call) and its `podresources_pb2*`;
+- `allocation`: pure rules: device IDs (slots per GPU), the node's pods as the handshake sends them, the
+  response per device-list strategy;
+- `plugin`: the gRPC service on a Unix socket, the registration with the kubelet, and at each `Allocate`
+  the allocation handshake with the extender (extender/policy/allocation.py says why).
 """
 
 RESOURCE_NAME = "deepres.io/gpu"
@@ -20,3 +21,5 @@ API_VERSION = "v1beta1"
 #: the kubelet's folder for device plugin sockets (hostPath in the agent pod)
 KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
+#: the kubelet's PodResources API (what it allocated to which pod; hostPath in the agent pod)
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"

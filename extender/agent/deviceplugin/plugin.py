@@ -1,6 +1,8 @@
 """The device plugin's I/O: the gRPC service on a Unix socket in the kubelet's plugin folder, the
 registration with the kubelet (and again whenever the kubelet restarts: it then deletes every
-plugin socket), and the pods on this node from the API server.
+plugin socket), and at each `Allocate` the allocation handshake: the pods on this node from the API
+server, what the kubelet has allocated from its PodResources API, and the extender's answer (which pod,
+which GPUs) through POST /v1/allocate.
 
 The GPUs and their health come from the agent's own sampling rounds (`update_gpus`, NVML in
 production): a GPU that NVML reports unhealthy, or that stops being reported, is streamed to the
@@ -13,68 +15,162 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 
-from extender.agent.deviceplugin import API_VERSION, KUBELET_SOCKET, RESOURCE_NAME
+from extender.agent.deviceplugin import API_VERSION, KUBELET_SOCKET
 from extender.agent.deviceplugin import api_pb2 as pb
 from extender.agent.deviceplugin import api_pb2_grpc as pb_grpc
+from extender.agent.deviceplugin import podresources_pb2 as prpb
+from extender.agent.deviceplugin import podresources_pb2_grpc as prpb_grpc
 from extender.agent.deviceplugin.allocation import (
-    BoundPod,
     Device,
-    Served,
-    bound_pod_from_object,
     check_gpus,
-    choose_pod,
     container_devices,
     devices_of,
+    node_pods,
 )
 from extender.agent.deviceplugin.settings import PluginSettings
+from extender.policy.allocation import NodePod
 from extender.telemetry import GpuReport
 
 log = logging.getLogger(__name__)
 
+#: the handshake's path on the extender (extender/server/allocate.py)
+ALLOCATE_PATH = "/v1/allocate"
 
-class BoundPods(Protocol):
-    """The deepres-bound pods on this node, read now (Allocate must see a pod bound a moment ago)."""
 
-    def bound_pods(self) -> list[BoundPod]:
+class NodePods(Protocol):
+    """The pods of this node as the API server has them now (Allocate must see a pod bound a moment ago)."""
+
+    def pods(self) -> list[dict[str, Any]]:
         ...
 
 
-class KubeBoundPods:
+class KubeNodePods:
     """Lists this node's pods from the API server (field selector spec.nodeName) at each Allocate."""
 
-    def __init__(self, api: Any, node: str, resource: str = RESOURCE_NAME, timeout_s: float = 10.0) -> None:
-        self.api, self.node, self.resource, self.timeout_s = api, node, resource, timeout_s
+    def __init__(self, api: Any, node: str, timeout_s: float = 10.0) -> None:
+        self.api, self.node, self.timeout_s = api, node, timeout_s
 
-    def bound_pods(self) -> list[BoundPod]:
+    def pods(self) -> list[dict[str, Any]]:
         response = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}",
                                                         _preload_content=False, _request_timeout=self.timeout_s)
         items = json.loads(response.data).get("items") or []
-        pods = [bound_pod_from_object(item, self.resource) for item in items if isinstance(item, dict)]
-        return [p for p in pods if p is not None]
+        return [item for item in items if isinstance(item, dict)]
+
+
+class Allocated(Protocol):
+    """What the kubelet has allocated of a resource: (namespace, name) of the pods holding some."""
+
+    def allocated(self, resource: str) -> set[tuple[str, str]]:
+        ...
+
+
+class PodResourcesClient:
+    """The kubelet's PodResources API (v1 List) on its Unix socket: what it allocated, from its own
+    checkpoint, so it holds across agent restarts (as NVIDIA's plugin and dcgm-exporter read it)."""
+
+    def __init__(self, socket: str, timeout_s: float = 5.0) -> None:
+        self.socket, self.timeout_s = socket, timeout_s
+
+    def allocated(self, resource: str) -> set[tuple[str, str]]:
+        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
+            stub = prpb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+            answer = stub.List(prpb.ListPodResourcesRequest(), timeout=self.timeout_s)
+        return {(p.namespace, p.name) for p in answer.pod_resources
+                if any(d.resource_name == resource and d.device_ids for c in p.containers for d in c.devices)}
+
+
+class HandshakeRefused(Exception):
+    """The extender names no pod for this Allocate (its reason), or cannot be asked."""
+
+
+@dataclass(frozen=True)
+class Served:
+    key: str
+    gpus: tuple[str, ...]
+
+
+class Handshake(Protocol):
+    def ask(self, node: str, resource: str, size: int, pods: list[NodePod]) -> Served:
+        ...
+
+
+class HttpHandshake:
+    """POST /v1/allocate on the extender with the agent's token (the one its reports carry)."""
+
+    def __init__(self, base_url: str, token: Any, timeout_s: float = 5.0, ca_file: str | None = None,
+                 attempts: int = 3) -> None:
+        self.url = base_url.rstrip("/") + ALLOCATE_PATH
+        self.token, self.timeout_s, self.attempts = token, timeout_s, attempts
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if self.url.startswith("https:"):
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def ask(self, node: str, resource: str, size: int, pods: list[NodePod]) -> Served:
+        body = json.dumps({"node": node, "resource": resource, "size": size, "pods": [
+            {"uid": p.uid, "namespace": p.key.partition("/")[0], "name": p.key.partition("/")[2],
+             "allocated": p.allocated} for p in pods]}).encode()
+        last = ""
+        for attempt in range(self.attempts):  # the extender restarting: a few tries, then refuse
+            headers = {"Content-Type": "application/json"}
+            token = self.token.get()
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with self._opener.open(request, timeout=self.timeout_s) as response:
+                    answer = json.loads(response.read())
+                pod = answer.get("pod") or {}
+                gpus = tuple(str(u) for u in answer.get("gpus") or [])
+                return Served(f"{pod.get('namespace')}/{pod.get('name')}", gpus)
+            except urllib.error.HTTPError as err:
+                last = _error_text(err)
+                if err.code not in (408, 429, 500, 502, 503, 504):
+                    raise HandshakeRefused(f"the extender refused: {last}") from None
+            except (OSError, ValueError, AttributeError) as err:
+                last = str(getattr(err, "reason", err))
+            if attempt + 1 < self.attempts:
+                time.sleep(0.5 * (attempt + 1))
+        raise HandshakeRefused(f"cannot ask the extender which pod this is ({self.url}): {last}")
+
+
+def _error_text(err: urllib.error.HTTPError) -> str:
+    try:
+        decoded = json.loads(err.read() or b"{}")
+        return str(decoded.get("error") or f"HTTP {err.code}")[:500]
+    except (ValueError, AttributeError, OSError):
+        return f"HTTP {err.code}"
 
 
 class DevicePlugin(pb_grpc.DevicePluginServicer):
     """The DevicePlugin service: ListAndWatch streams the slots and their health, Allocate hands a
-    container its pod's assigned GPUs."""
+    container the GPUs the extender names for the pod being admitted (the allocation handshake)."""
 
-    def __init__(self, settings: PluginSettings, pods: BoundPods) -> None:
+    def __init__(self, settings: PluginSettings, pods: NodePods, allocated: Allocated, handshake: Handshake) -> None:
         self.settings = settings
         self.pods = pods
+        self.allocated = allocated
+        self.handshake = handshake
         self._changed = threading.Condition()
         self._devices: tuple[Device, ...] = ()
         self._known: dict[str, bool] = {}  # GPU uuid -> healthy, every GPU ever seen (in order)
         self._version = 0
-        self._served = Served()
         self._allocate_lock = threading.Lock()
         self._stopping = threading.Event()
+        self.outcomes: dict[str, int] = {"served": 0, "refused": 0}
 
     # ---- devices ----
     def update_gpus(self, gpus: Sequence[GpuReport]) -> None:
@@ -126,26 +222,30 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     def Allocate(self, request: Any, context: Any) -> Any:
         s = self.settings
         responses = []
-        with self._allocate_lock:  # one decision at a time: two containers must not both take one pod's turn
-            try:
-                pods = self.pods.bound_pods()
-            except Exception as err:
-                log.warning("Allocate refused: cannot list the pods of node %s: %s", s.node, err)
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot list the pods of node {s.node}: {err}")
-                raise AssertionError("unreachable") from err  # abort raises
-            self._served.forget_except(p.uid for p in pods)
-            devices = self.devices()
+        with self._allocate_lock:  # the kubelet admits one pod at a time; so does the plugin
             for container in request.container_requests:
                 size = len(container.devices_ids)
-                choice = choose_pod(pods, size, self._served, s.node, s.resource)
-                pod = choice.pod
-                error = choice.error if pod is None else check_gpus(pod, devices, s.node)
-                if pod is None or error:
-                    _refuse(context, error)
-                    raise AssertionError("unreachable")  # abort raises
-                self._served.add(pod, size)
-                handed = container_devices(pod.assigned_gpus, s.strategy, s.cdi_kind)
-                log.info("Allocate pod=%s gpus=%s strategy=%s (kubelet slots %s)", pod.key, ",".join(pod.assigned_gpus),
+                try:
+                    pods = node_pods(self.pods.pods(), s.resource, self.allocated.allocated(s.resource))
+                except Exception as err:
+                    self.outcomes["refused"] += 1
+                    log.warning("Allocate refused: cannot read the pods of node %s or the kubelet's allocations: %s",
+                                s.node, err)
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  f"cannot read the pods of node {s.node} or the kubelet's allocations: {err}")
+                    raise AssertionError("unreachable") from err  # abort raises
+                try:
+                    served = self.handshake.ask(s.node, s.resource, size, pods)
+                except HandshakeRefused as err:
+                    _refuse(context, str(err), self.outcomes)
+                    raise AssertionError("unreachable") from err
+                error = check_gpus(served.key, served.gpus, self.devices(), s.node)
+                if error:
+                    _refuse(context, error, self.outcomes)
+                    raise AssertionError("unreachable")
+                self.outcomes["served"] += 1
+                handed = container_devices(served.gpus, s.strategy, s.cdi_kind)
+                log.info("Allocate pod=%s gpus=%s strategy=%s (kubelet slots %s)", served.key, ",".join(served.gpus),
                          s.strategy, ",".join(container.devices_ids))
                 responses.append(pb.ContainerAllocateResponse(
                     envs=dict(handed.envs), annotations=dict(handed.annotations),
@@ -173,7 +273,9 @@ class PluginServer:
     def serve(self) -> None:
         """(Re)start the gRPC server on the socket."""
         if self._server is not None:
-            self._server.stop(0)
+            # wait: a gRPC server's shutdown runs on, and removes its socket's path when done, which
+            # would be the new server's socket by then (seen: registered, then no socket)
+            self._server.stop(0).wait(5.0)
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="deviceplugin"))
@@ -234,7 +336,8 @@ class PluginServer:
             self._thread.join(5.0)
 
 
-def _refuse(context: Any, message: str) -> None:
+def _refuse(context: Any, message: str, outcomes: dict[str, int]) -> None:
+    outcomes["refused"] += 1
     log.warning("Allocate refused: %s", message)
     context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
 

@@ -1,0 +1,165 @@
+"""Which pod a kubelet's `Allocate` is for: the per-node allocation handshake's rule, pure.
+
+The kubelet's device plugin API names slot IDs in `Allocate`, never the pod, and every deepres pod asks
+for the same kind of slot, so the answer cannot come from the request. It comes from two facts that no
+tenant can write:
+
+- the extender's gate: at most one pod per node that deepres bound and whose containers the kubelet has
+  not all allocated yet (`Pending`: bind waits for the node's previous pod before it creates the next
+  Binding, HAMi's per-node allocation lock kept in the extender's memory instead of a Node annotation);
+- the kubelet's own record of what it allocated (its PodResources API, read by the agent), with the
+  pods of the node as the API server lists them (`NodePod`).
+
+The kubelet admits one pod at a time and calls `Allocate` once per container that requests the
+resource (init containers first, then the app containers, in spec order), so an `Allocate` is for the
+one pod of the node that requests the resource and has not been allocated, which must be the gate's.
+Anything else is refused, never guessed: a pod deepres did not bind asking for the resource (a pod of
+the default scheduler with a nodeSelector, a pod created with `spec.nodeName`), two candidates, a
+request whose size is not what the pod's next container asks for. A refusal fails that pod's
+admission at the kubelet (`UnexpectedAdmissionError`); a served pod keeps its GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pod deepres bound to a node whose containers the kubelet has not all been handed yet."""
+
+    uid: str
+    key: str  # namespace/name, for messages
+    gpus: tuple[str, ...]
+    #: the devices each container asks for, in the order the kubelet allocates them (init containers,
+    #: then containers; only those with a positive request)
+    sizes: tuple[int, ...]
+    served: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.served >= len(self.sizes)
+
+
+@dataclass(frozen=True)
+class NodePod:
+    """A pod of the node that requests the resource, as the agent sees it at `Allocate`."""
+
+    uid: str
+    key: str
+    #: the kubelet has allocated it already: the resource appears in PodResources for one of its
+    #: containers, or the kubelet has written container statuses (it admitted the pod)
+    allocated: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The pod served and the gate's new record of it, or why none is (`error`)."""
+
+    pod: Pending | None = None
+    error: str = ""
+
+    @property
+    def served(self) -> bool:
+        return self.pod is not None
+
+
+def decide(node: str, resource: str, size: int, pending: Sequence[Pending], node_pods: Sequence[NodePod],
+           recently_done: Iterable[str] = ()) -> Decision:
+    """Whom an `Allocate` of `size` devices on `node` serves (see the module doc).
+
+    `pending`: the gate's pods for this node; `node_pods`: the node's pods that request `resource`;
+    `recently_done`: uids of pods the gate served completely a moment ago (the kubelet's status for
+    them may lag, and PodResources does not list plain init containers)."""
+    done = set(recently_done)
+    pending_uids = {p.uid for p in pending}
+    waiting = [p for p in node_pods if not p.allocated and p.uid not in pending_uids and p.uid not in done]
+    if waiting:
+        names = ", ".join(sorted(p.key for p in waiting)[:5])
+        return Decision(error=f"pods on node {node} request {resource} that deepres did not bind to it ({names}): "
+                              f"refusing rather than guessing which pod this Allocate is for")
+    present = {p.uid: p for p in node_pods}
+    candidates = [p for p in pending if p.uid in present and not p.complete
+                  and (p.served > 0 or not present[p.uid].allocated)]
+    if not candidates:
+        return Decision(error=f"no pod that deepres bound to node {node} awaits a container requesting {size} "
+                              f"{resource}: refusing to hand out GPUs to an unknown pod")
+    if len(candidates) > 1:
+        names = ", ".join(sorted(p.key for p in candidates))
+        return Decision(error=f"{len(candidates)} pods bound to node {node} await their GPUs ({names}): refusing "
+                              f"rather than guessing which one this Allocate is for")
+    pod = candidates[0]
+    expected = pod.sizes[pod.served]
+    if size != expected:
+        return Decision(error=f"Allocate asks for {size} {resource} on node {node}, but the next container of pod "
+                              f"{pod.key} requests {expected}: refusing")
+    return Decision(pod=Pending(pod.uid, pod.key, pod.gpus, pod.sizes, pod.served + 1))
+
+
+# ---- what the kubelet will ask for, read off a pod (the extender at bind, the agent at Allocate) ----
+def _quantity(value: Any) -> int:
+    """An extended resource's count ("2", 2); 0 when missing or not a whole number."""
+    try:
+        number = int(str(value))
+    except ValueError:
+        return 0
+    return max(number, 0)
+
+
+def container_request(container: Mapping[str, Any], resource: str) -> int:
+    """Devices of `resource` a container asks for (extended resources are asked for in limits; requests,
+    when given, must equal them)."""
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    return _quantity(limits.get(resource, requests.get(resource, 0)))
+
+
+def allocation_sizes(spec: Mapping[str, Any], resource: str) -> tuple[int, ...]:
+    """The devices each `Allocate` of this pod will ask for, in the kubelet's order: init containers,
+    then containers, those requesting `resource`."""
+    out: list[int] = []
+    for group in ("initContainers", "containers"):
+        for container in spec.get(group) or []:
+            if isinstance(container, Mapping):
+                n = container_request(container, resource)
+                if n > 0:
+                    out.append(n)
+    return tuple(out)
+
+
+def kubelet_admitted(status: Mapping[str, Any]) -> bool:
+    """The kubelet has admitted the pod (or refused it): it wrote container statuses, or a phase past
+    Pending. Before admission a bound pod's status holds only the scheduler's condition."""
+    if str(status.get("phase") or "Pending") != "Pending":
+        return True
+    return bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
+
+
+@dataclass(frozen=True)
+class Requests:
+    """A parsed view of a pod for the handshake."""
+
+    uid: str
+    key: str
+    sizes: tuple[int, ...] = field(default=())
+    admitted: bool = False
+    finished: bool = False
+    deleting: bool = False
+
+
+def requests_of(obj: Mapping[str, Any], resource: str) -> Requests:
+    """The handshake's view of a Pod as JSON (Kubernetes casing)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return Requests(uid=str(meta.get("uid") or ""),
+                    key=f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}",
+                    sizes=allocation_sizes(spec, resource),
+                    admitted=kubelet_admitted(status),
+                    finished=str(status.get("phase") or "") in FINISHED_PHASES,
+                    deleting=bool(meta.get("deletionTimestamp")))
