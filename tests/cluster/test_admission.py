@@ -172,13 +172,105 @@ def test_an_annotated_pod_is_admitted_with_its_wiring_added(cluster: LocalCluste
 
 
 def test_a_gpu_pod_created_on_a_node_is_refused(cluster: LocalCluster) -> None:
-    for body in (pod("placed", annotations={"deepres.io/model-type": "cnn"}, node=CPU_NODE),
-                 pod("placed-by-request", node=CPU_NODE)):
-        if "annotations" not in body["metadata"] or not body["metadata"]["annotations"]:
-            body["spec"]["containers"][0]["resources"] = {"limits": {"deepres.io/gpu": "1"}}
-        assert "may not be created with spec.nodeName" in refusal(lambda b=body: create(cluster, GOVERNED, b))
-        create(cluster, UNGOVERNED, body)  # without the policy: admitted
+    body = pod("placed", annotations={"deepres.io/model-type": "cnn"}, node=CPU_NODE)
+    assert "spec.nodeName" in refusal(lambda: create(cluster, GOVERNED, body))
+    create(cluster, UNGOVERNED, body)  # annotations only, without the policy: admitted
     create(cluster, GOVERNED, pod("cpu-pod-on-a-node", node=CPU_NODE))  # not a GPU pod: admitted
+
+
+def with_request(body: dict[str, Any], *, init_only: bool = False) -> dict[str, Any]:
+    """The pod asking for the deepres resource: on its container, or only on an init container."""
+    limits = {"limits": {"deepres.io/gpu": "1"}}
+    if init_only:
+        body["spec"]["initContainers"] = [{"name": "prepare", "image": "busybox:1.36", "resources": limits}]
+    else:
+        body["spec"]["containers"][0]["resources"] = limits
+    return body
+
+
+@pytest.mark.parametrize("init_only", [False, True])
+def test_a_pod_requesting_the_gpu_resource_is_deepres_scheduled_in_every_namespace(cluster: LocalCluster,
+                                                                                   init_only: bool) -> None:
+    """The resource on a pod the default scheduler places (with a nodeSelector), or one created on a node
+    (the request on its init container only): refused in every namespace, the ungoverned one included
+    (the device plugin serves only the pods deepres binds); the same pods without the request are admitted."""
+    for namespace in (GOVERNED, UNGOVERNED):
+        elsewhere = with_request(pod("default-scheduled", scheduler="default-scheduler"), init_only=init_only)
+        elsewhere["spec"]["nodeSelector"] = {"kubernetes.io/hostname": CPU_NODE}
+        on_node = with_request(pod("on-a-node", node=CPU_NODE, scheduler="deepres-scheduler"), init_only=init_only)
+        for body in (elsewhere, on_node):
+            assert "must be scheduled by deepres-scheduler" in refusal(lambda b=body, n=namespace: create(cluster, n, b))
+        create(cluster, namespace, pod("default-scheduled-plain", scheduler="default-scheduler"))
+        create(cluster, namespace, pod("on-a-node-plain", node=CPU_NODE))
+    create(cluster, UNGOVERNED, with_request(pod("deepres-scheduled", scheduler="deepres-scheduler"),
+                                             init_only=init_only))
+
+
+def test_the_assignment_cannot_be_written_through_the_status(cluster: LocalCluster,
+                                                            pending: list[tuple[str, str]]) -> None:
+    patch = {"metadata": {"annotations": {ASSIGNED: "GPU-someone-elses"}}}
+    target = stored(cluster, pending, GOVERNED, "status-patched")
+    assert "only the deepres extender" in refusal(lambda: cluster.core.patch_namespaced_pod_status(
+        target, GOVERNED, patch))
+    assert ASSIGNED not in (cluster.core.read_namespaced_pod(target, GOVERNED).metadata.annotations or {})
+    elsewhere = stored(cluster, pending, UNGOVERNED, "status-patched")
+    cluster.core.patch_namespaced_pod_status(elsewhere, UNGOVERNED, patch)  # without the policy: admitted
+
+
+def test_a_privileged_ephemeral_container_on_a_gpu_pod_is_refused(cluster: LocalCluster,
+                                                                  pending: list[tuple[str, str]]) -> None:
+    debug = {"spec": {"ephemeralContainers": [{"name": "debug", "image": "busybox:1.36",
+                                               "securityContext": {"privileged": True}}]}}
+    names = {}
+    for namespace in (GOVERNED, UNGOVERNED):
+        name = f"gpu-debugged-{uuid.uuid4().hex[:6]}"
+        create(cluster, namespace, pod(name, annotations={"deepres.io/gpu-memory": "8Gi"}, scheduler="nobody"),
+               dry_run=False)
+        pending.append((namespace, name))
+        names[namespace] = name
+    assert "privileged ephemeral container" in refusal(lambda: cluster.core.patch_namespaced_pod_ephemeralcontainers(
+        names[GOVERNED], GOVERNED, debug))
+    cluster.core.patch_namespaced_pod_ephemeralcontainers(names[UNGOVERNED], UNGOVERNED, debug)
+
+
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-agent"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def as_agent_on(cluster: LocalCluster, node: str | None) -> Any:
+    """A CoreV1Api acting as the agent's ServiceAccount with a token bound to a pod on `node` (the admin
+    impersonates the user and the node claim the API server's token authenticator adds)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(str(cluster.plane.admin_kubeconfig))  # type: ignore[no-untyped-call]
+    api.set_default_header("Impersonate-User", AGENT_USER)
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    if node is not None:
+        api.set_default_header("Impersonate-Extra-" + NODE_CLAIM.replace("/", "%2F"), node)
+    return client.CoreV1Api(api)
+
+
+def test_the_agent_changes_only_deepres_annotations_of_its_own_node(cluster: LocalCluster) -> None:
+    own, other = f"agent-own-{uuid.uuid4().hex[:6]}", f"agent-other-{uuid.uuid4().hex[:6]}"
+    for name in (own, other):
+        cluster.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": name, "labels": {"deepres.io/test": "agent-node"}}})
+    try:
+        agent = as_agent_on(cluster, own)
+        publish = {"metadata": {"annotations": {"deepres.io/gpu-free-at": "1"}}}
+        agent.patch_node(own, publish)  # what it publishes, on its own Node: admitted
+        assert cluster.core.read_node(own).metadata.annotations["deepres.io/gpu-free-at"] == "1"
+        assert "only the Node its pod runs on" in refusal(lambda: agent.patch_node(other, publish))
+        for change in ({"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}},
+                       {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}},
+                       {"metadata": {"annotations": {"other.io/x": "1"}}}):
+            assert "only the deepres.io/ annotations" in refusal(lambda c=change: agent.patch_node(own, c))
+        no_claim = as_agent_on(cluster, None)  # a token not bound to a pod on a node
+        assert "only the Node its pod runs on" in refusal(lambda: no_claim.patch_node(own, publish))
+        cluster.core.patch_node(other, {"metadata": {"labels": {"admin": "may"}}})  # the admin is not the agent
+    finally:
+        for name in (own, other):
+            cluster.core.delete_node(name)
 
 
 def test_a_privileged_gpu_container_is_refused(cluster: LocalCluster) -> None:

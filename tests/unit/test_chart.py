@@ -697,7 +697,7 @@ def test_privileged_agent_is_opt_in_and_mounts_the_driver(tmp_path: Path) -> Non
     assert pod["containers"][0]["securityContext"]["privileged"] is True
     assert "runtimeClassName" not in pod
     assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
-        "/dev", "/usr/lib/x86_64-linux-gnu", "/var/lib/kubelet/device-plugins"}
+        "/dev", "/usr/lib/x86_64-linux-gnu", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
     assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
 
 
@@ -719,10 +719,10 @@ def extender_service_account(objs: list[Obj]) -> str:
 @pytest.mark.parametrize("values_name", ["defaults", "separate-extender"])
 def test_only_the_extenders_own_identity_may_write_the_assignment(tmp_path: Path, values_name: str) -> None:
     objs = render(tmp_path, VALUE_SETS[values_name])
-    policy = find(objs, "ValidatingAdmissionPolicy")
+    policy = find(objs, "ValidatingAdmissionPolicy", "deepres-gpu-guard")
     trusted = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["trusted"]
     assert trusted == f"request.userInfo.username == '{extender_service_account(objs)}'"
-    binding = find(objs, "ValidatingAdmissionPolicyBinding")
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "deepres-gpu-guard")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     excluded = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert excluded["operator"] == "NotIn" and NAMESPACE in excluded["values"], "the agent's namespace is left out"

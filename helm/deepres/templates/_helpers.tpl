@@ -178,6 +178,10 @@ mtls
     # Agents authenticate with projected tokens for this audience; only the agent ServiceAccount may report.
     - name: DEEPRES_TOKEN_AUDIENCE
       value: {{ .Values.agent.tokenAudience | quote }}
+    # the allocation handshake (docs/device-plugin.md): pods requesting this resource are bound one per node
+    # at a time and served at Allocate through /v1/allocate
+    - name: DEEPRES_DEVICE_RESOURCE
+      value: {{ .Values.devicePlugin.resourceName | quote }}
     - name: DEEPRES_AGENT_SERVICE_ACCOUNTS
       value: {{ list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" "agent"))) | toJson | quote }}
     - name: POD_NAMESPACE
@@ -314,6 +318,11 @@ admission policy lets only it write the annotations the extender writes at bind.
 {{- define "deepres.extenderUser" -}}
 {{- $component := ternary "scheduler" "extender" (eq .Values.extender.mode "sidecar") -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" $component)) }}
+{{- end }}
+
+{{/* The agent's ServiceAccount as the API server names it. */}}
+{{- define "deepres.agentUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" "agent")) }}
 {{- end }}
 
 {{/* The namespaces the admission policies govern: admission.namespaceSelector, else all but
