@@ -199,7 +199,8 @@ def test_a_pod_requesting_the_gpu_resource_is_deepres_scheduled_in_every_namespa
         elsewhere["spec"]["nodeSelector"] = {"kubernetes.io/hostname": CPU_NODE}
         on_node = with_request(pod("on-a-node", node=CPU_NODE, scheduler="deepres-scheduler"), init_only=init_only)
         for body in (elsewhere, on_node):
-            assert "must be scheduled by deepres-scheduler" in refusal(lambda b=body, n=namespace: create(cluster, n, b))
+            message = refusal(lambda b=body, n=namespace: create(cluster, n, b))
+            assert "must be scheduled by deepres-scheduler" in message
         create(cluster, namespace, pod("default-scheduled-plain", scheduler="default-scheduler"))
         create(cluster, namespace, pod("on-a-node-plain", node=CPU_NODE))
     create(cluster, UNGOVERNED, with_request(pod("deepres-scheduled", scheduler="deepres-scheduler"),
