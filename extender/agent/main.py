@@ -9,6 +9,7 @@ the network.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from extender.agent import AGENT_VERSION
 from extender.agent.cgroups import CachedPodLookup, CgroupReader, PodRef
-from extender.agent.deviceplugin import KUBELET_PLUGIN_DIR, POD_RESOURCES_SOCKET, RESOURCE_NAME
+from extender.agent.deviceplugin import KUBELET_PLUGIN_DIR, POD_RESOURCES_SOCKET, RESOURCE_NAME, TOOLKIT_CONFIG
 from extender.agent.deviceplugin.allocation import DEFAULT_CDI_KIND, STRATEGIES
 from extender.agent.deviceplugin.settings import PluginSettings
 from extender.agent.kube import (
@@ -89,6 +90,8 @@ class AgentSettings:
     device_list_strategy: str = "volume-mounts"
     pod_resources_socket: str = POD_RESOURCES_SOCKET
     cdi_kind: str = DEFAULT_CDI_KIND
+    toolkit_config: str = TOOLKIT_CONFIG
+    cdi_dirs: str = "/etc/cdi,/var/run/cdi"
 
     def plugin_settings(self) -> PluginSettings:
         return PluginSettings(node=self.node, plugin_dir=self.device_plugin_dir, resource=self.device_plugin_resource,
@@ -130,6 +133,24 @@ class AgentSettings:
             if self.no_kube:
                 found.append("--device-plugin needs the API server (Allocate reads the pods bound to this node)")
         return found
+
+
+def on_preflight(api: Any, node: str, problems: list[str], metrics: AgentMetrics) -> None:
+    """The device plugin's preflight changed its verdict: the metric, and a Warning Event on the Node
+    while the plugin does not advertise (kubectl describe node shows why)."""
+    metrics.device_plugin_advertising.set(0 if problems else 1)
+    if not problems:
+        return
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {"metadata": {"generateName": f"{node}.deepres-"}, "type": "Warning",
+             "reason": "DeepresDevicePluginNotAdvertised", "message": "; ".join(problems)[:1000],
+             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+             "source": {"component": "deepres-agent", "host": node}, "firstTimestamp": now, "lastTimestamp": now,
+             "count": 1}
+    try:
+        api.create_namespaced_event("default", event)
+    except Exception as err:  # the log line and the metric say it too
+        log.warning("cannot record the preflight's Event on node %s: %s", node, err)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -310,6 +331,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how Allocate hands the GPUs to the runtime: volume-mounts (default: read by the NVIDIA "
                         "runtime with accept-nvidia-visible-devices-as-volume-mounts, hardened nodes), cdi (CDI "
                         "device names), envvar (NVIDIA_VISIBLE_DEVICES)")
+    parser.add_argument("--toolkit-config", default=TOOLKIT_CONFIG,
+                        help="the NVIDIA container toolkit's config.toml as the agent sees it: the preflight checks "
+                        "that the device-list strategy's setting is on before the plugin advertises")
+    parser.add_argument("--cdi-dirs", default="/etc/cdi,/var/run/cdi",
+                        help="comma-separated folders of the node's CDI specs (the cdi strategy's preflight)")
     parser.add_argument("--pod-resources-socket", default=POD_RESOURCES_SOCKET,
                         help="the kubelet's PodResources socket: what it has allocated, read at each Allocate "
                         "(hostPath in the agent pod)")
@@ -353,6 +379,8 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         device_plugin_slots=args.device_plugin_slots,
         device_list_strategy=args.device_list_strategy,
         pod_resources_socket=args.pod_resources_socket,
+        toolkit_config=args.toolkit_config,
+        cdi_dirs=args.cdi_dirs,
         cdi_kind=args.cdi_kind,
     )
     problems.extend(settings.problems())
@@ -414,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
             KubeNodePods,
             PluginServer,
             PodResourcesClient,
+            Preflight,
         )
 
         plugin = DevicePlugin(settings.plugin_settings(), KubeNodePods(api, settings.node),
@@ -421,7 +450,13 @@ def run(args: argparse.Namespace) -> int:
                               HttpHandshake(settings.extender_url, token, settings.request_timeout_s,
                                             settings.ca_file or None))
         plugin.update_gpus(source.sample().gpus)  # the first list the kubelet sees is the real one
-        plugin_server = PluginServer(plugin).start()
+        plugin_server = PluginServer(plugin)
+        plugin_server.preflight = Preflight(
+            settings.plugin_settings(), simulated=settings.source != "nvml",
+            read_allocatable=lambda: dict(api.read_node(settings.node).status.allocatable or {}),
+            toolkit_path=settings.toolkit_config, cdi_dirs=[d for d in settings.cdi_dirs.split(",") if d],
+            on_change=lambda problems: on_preflight(api, settings.node, problems, metrics))
+        plugin_server.start()
         threads.append(plugin_server)
     agent = Agent(settings, source, reporter, pods=pods, annotator=annotator, metrics=metrics, health=health,
                   devices=plugin_server.plugin if plugin_server is not None else None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from extender.agent.reporter import RESULTS
@@ -109,6 +109,10 @@ class AgentMetrics:
         )
         for result in RESULTS:
             self.reports.labels(result=result)
+        self.device_plugin_advertising = Gauge(
+            "deepres_agent_device_plugin_advertising",
+            "1 while the device plugin advertises the resource; 0 while its preflight finds the node's setup "
+            "cannot isolate GPUs (the reason is in the log and a Warning Event on the Node)", registry=self.registry)
         self.sample_seconds = Histogram(
             "deepres_agent_sample_seconds",
             "time to sample every GPU and attribute its processes",

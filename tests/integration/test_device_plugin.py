@@ -515,3 +515,35 @@ def test_a_pod_bound_before_a_kubelet_restart_is_served_after_it(volume_harness:
         assert h.admit(body) == [h.assigned(body)]
     finally:
         server.stop(0)
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_plugin_does_not_advertise_while_the_node_cannot_isolate(volume_harness: Harness) -> None:
+    """NVIDIA's plugin advertises the same GPUs on the node, then the toolkit setting is off: the plugin
+    stops serving (the kubelet sees its endpoint go), says why; once the setup is right it registers again."""
+    from extender.agent.deviceplugin.plugin import Preflight
+
+    h = volume_harness
+    h.kubelet.wait_for(1)
+    toolkit = h.folder / "config.toml"
+    toolkit.write_text("accept-nvidia-visible-devices-as-volume-mounts = true\n")
+    allocatable = {"cpu": "8", "nvidia.com/gpu": "8"}
+    verdicts: list[list[str]] = []
+    h.server.preflight = Preflight(h.plugin.settings, simulated=False, read_allocatable=lambda: dict(allocatable),
+                                   toolkit_path=str(toolkit), cdi_dirs=[], on_change=verdicts.append, every_s=0)
+    wait_until(lambda: not h.server.socket.exists(), "the plugin to stop serving")
+    assert "another device plugin" in verdicts[-1][0] and "nvidia.com/gpu (8)" in verdicts[-1][0]
+    del allocatable["nvidia.com/gpu"]
+    toolkit.write_text("accept-nvidia-visible-devices-as-volume-mounts = false\n")
+    wait_until(lambda: verdicts[-1] and "needs accept-nvidia-visible-devices-as-volume-mounts" in verdicts[-1][0],
+               "the toolkit setting to be named")
+    assert not h.server.socket.exists()
+    toolkit.write_text("accept-nvidia-visible-devices-as-volume-mounts = true\n")
+    h.kubelet.wait_for(2)  # registered again
+    assert verdicts[-1] == [] and h.server.socket.exists()

@@ -627,6 +627,7 @@ EXPECTED_RULES = {
     },
     "deepres-agent": {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "get"), ("", "nodes", "patch"),
+        ("", "events", "create"),
     },
 }
 
@@ -697,7 +698,8 @@ def test_privileged_agent_is_opt_in_and_mounts_the_driver(tmp_path: Path) -> Non
     assert pod["containers"][0]["securityContext"]["privileged"] is True
     assert "runtimeClassName" not in pod
     assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
-        "/dev", "/usr/lib/x86_64-linux-gnu", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
+        "/dev", "/usr/lib/x86_64-linux-gnu", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources",
+        "/etc/nvidia-container-runtime"}
     assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
 
 

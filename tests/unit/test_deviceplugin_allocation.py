@@ -175,3 +175,46 @@ def test_the_generated_modules_match_the_vendored_proto() -> None:
     from devtools.protos import main
 
     assert main(["--check"]) == 0, "regenerate with `python -m devtools.protos`"
+
+
+# ---- the preflight: whether this node's setup lets the plugin isolate GPUs ----
+from extender.agent.deviceplugin.preflight import problems as preflight_problems  # noqa: E402
+
+HARDENED = """
+accept-nvidia-visible-devices-envvar-when-unprivileged = false
+accept-nvidia-visible-devices-as-volume-mounts = true
+[nvidia-container-runtime]
+mode = "auto"
+"""
+DEFAULT_TOOLKIT = "[nvidia-container-cli]\nldconfig = \"@/sbin/ldconfig.real\"\n"
+
+
+def preflight_of(strategy: str, toolkit: str | None = HARDENED, allocatable: dict[str, str] | None = None,
+                 simulated: bool = False, cdi: tuple[str, ...] = ()) -> list[str]:
+    return preflight_problems(strategy, simulated=simulated, allocatable=allocatable or {"cpu": "8"},
+                              toolkit_path="/etc/nvidia-container-runtime/config.toml", toolkit_config=toolkit,
+                              cdi_kinds=cdi, cdi_kind="nvidia.com/gpu")
+
+
+@pytest.mark.parametrize(("strategy", "kwargs", "expected"), [
+    ("volume-mounts", {}, ""),
+    ("volume-mounts", {"toolkit": DEFAULT_TOOLKIT}, "needs accept-nvidia-visible-devices-as-volume-mounts = true"),
+    ("volume-mounts", {"toolkit": None}, "cannot read the NVIDIA container toolkit"),
+    ("volume-mounts", {"toolkit": "accept-nvidia-visible-devices-as-volume-mounts = \"yes\""}, "not a boolean"),
+    ("volume-mounts", {"toolkit": "= broken"}, "not valid TOML"),
+    ("envvar", {"toolkit": DEFAULT_TOOLKIT}, ""),  # the env var is honoured by default
+    ("envvar", {}, "needs accept-nvidia-visible-devices-envvar-when-unprivileged = true"),  # hardened: ignored
+    ("cdi", {"toolkit": None}, "no CDI spec"),
+    ("cdi", {"toolkit": None, "cdi": ("nvidia.com/gpu",)}, ""),
+    ("volume-mounts", {"allocatable": {"nvidia.com/gpu": "8"}}, "another device plugin"),
+    ("volume-mounts", {"allocatable": {"nvidia.com/mig-1g.10gb": "7"}}, "another device plugin"),
+    ("volume-mounts", {"allocatable": {"nvidia.com/gpu": "0"}}, ""),  # present, nothing advertised
+    ("volume-mounts", {"toolkit": None, "simulated": True}, ""),  # no devices to isolate
+    ("volume-mounts", {"simulated": True, "allocatable": {"nvidia.com/gpu": "1"}}, "another device plugin"),
+])
+def test_the_preflight_names_what_stops_isolation(strategy: str, kwargs: dict[str, Any], expected: str) -> None:
+    found = preflight_of(strategy, **kwargs)
+    if expected:
+        assert len(found) == 1 and expected in found[0], found
+    else:
+        assert found == []

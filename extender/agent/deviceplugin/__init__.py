@@ -12,6 +12,7 @@ Modules:
 - `podresources.proto` (the kubelet's PodResources API v1, the List call) and its `podresources_pb2*`;
 - `allocation`: pure rules: device IDs (slots per GPU), the node's pods as the handshake sends them, the
   response per device-list strategy;
+- `preflight`: whether the node's setup lets the plugin isolate GPUs (toolkit setting, another plugin);
 - `plugin`: the gRPC service on a Unix socket, the registration with the kubelet, and at each `Allocate`
   the allocation handshake with the extender (extender/policy/allocation.py says why).
 """
@@ -23,3 +24,5 @@ KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 #: the kubelet's PodResources API (what it allocated to which pod; hostPath in the agent pod)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: the NVIDIA container toolkit's config (the preflight reads the device-list strategy's setting there)
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from extender.agent.deviceplugin import API_VERSION, KUBELET_SOCKET
+from extender.agent.deviceplugin import API_VERSION, KUBELET_SOCKET, preflight
 from extender.agent.deviceplugin import api_pb2 as pb
 from extender.agent.deviceplugin import api_pb2_grpc as pb_grpc
 from extender.agent.deviceplugin import podresources_pb2 as prpb
@@ -254,6 +255,71 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         return pb.AllocateResponse(container_responses=responses)
 
 
+class Preflight:
+    """The node-setup check (deviceplugin/preflight.py) with its I/O: the toolkit's config file, the
+    CDI spec folders, this node's allocatable resources. Re-read every `every_s` (another plugin may be
+    installed later, the toolkit reconfigured); on a change of verdict: a log line, the metric, an Event."""
+
+    def __init__(self, settings: PluginSettings, *, simulated: bool, read_allocatable: Callable[[], dict[str, Any]],
+                 toolkit_path: str, cdi_dirs: Sequence[str], on_change: Callable[[list[str]], None],
+                 every_s: float = 30.0, mono: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.simulated = settings, simulated
+        self.read_allocatable, self.toolkit_path, self.cdi_dirs = read_allocatable, toolkit_path, cdi_dirs
+        self.on_change, self.every_s, self.mono = on_change, every_s, mono
+        self._checked_s = -math.inf
+        self.problems: list[str] | None = None
+
+    def check(self) -> list[str]:
+        now = self.mono()
+        if self.problems is not None and now - self._checked_s < self.every_s:
+            return self.problems
+        self._checked_s = now
+        try:
+            allocatable = self.read_allocatable()
+        except Exception as err:  # not a verdict on the node: keep the last one (none yet: wait)
+            log.warning("device plugin preflight: cannot read node %s: %s", self.settings.node, err)
+            return self.problems if self.problems is not None else [f"cannot read node {self.settings.node}: {err}"]
+        found = preflight.problems(self.settings.strategy, simulated=self.simulated, allocatable=allocatable,
+                                   toolkit_path=self.toolkit_path, toolkit_config=_read_text(self.toolkit_path),
+                                   cdi_kinds=_cdi_kinds(self.cdi_dirs), cdi_kind=self.settings.cdi_kind)
+        if found != self.problems:
+            for problem in found:
+                log.error("device plugin not advertising %s on node %s: %s", self.settings.resource,
+                          self.settings.node, problem)
+            if not found and self.problems:
+                log.info("device plugin preflight passed on node %s: advertising %s", self.settings.node,
+                         self.settings.resource)
+            self.problems = found
+            self.on_change(found)
+        return found
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _cdi_kinds(folders: Sequence[str]) -> set[str]:
+    """The kinds the CDI specs in `folders` declare (YAML or JSON files, `kind: vendor/class`)."""
+    import yaml
+
+    kinds = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for path in sorted(Path(folder).iterdir())[:200]:
+                if path.suffix not in (".yaml", ".yml", ".json") or not path.is_file():
+                    continue
+                try:
+                    spec = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")[:1_000_000])
+                except (OSError, yaml.YAMLError):
+                    continue
+                if isinstance(spec, dict) and isinstance(spec.get("kind"), str):
+                    kinds.add(spec["kind"])
+    return kinds
+
+
 class PluginServer:
     """Serves a DevicePlugin on `<plugin_dir>/<socket_name>` and keeps it registered with the kubelet:
     when the socket disappears or the kubelet's socket is new (a kubelet restart), it serves again and
@@ -269,6 +335,7 @@ class PluginServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.registrations = 0
+        self.preflight: Preflight | None = None
 
     def serve(self) -> None:
         """(Re)start the gRPC server on the socket."""
@@ -297,7 +364,17 @@ class PluginServer:
                  s.resource, self.socket, s.slots_per_gpu, s.strategy)
 
     def ensure(self) -> bool:
-        """One check: serve and register again if the socket or the kubelet changed; True when registered."""
+        """One check: serve and register again if the socket or the kubelet changed; True when registered.
+        While the node's setup cannot isolate GPUs (the preflight), nothing is served: the kubelet then
+        stops counting the resource on this node."""
+        if self.preflight is not None and self.preflight.check():
+            if self._server is not None:
+                self._server.stop(0).wait(5.0)
+                self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                self.socket.unlink()
+            self._kubelet_id = None
+            return False
         if not self.socket.exists() or self._server is None:
             self.serve()
             self._kubelet_id = None
