@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv serve-venv tools test lint imports typecheck unit docs run predict images e2e cluster cluster-bins cluster-down clean
+.PHONY: venv serve-venv tools test lint imports typecheck unit docs run predict images e2e cluster cluster-bins cluster-down node-deps clean
 
 venv: $(STAMP)
 
@@ -33,7 +33,7 @@ imports: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) $(TOOLS_STAMP) cluster-bins
+unit: $(STAMP) $(TOOLS_STAMP) cluster-bins node-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q
 
 # The docs site (mkdocs.yml): strict, so a broken link, a missing anchor or a nav entry without its page
@@ -86,13 +86,21 @@ e2e: $(STAMP) $(TOOLS_STAMP)
 # A real control plane on loopback (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok), built from the Go module in cluster/ (Go 1.26) and cached under ~/.cache/deepres-cluster by
 # its pins: minutes the first time, seconds after. `make cluster` leaves it running (KUBECONFIG is
-# .cluster/admin.kubeconfig); `make cluster-down` stops it by pid. tests/cluster starts its own.
+# .cluster/admin.kubeconfig), with a real node (kubelet + containerd) where the machine can run one;
+# `make cluster-down` stops it all by pid. tests/cluster starts its own.
 CLUSTER_DIR := .cluster
 
 cluster-bins: $(STAMP)
 	$(BIN)/python -m devtools.localcluster build
 
-cluster: $(STAMP) cluster-bins
+# The real node beside the kwok nodes (devtools/realnode.py: containerd + runc + the kubelet built by
+# cluster-bins, the pause and test images made here): containerd, runc and the CNI plugins from Debian.
+# Never fails: where it cannot install (not root, no apt-get) it says why in one line and the
+# real-node tests skip with the reason.
+node-deps:
+	@bash scripts/install-node.sh
+
+cluster: $(STAMP) cluster-bins node-deps
 	$(BIN)/python -m devtools.localcluster up --dir $(CLUSTER_DIR)
 
 cluster-down: $(STAMP)

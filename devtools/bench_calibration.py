@@ -26,6 +26,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -86,16 +87,21 @@ class Fleet:
         for node in self.names:
             self.report(node)
 
-    def place(self, name: str, annotations: dict[str, str], node: str) -> str:
-        """Filter + bind the pod on `node`; its uid, or "" when the node did not take it."""
+    def place(self, name: str, annotations: dict[str, str], node: str, namespace: str = "default",
+              owner: str = "") -> str:
+        """Filter + bind the pod on `node`; its uid, or "" when the node did not take it. `owner`: the uid
+        of the controller (a Job) that owns it ("": a bare pod)."""
         uid = f"uid-{name}"
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "default", "uid": uid, "annotations": annotations},
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations}
+        if owner:
+            meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner, "uid": owner,
+                                        "controller": True}]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "x"}]}}
         status, answer = _post(self.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": [node]})
         if status != 200 or node not in (answer.get("NodeNames") or []):
             return ""
-        status, answer = _post(self.url + "/bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid,
+        status, answer = _post(self.url + "/bind", {"PodName": name, "PodNamespace": namespace, "PodUID": uid,
                                                     "Node": node})
         return uid if status == 200 and not answer.get("Error") else ""
 
@@ -204,12 +210,172 @@ def measure(url: str, token: str, seed: int = 0, train: int = TRAIN, more: int =
     return result
 
 
+#: The server's settings for the bench: /v1/predict unlimited (it scores thousands of rows); a pod counts
+#: for the calibration at its first report (the bench reports each pod's measured peak once, at once).
+SERVER_ENV = {"DEEPRES_PREDICT_RATE_PER_S": "0", "DEEPRES_CALIBRATION_SETTLE_S": "0"}
+
+
 def _run(seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="deepres-calibration-") as tmp, \
             LocalServer(Path(tmp), token=TOKEN, args=["--state-file", str(Path(tmp) / "state.json")],
-                        env={"DEEPRES_PREDICT_RATE_PER_S": "0"},  # scores thousands of rows
-                        ready_timeout_s=300.0) as server:
+                        env=SERVER_ENV, ready_timeout_s=300.0) as server:
         return measure(server.url, TOKEN, seed)
+
+
+# ---- --safety: one owner poisoning the line, and the verbs' latency while keys re-learn ----
+
+#: The victim (issue 45): timm/resnet50 at batch 64 on the unseen GPU model.
+VICTIM = {"deepres.io/model": "timm/resnet50", "deepres.io/batch-size": "64"}
+HONEST_PODS = 24
+HONEST_TENANTS = 3
+#: Pods the attacking owner may bind at most (null when its victim never moved by SHIFT by then).
+ATTACK_MAX = 60
+SHIFT = 0.10
+#: How long after each attacking pod's report the victim's admission is read: the learner learns at
+#: most once a second, so this reads what it learned from that pod.
+LEARNED_AFTER_S = 1.2
+
+
+def _owned(fleet: Fleet, name: str, job: dict[str, str], node: str, namespace: str, owner: str) -> str:
+    return fleet.place(name, job, node, namespace=namespace, owner=owner)
+
+
+def poisoning(url: str, direction: str, log: Any = sys.stderr) -> dict[str, Any]:
+    """HONEST_PODS measured exact-path campaign rows (HONEST_TENANTS namespaces, one Job per pod) learned
+    first; then one owner (one Job in its own namespace) binds pods naming the victim's architecture, spread
+    over the nodes, and reports a tenth (down) or 3x (up) of their offline point. Pods it needed before the
+    victim's admission on that GPU model moved by SHIFT, or None within ATTACK_MAX."""
+    rows = annotated_rows(0)["exact"]
+    fleet = Fleet(url, TOKEN, prefix=f"poison-{direction}", gpus=32, capacity_mib=250_000.0)
+    fleet.report_all()
+    for i, (job, peak) in enumerate(rows[:HONEST_PODS]):
+        node = fleet.names[i % len(fleet.names)]
+        namespace = f"team-{i % HONEST_TENANTS}"
+        uid = _owned(fleet, f"honest-{direction}-{i}", job, node, namespace, f"job-honest-{direction}-{i}")
+        if not uid:
+            raise RuntimeError(f"honest pod {i} not bound on {node}")
+        fleet.observe(node, uid, peak)
+    time.sleep(LEARNED_AFTER_S)
+    clean = predict(url, VICTIM)
+    if not clean["calibrated"]:
+        raise RuntimeError(f"{HONEST_PODS} honest pods did not calibrate: {clean}")
+    factor = 0.1 if direction == "down" else 3.0
+    needed = None
+    admissions = []
+    for k in range(1, ATTACK_MAX + 1):
+        node = fleet.names[k % len(fleet.names)]
+        uid = _owned(fleet, f"mallory-{direction}-{k}", VICTIM, node, "mallory", "job-mallory")
+        if not uid:
+            print(f"poisoning {direction}: attacking pod {k} not bound", file=log)
+            continue
+        fleet.observe(node, uid, factor * float(predict(url, VICTIM)["offline_mib"]))
+        time.sleep(LEARNED_AFTER_S)
+        now = predict(url, VICTIM)["admission_mib"]
+        admissions.append(round(now, 1))
+        if abs(now / clean["admission_mib"] - 1.0) >= SHIFT:
+            needed = k
+            break
+    print(f"poisoning {direction}: {needed} pods (admission {clean['admission_mib']:.0f} -> {admissions[-1]:.0f})",
+          file=log, flush=True)
+    return {"pods_to_shift": needed, "clean_admission_mib": clean["admission_mib"],
+            "last_admission_mib": admissions[-1] if admissions else None, "attack_pods": len(admissions)}
+
+
+KEYS = 10
+PODS_PER_KEY = 200
+FILTERS = 400
+
+
+def _filter_p99_ms(url: str, names: list[str], log: Any, growth: float) -> float:
+    """The p99 of FILTERS /filter calls (a GPU pod over `names`) while a thread keeps reporting every
+    key's nodes, their pods' peaks times `growth` at each report (above 1: each report makes its key
+    learned again; 1: the same reports, nothing to learn)."""
+    stop = threading.Event()
+    fleets: list[Fleet] = [f for f in _fleets.get(url, [])]
+
+    def grow() -> None:
+        round_ = 0
+        while not stop.is_set():
+            for fleet in fleets:
+                node = fleet.names[round_ % len(fleet.names)]
+                for uid in fleet.peaks[node]:
+                    fleet.peaks[node][uid] *= growth
+                fleet.report(node)
+            round_ += 1
+
+    grower = threading.Thread(target=grow, daemon=True)
+    grower.start()
+    times = []
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "probe", "namespace": "default", "uid": "uid-probe", "annotations": VICTIM},
+           "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "x"}]}}
+    try:
+        for _ in range(FILTERS):
+            t0 = time.perf_counter()
+            status, _answer = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+            times.append((time.perf_counter() - t0) * 1000.0)
+            if status != 200:
+                raise RuntimeError(f"/filter answered {status}")
+    finally:
+        stop.set()
+        grower.join()
+    times.sort()
+    p99 = times[int(0.99 * (len(times) - 1))]
+    print(f"/filter p99 {p99:.1f} ms (median {statistics.median(times):.1f} ms) over {len(names)} nodes",
+          file=log, flush=True)
+    return round(p99, 1)
+
+
+_fleets: dict[str, list[Fleet]] = {}
+
+
+def learning(url: str, with_keys: bool, log: Any = sys.stderr) -> dict[str, float]:
+    """KEYS GPU models of 8 nodes each; with `with_keys`, PODS_PER_KEY measured campaign rows bound and
+    observed on each (a full window: every key calibrated). The /filter p99 (ms) while the nodes report
+    the same peaks (`steady`) and while their peaks grow (`relearning`)."""
+    rows = annotated_rows(0)["exact"]
+    fleets = [Fleet(url, TOKEN, gpu=f"NVIDIA Unseen-GPU-{k} 80GB", gpus=32, capacity_mib=250_000.0,
+                    prefix=f"learn-{k}") for k in range(KEYS)]
+    _fleets[url] = fleets
+    for fleet in fleets:
+        fleet.report_all()
+    if with_keys:
+        for k, fleet in enumerate(fleets):
+            for i in range(PODS_PER_KEY):
+                job, peak = rows[i % len(rows)]
+                node = fleet.names[i % len(fleet.names)]
+                uid = fleet.place(f"learn-{k}-{i}", job, node)
+                if uid:
+                    fleet.peaks[node][uid] = peak
+            for node in fleet.names:
+                fleet.report(node)
+            print(f"learning: key {k + 1}/{KEYS} placed", file=log, flush=True)
+        time.sleep(3.0)
+    names = [n for fleet in fleets for n in fleet.names]
+    return {"steady": _filter_p99_ms(url, names, log, 1.0), "relearning": _filter_p99_ms(url, names, log, 1.001)}
+
+
+def safety(log: Any = sys.stderr, cwd: Path | None = None) -> dict[str, Any]:
+    """`poisoning` and `learning` of live_calibration, each on a fresh server (`cwd`: the tree it runs)."""
+    out: dict[str, Any] = {"poisoning": {}, "learning": {}}
+
+    def server(tmp: str) -> LocalServer:
+        kwargs: dict[str, Any] = {"cwd": cwd} if cwd is not None else {}
+        return LocalServer(Path(tmp), token=TOKEN, args=["--state-file", str(Path(tmp) / "state.json")],
+                           env=SERVER_ENV, ready_timeout_s=300.0, **kwargs)
+
+    for direction in ("down", "up"):
+        with tempfile.TemporaryDirectory(prefix="deepres-poison-") as tmp, server(tmp) as running:
+            found = poisoning(running.url, direction, log)
+        out["poisoning"][f"{direction}_pods_to_shift"] = found["pods_to_shift"]
+        out["poisoning"][direction] = found
+    with tempfile.TemporaryDirectory(prefix="deepres-learning-") as tmp, server(tmp) as running:
+        out["learning"]["filter_p99_ms_no_keys"] = learning(running.url, False, log)["steady"]
+    with tempfile.TemporaryDirectory(prefix="deepres-learning-") as tmp, server(tmp) as running:
+        found = learning(running.url, True, log)
+    out["learning"]["filter_p99_ms_10_keys"] = found["relearning"]
+    out["learning"]["filter_p99_ms_10_keys_steady"] = found["steady"]
+    return out
 
 
 def _get(run: dict[str, Any], path: str, part: str, key: str) -> float:
@@ -229,7 +395,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5,
                         help="seeds measured (each on a fresh server); the figures are --seed's, `by_seed` all")
     parser.add_argument("--report", type=Path, default=REPORT)
+    parser.add_argument("--safety", action="store_true",
+                        help="measure only `poisoning` and `learning` (issue 45) and merge them into live_calibration")
     args = parser.parse_args(argv)
+    if args.safety:
+        found = safety()
+        data = json.loads(args.report.read_text()) if args.report.exists() else {}  # read after: others may write
+        live = data.setdefault("live_calibration", {})
+        command = "python -m devtools.bench_calibration --safety"
+        live["poisoning"] = {**found["poisoning"], "command": command, "method": (
+            f"a running `deepres serve --no-kube` per direction: {HONEST_PODS} measured exact-path H100 campaign rows "
+            f"({HONEST_TENANTS} namespaces, one Job per pod) bound through /filter and /bind on 8 nodes of {GPU} and "
+            "their peaks reported through /v1/telemetry; then one owner (one Job, namespace `mallory`) binds pods "
+            f"naming {VICTIM['deepres.io/model']} at batch {VICTIM['deepres.io/batch-size']}, round robin over the "
+            "nodes, reporting a tenth (down) or 3x (up) of their offline point; pods_to_shift: its pods bound when "
+            f"the victim's admission_mib (/v1/predict with `gpu`, read {LEARNED_AFTER_S:g} s after each report) "
+            f"first moved by {SHIFT:.0%}; null: not within {ATTACK_MAX} pods"), "provenance": stamp(command)}
+        live["learning"] = {**found["learning"], "command": command, "method": (
+            f"a running `deepres serve --no-kube` with {KEYS} GPU models of 8 nodes each; `filter_p99_ms_10_keys`: "
+            f"{PODS_PER_KEY} measured campaign rows bound and observed per model (every key a full window), then "
+            f"{FILTERS} /filter calls of a GPU pod over the 80 nodes while a client thread keeps reporting the nodes "
+            "with their pods' peaks grown by 0.1% at each report (every key learned again as often as the learner "
+            "does: GROWN_EVERY_S); `filter_p99_ms_10_keys_steady`: the same pods and reports, peaks unchanged "
+            "(nothing to learn: the cost of the 2,000 reservations alone); `filter_p99_ms_no_keys`: a fresh server "
+            "with the same nodes and no pod (the baseline the issue names)"), "provenance": stamp(command)}
+        args.report.write_text(json.dumps(data, indent=2) + "\n")
+        print(json.dumps({k: live[k] for k in ("poisoning", "learning")}, indent=1))
+        return 0
     runs = {seed: _run(seed) for seed in sorted({args.seed, *range(args.seed, args.seed + args.seeds)})}
     result = runs[args.seed]
     result["by_seed"] = {str(seed): _summary(run) for seed, run in runs.items()}
@@ -248,9 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         "same answers before any pod was observed; pods_to_calibrate: pods observed when /v1/predict first "
         "answered calibrated (the larger of the two paths); by_seed: the same for other row orders, each on a fresh "
         "server")
-    data = json.loads(args.report.read_text()) if args.report.exists() else {}
     result["provenance"] = stamp(f"python -m devtools.bench_calibration --seed {args.seed} --seeds {args.seeds}")
-    data["live_calibration"] = result
+    data = json.loads(args.report.read_text()) if args.report.exists() else {}
+    kept = {k: v for k, v in data.get("live_calibration", {}).items() if k in ("poisoning", "learning")}
+    data["live_calibration"] = {**result, **kept}  # --safety's figures are its own command's
     args.report.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(result, indent=1))
     return 0

@@ -13,7 +13,12 @@ chart's agent and scheduler pods exist as real API objects, so their bound token
 the extender checks), root-ca-cert-publisher (the kube-root-ca.crt every pod's API volume holds),
 namespace and garbagecollector (namespaces and `helm uninstall` finish).
 
-`python -m devtools.localcluster up|down|build [--dir DIR]`; the processes are stopped by pid.
+kwok manages every node but a real one: where the machine can run containers, `up` also joins a real
+node (devtools/realnode.py: containerd + runc + the kubelet built here), which is why the API server
+runs the Node authorizer and NodeRestriction and reaches kubelets with a client certificate of its own.
+
+`python -m devtools.localcluster up|down|build [--dir DIR] [--no-real-node]`; the processes are stopped
+by pid.
 """
 
 from __future__ import annotations
@@ -45,11 +50,13 @@ GO_MODULE = REPO / "cluster"
 KUBERNETES_VERSION = "v1.36.3"  # also in cluster/go.mod: change both together
 KWOK_VERSION = "v0.8.0"
 ETCD_PACKAGE = "go.etcd.io/etcd/server/v3"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet")
 #: bumped when the build recipe below changes, so cached binaries are rebuilt
-RECIPE = "1"
+RECIPE = "2"
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: the label of a real node (devtools/realnode.py): kwok leaves such nodes to their kubelet
+REAL_NODE_LABEL = "deepres.io/real-node"
 CONTROLLERS = "serviceaccount,root-ca-cert-publisher,namespace,garbagecollector,daemonset,deployment,replicaset"
 
 
@@ -122,6 +129,8 @@ def ensure_binaries(log: Any = None) -> Path:
             ["go", "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
             ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
              "k8s.io/kubernetes/cmd/kube-controller-manager"],
+            # the real node's (devtools/realnode.py); built without cgo, as upstream's release builds it
+            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/", "k8s.io/kubernetes/cmd/kubelet"],
         ]
         started = time.monotonic()
         for step in steps:
@@ -143,26 +152,64 @@ def ensure_binaries(log: Any = None) -> Path:
 # certificates
 
 
+def _key_pem(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+
+
+def _x509_name(cn: str, org: str = "") -> Any:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+def issue_certificate(pki: Path, stem: str, cn: str, org: str = "", *, server: bool = False,
+                      dns_names: tuple[str, ...] = (), ip_addresses: tuple[str, ...] = ()) -> None:
+    """PKI/STEM.crt and .key signed by the CA in PKI (ca.crt, ca.key): a client certificate (CN, O),
+    or with `server` a serving one for `dns_names` and `ip_addresses`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (x509.CertificateBuilder().subject_name(_x509_name(cn, org)).issuer_name(ca.subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now).not_valid_after(now + dt.timedelta(days=30))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+    if server:
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+        sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False).add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    else:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    (pki / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (pki / f"{stem}.key").write_bytes(_key_pem(key))
+    (pki / f"{stem}.key").chmod(0o600)
+
+
 def _write_certs(pki: Path) -> None:
     """A CA, the API server's serving certificate, client certificates, the ServiceAccount key."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     pki.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     until = now + dt.timedelta(days=30)
-
-    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
-
-    def name(cn: str, org: str = "") -> x509.Name:
-        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-        if org:
-            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-        return x509.Name(attrs)
+    key_pem, name = _key_pem, _x509_name
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(name("deepres-local-ca")).issuer_name(name("deepres-local-ca"))
@@ -174,32 +221,18 @@ def _write_certs(pki: Path) -> None:
                                        key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
     (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (pki / "ca.key").write_bytes(key_pem(ca_key))  # devtools/realnode.py signs the kubelet's with it
+    (pki / "ca.key").chmod(0o600)
 
-    def issue(stem: str, cn: str, org: str = "", server: bool = False) -> None:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (x509.CertificateBuilder().subject_name(name(cn, org)).issuer_name(ca.subject)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now).not_valid_after(until)
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
-        if server:
-            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in (
-                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local")]
-            sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "10.96.0.1")]
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False).add_extension(
-                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        else:
-            builder = builder.add_extension(
-                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        (pki / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (pki / f"{stem}.key").write_bytes(key_pem(key))
-
-    issue("apiserver", "kube-apiserver", server=True)
-    issue("admin", "deepres-admin", "system:masters")
-    issue("kube-scheduler", "system:kube-scheduler")
-    issue("kube-controller-manager", "system:kube-controller-manager")
-    issue("kwok", "kwok-controller", "system:masters")
+    issue_certificate(pki, "apiserver", "kube-apiserver", server=True, dns_names=(
+        "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local"), ip_addresses=("127.0.0.1", "10.96.0.1"))
+    issue_certificate(pki, "admin", "deepres-admin", "system:masters")
+    issue_certificate(pki, "kube-scheduler", "system:kube-scheduler")
+    issue_certificate(pki, "kube-controller-manager", "system:kube-controller-manager")
+    issue_certificate(pki, "kwok", "kwok-controller", "system:masters")
+    # the API server's identity towards kubelets (logs, exec, port-forward of a real node's pods)
+    issue_certificate(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
     sa_key = ec.generate_private_key(ec.SECP256R1())
     (pki / "sa.key").write_bytes(key_pem(sa_key))
     (pki / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
@@ -429,8 +462,10 @@ class ControlPlane:
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}", "--v=1",
             *self.extra_scheduler_args,
         ])
+        # every node but a real one (devtools/realnode.py labels its node so; its kubelet runs its pods)
         self._spawn("kwok", [
-            str(b / "kwok"), f"--kubeconfig={self.root / 'kwok.kubeconfig'}", "--manage-all-nodes",
+            str(b / "kwok"), f"--kubeconfig={self.root / 'kwok.kubeconfig'}", "--manage-all-nodes=false",
+            f"--manage-nodes-with-label-selector=!{REAL_NODE_LABEL}",
             f"--config={self.root / 'kwok-stages.yaml'}", f"--server-address=127.0.0.1:{p['kwok']}",
             "--node-lease-duration-seconds=0", "--node-ip=127.0.0.1",
         ])
@@ -442,7 +477,12 @@ class ControlPlane:
             str(b / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=RBAC",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            # Node + NodeRestriction: a real node's kubelet (system:node:NAME) gets its own node's objects only
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}", "--kubelet-preferred-address-types=InternalIP",
             f"--service-account-issuer={SA_ISSUER}", f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}", f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--endpoint-reconciler-type=none", "--profiling=false", "--allow-privileged=true", "--v=1",
@@ -524,12 +564,22 @@ def running(root: Path, log: Any = None) -> Iterator[ControlPlane]:
         plane.stop()
 
 
+def _real_node(action: str, root: Path) -> None:
+    """`python -m devtools.realnode ACTION --dir ROOT`: join a real node to the control plane in ROOT
+    (where the machine cannot run one, it says why in one line) or stop the one joined to it. A
+    process of its own: devtools.realnode builds on this module."""
+    subprocess.run([sys.executable, "-m", "devtools.realnode", action, "--dir", str(root)], cwd=REPO, check=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.localcluster", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("build", "up", "down"))
     parser.add_argument("--dir", default=str(REPO / ".cluster"), help="state, certificates, logs (default .cluster)")
+    parser.add_argument("--no-real-node", action="store_true",
+                        help="up: kwok nodes only (by default a real node joins where the machine can run one)")
     args = parser.parse_args(argv)
-    root = Path(args.dir)
+    # absolute: client-go reads a kubeconfig's relative paths from the kubeconfig's own folder
+    root = Path(args.dir).resolve()
 
     def say(message: str) -> None:
         print(f"cluster: {message}", file=sys.stderr, flush=True)
@@ -539,11 +589,15 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_binaries(say))
         elif args.action == "up":
             if (root / "state.json").exists():
+                _real_node("stop", root)
                 ControlPlane.load(root).stop()
             shutil.rmtree(root, ignore_errors=True)
             plane = ControlPlane(root).start(log=say)
+            if not args.no_real_node:
+                _real_node("start", root)
             say(f"up: KUBECONFIG={plane.admin_kubeconfig} (logs in {plane.logs}; `make cluster-down` stops it)")
         else:
+            _real_node("stop", root)
             if (root / "state.json").exists():
                 ControlPlane.load(root).stop()
                 say("stopped")

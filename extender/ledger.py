@@ -13,7 +13,8 @@ What it refuses to learn (issue #13): a report older than the last in its agent'
 by sequence within a boot id, never by the agent's clock), a report of a node the cluster does not
 have (cluster mode), a GPU UUID another node reports (an agent speaks only for its own node), a pod
 peak of 0 (NVML without per-process memory). A peak above the GPU's capacity is not refused but
-clamped to the capacity (`policy.usage.observed_peak`).
+clamped to the capacity (`policy.usage.observed_peak`) for the usage rule; the online calibration
+takes it as no reading (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Ledger:
         #: the online calibration per GPU model (extender/calibration_store.py): fed the same per-GPU
         #: peaks as the usage rule, under its own lock
         self.calibration = calibration if calibration is not None else CalibrationStore()
+        self.calibration.nodes = self.calibration_nodes  # its learner learns from pods of these nodes only
         self._lock = threading.Lock()
         self._telemetry: OrderedDict[str, NodeTelemetry] = OrderedDict()  # in order of receipt
         # each node's (GPU models, node software) as its last report says (`NodeReport.model_key`), and how
@@ -207,6 +209,18 @@ class Ledger:
         with self._lock:
             return self._model_keys.snapshot()
 
+    def calibration_nodes(self) -> tuple[frozenset[str], dict[tuple[str, str], int]]:
+        """The nodes that report GPUs now and how many report each (GPU model, node software): the
+        online calibration's learner learns only from pods of these nodes, and asks fewer nodes to
+        agree where the cluster has fewer. The copy is taken under the lock, counted outside it."""
+        with self._lock:
+            of = dict(self._model_keys.snapshot()[0])
+        counts: dict[tuple[str, str], int] = {}
+        for models, software in of.values():
+            for model in models:
+                counts[(model, software)] = counts.get((model, software), 0) + 1
+        return frozenset(of), counts
+
     def demand_mix(self) -> DemandMix:
         with self._lock:
             return self._demand.mix()
@@ -266,6 +280,8 @@ class Ledger:
             kept = self._own_gpus(report)
             self._telemetry[report.node] = NodeTelemetry(kept, now_s)
             self._model_keys.set(report.node, kept)
+            if last is None:
+                self.calibration.nodes_changed()  # a flag and an event: the learner looks again
             self._telemetry.move_to_end(report.node)
             self._heard(report.node, last is None)
             self._follow_usage(report, now_s)
@@ -584,7 +600,8 @@ class Ledger:
             per_gpu = observed_peak(usage.peak_memory_mib / count, min(caps))
             if per_gpu is None:
                 continue  # no process memory: no observation
-            self.calibration.observe(res.pod_uid, per_gpu)
+            if usage.peak_memory_mib / count <= min(caps):  # above the GPU's capacity: no reading to learn from
+                self.calibration.observe(res.pod_uid, per_gpu, now_s - res.bound_s)
             updated = observe_usage(res, per_gpu, now_s, self.params, self._peaks)
             if updated is not res:
                 self._shift(res, updated.memory_mib - res.memory_mib)

@@ -156,6 +156,10 @@ class PolicySettings:
     """Observed peaks of a job signature correct its admission once this many pods ran..."""
     correction_min_nodes: int = 2
     """...on at least this many nodes (one node's agent cannot steer the cluster alone)."""
+    calibration_settle_s: float = 120.0
+    """The online calibration (docs/calibration.md) learns from a pod's peak only once the pod has run
+    this long since its bind (it has reached its peak: as `usage_warmup_s`); earlier readings are kept
+    but are no observation yet."""
     sharing: bool = True
     """Compute is a resource (policy/sharing.py): a pod joins a GPU that runs work only when the
     interference model predicts no job there slows beyond `max_slowdown` and that beats waiting for an
@@ -418,6 +422,7 @@ class Settings:
             p.append(f"kube.device_resource must be an extended resource name (domain/name), got {k.device_resource!r}")
         _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)
         _within(p, "kube.telemetry_grace_s", k.telemetry_grace_s, 0.0, math.inf)
+        _within(p, "policy.calibration_settle_s", pol.calibration_settle_s, 0.0, math.inf)
         _positive(p, "policy.correction_min_pods", pol.correction_min_pods)
         _positive(p, "policy.correction_min_nodes", pol.correction_min_nodes)
         if k.token_cache_s < 0:

@@ -40,6 +40,15 @@ MAX_SOFTWARE = 64
 #: Kubernetes' limit on a node name (a DNS subdomain).
 MAX_NODE_NAME = 253
 MAX_UUID = 256
+#: Longest GPU model name (NVML names are ~30 characters), agent version, pod UID (Kubernetes': 36) and
+#: container ID (a runtime prefix and 64 hex digits) taken: a report is kept per node, so an unbounded
+#: string was memory an agent could make the extender keep (about 1 MiB per node).
+MAX_MODEL = 256
+MAX_AGENT_VERSION = 128
+MAX_POD_UID = 128
+MAX_CONTAINER_ID = 256
+#: Longest `error` of a GPU taken (an agent's reason; the extender's own are cut at MAX_ERROR_CHARS).
+MAX_GPU_ERROR = 1024
 #: Every float must be finite (NaN fails every range): the upper bound of a figure that has no other.
 FINITE = sys.float_info.max
 #: Largest whole number taken (a signed 64-bit one): JSON readers turn larger ones into floats.
@@ -79,8 +88,8 @@ class ProcessReport:
 
     pid: Count
     used_memory_mib: MiB
-    pod_uid: str = ""  # empty: not a pod's process (or attribution failed)
-    container_id: str = ""
+    pod_uid: Annotated[str, msgspec.Meta(max_length=MAX_POD_UID)] = ""  # empty: not a pod's process
+    container_id: Annotated[str, msgspec.Meta(max_length=MAX_CONTAINER_ID)] = ""
     #: the share of time the GPU's SMs were busy with this process over the sampling round (NVML's
     #: per-process utilisation samples, averaged); None: no sample (driver without them, or none
     #: this round): no observation, never 0
@@ -97,7 +106,7 @@ class GpuReport:
 
     uuid: Uuid
     index: Count
-    model: str
+    model: Annotated[str, msgspec.Meta(max_length=MAX_MODEL)]
     memory_total_mib: MiB
     memory_used_mib: MiB
     memory_reserved_mib: MiB = 0.0
@@ -106,7 +115,7 @@ class GpuReport:
     temperature_c: Sensor | None = None
     power_w: Sensor | None = None
     healthy: bool = True
-    error: str = ""  # why the GPU is unhealthy ("GPU is lost", "NVML timeout", ...)
+    error: Annotated[str, msgspec.Meta(max_length=MAX_GPU_ERROR)] = ""  # why it is unhealthy ("GPU is lost"...)
     processes: Annotated[tuple[ProcessReport, ...], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)] = ()
     #: the driver gives per-process utilisation samples on this GPU (the processes' `sm_util`); False:
     #: it does not (or an older agent), and pods' duties come from `utilization_gpu`
@@ -120,7 +129,7 @@ class PodUsage:
     Both figures are summed over the pod's GPUs (`gpu_uuids`): divide by their count for per GPU.
     """
 
-    pod_uid: Annotated[str, msgspec.Meta(min_length=1)]
+    pod_uid: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_POD_UID)]
     current_memory_mib: MiB
     peak_memory_mib: MiB
     gpu_uuids: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)] = ()
@@ -141,7 +150,7 @@ class NodeReport:
     node: NodeName
     sequence: Count
     timestamp_s: Seconds
-    agent_version: str
+    agent_version: Annotated[str, msgspec.Meta(max_length=MAX_AGENT_VERSION)]
     source: Source
     gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
     pods: Annotated[tuple[PodUsage, ...], msgspec.Meta(max_length=MAX_PODS_PER_NODE)] = ()
@@ -252,7 +261,7 @@ def _gpu_or_invalid(raw: Any, path: str, node: str, position: int, seen: set[str
         return GpuReport(
             uuid=uuid,
             index=index if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else position,
-            model=model if isinstance(model, str) else "",
+            model=model if isinstance(model, str) and len(model) <= MAX_MODEL else "",
             memory_total_mib=float(total),
             memory_used_mib=float(total),
             healthy=False,

@@ -38,6 +38,20 @@ to what that GPU shows, and how wide the bound must be there:
   20 ratios is loose when one outlier was seen, short when none was) or it is the tighter of the
   two over the pods (median bound / peak). An additive shift (the rule before) widened loose bounds;
 - never from few pods: nothing below MIN_PODS pods; the most recent WINDOW pods per key.
+- one workload owner cannot steer it either (the workloads may lie even when the agents do not): a
+  pod counts only once it ran long enough to have reached its peak (`settled`, decided by the
+  store); each owner (the namespace and the controller of the pod: `tenant`, `owner`) has at most
+  OWNER_PODS pods in the fit; the window is filled round robin across tenants (newest first), so
+  a flood of one tenant's pods never pushes the others' out; tenants are screened as nodes are
+  (three or more: a tenant far from the median across tenants is left out; two that disagree: the
+  line stays the one of the tenant seen first, until a third one decides), and a kept tenant has at
+  most as many pods as the largest other kept tenant; owners with several pods are screened as
+  nodes are, and at least MIN_OWNERS owners must be left.
+- small clusters: the nodes that must agree are MIN_NODES, or all the nodes of the GPU model and
+  node software when the cluster has fewer (`nodes_of`); several owners must agree either way.
+
+The fit costs O(n^2 log n) for n pods (the jackknife's leave-one-out medians are read from one
+sorted array of the pairwise slopes, not recomputed per pod: that was O(n^3), ~0.25 s per full key).
 
 Pure functions over a snapshot (no I/O, no clock): `learn(observations) -> {Key: Shift}`,
 `corrected(point, upper, shifts, key) -> Corrected`. The live ledger's calibration store
@@ -49,8 +63,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +115,11 @@ MAX_BOUND_FACTOR = 2.0
 SLOPE_PRIOR_PODS = 20.0
 #: Readings outside [point / MAX_RATIO, point x MAX_RATIO] are no observation.
 MAX_RATIO = 20.0
+#: Pods of one owner (namespace + controller) in the fit at most (its most recent): with MIN_PODS 12,
+#: one owner is never the majority of the smallest fit, and its median is screened as a node's is.
+OWNER_PODS = 5
+#: Distinct owners left after the screens needed (as MIN_NODES for nodes).
+MIN_OWNERS = 3
 
 Key = tuple[str, str, str]  # (GPU model as NVML names it, node software: "driver/CUDA", path: exact|family)
 PATHS = ("exact", "family")
@@ -121,10 +141,17 @@ class Observation:
     order: float = 0.0
     upper_mib: float = 0.0  # the offline bound it was placed with (kept for the record)
     regime: str = ""  # the batch regime (`regime`): "" takes the pooled scale
+    tenant: str = ""  # its namespace ("": one tenant for every pod without one)
+    owner: str = ""  # its controller within the tenant ("": the pod is its own owner)
+    settled: bool = True  # it ran long enough to have reached its peak (else: no observation yet)
 
     @property
     def key(self) -> Key:
         return (self.gpu_model, self.software, self.path)
+
+    @property
+    def owner_key(self) -> tuple[str, str]:
+        return (self.tenant, self.owner or "pod:" + self.pod_uid)
 
 
 def regime(batch_size: int) -> str:
@@ -183,12 +210,18 @@ def _shrunk(slope: float, pods: int) -> float:
     return min(max(slope, SLOPE_RANGE[0]), SLOPE_RANGE[1])
 
 
-def _theil_sen(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+def _pair_slopes(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairwise slopes (i < j) whose points differ, with the pods of each pair."""
     i, j = np.triu_indices(x.size, k=1)
     dx = x[j] - x[i]
     usable = np.abs(dx) > 1e-6 * np.maximum(np.abs(x[i]), 1.0)
-    slope = float(np.median((y[j] - y[i])[usable] / dx[usable])) if usable.any() else float(np.median(y / x))
+    return i[usable], j[usable], (y[j] - y[i])[usable] / dx[usable]
+
+
+def _theil_sen(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    slopes = _pair_slopes(x, y)[2]
+    slope = float(np.median(slopes)) if slopes.size else float(np.median(y / x))
     slope = _shrunk(slope, x.size)
     return _intercept(x, y, slope), slope
 
@@ -203,24 +236,60 @@ def _intercept(x: np.ndarray, y: np.ndarray, slope: float) -> float:
     return min(max(intercept, -MAX_INTERCEPT_MIB), MAX_INTERCEPT_MIB)
 
 
+def _kth_kept(removed: np.ndarray, q: int) -> int:
+    """The position in a sorted array of its q-th (0-based) element once the sorted positions
+    `removed` are taken out: the smallest j with j - (removed positions <= j) = q."""
+    j = q
+    while True:
+        nxt = q + int(np.searchsorted(removed, j, side="right"))
+        if nxt == j:
+            return j
+        j = nxt
+
+
 def _held_out_fits(xs: list[float], ys: list[float]) -> list[float]:
     """Each pod's point as the line fitted without it predicts it (jackknife): the ratios the bound is
     taken over are then those of pods the line did not see, as a new pod's will be (the fit's own
-    residuals are narrower: measured, a bound over them left 8.5% of new pods above it, not 5%)."""
+    residuals are narrower: measured, a bound over them left 8.5% of new pods above it, not 5%).
+
+    The median of the slopes without pod k's pairs is read from the sorted slopes of all pairs (its
+    pairs' positions taken out: `_kth_kept`), O(n log n) per pod, the same value as sorting them
+    again (tests/unit/test_calibration_safety.py compares it with the direct computation)."""
     x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-    i, j = np.triu_indices(x.size, k=1)
-    dx = x[j] - x[i]
-    usable = np.abs(dx) > 1e-6 * np.maximum(np.abs(x[i]), 1.0)
-    slopes = np.where(usable, (y[j] - y[i]) / np.where(usable, dx, 1.0), np.nan)
-    out = []
-    for k in range(x.size):
-        keep = (i != k) & (j != k) & usable
-        slope = float(np.median(slopes[keep])) if keep.any() else float(np.median(y / x))
-        slope = _shrunk(slope, x.size - 1)
-        rest = np.arange(x.size) != k
-        intercept = _intercept(x[rest], y[rest], slope)
-        out.append(max(intercept + slope * float(x[k]), 1.0))
-    return out
+    n = x.size
+    i, j, slopes = _pair_slopes(x, y)
+    order = np.argsort(slopes, kind="stable")
+    ordered = slopes[order]
+    position = np.empty(order.size, dtype=np.int64)
+    position[order] = np.arange(order.size)
+    owners = np.concatenate([i, j])
+    positions = np.concatenate([position, position])
+    by = np.lexsort((positions, owners))
+    owners, positions = owners[by], positions[by]
+    starts = np.searchsorted(owners, np.arange(n + 1))
+    slope_of = np.empty(n)
+    for k in range(n):
+        removed = positions[starts[k]:starts[k + 1]]
+        left = ordered.size - removed.size
+        if left > 0:
+            low, high = _kth_kept(removed, (left - 1) // 2), _kth_kept(removed, left // 2)
+            slope_of[k] = (ordered[low] + ordered[high]) / 2.0
+        else:
+            rest = np.arange(n) != k
+            slope_of[k] = float(np.median(y[rest] / x[rest]))
+    slope_of = np.array([_shrunk(float(v), n - 1) for v in slope_of])
+    # every pod's intercept at once (`_intercept` without pod k, row k): residuals sorted per row, the
+    # 1 / peak weights summed in that order, pod k's own weight 0
+    residuals = y[None, :] - slope_of[:, None] * x[None, :]
+    weights = np.broadcast_to(1.0 / y, (n, n)).copy()
+    np.fill_diagonal(weights, 0.0)
+    order2 = np.argsort(residuals, axis=1, kind="stable")
+    cumulative = np.cumsum(np.take_along_axis(weights, order2, axis=1), axis=1)
+    half = cumulative[:, -1:] / 2.0
+    at = (cumulative >= half).argmax(axis=1)
+    intercepts = np.clip(np.take_along_axis(np.take_along_axis(residuals, order2, axis=1), at[:, None], axis=1)[:, 0],
+                         -MAX_INTERCEPT_MIB, MAX_INTERCEPT_MIB)
+    return [max(float(b + a * v), 1.0) for a, b, v in zip(slope_of, intercepts, x, strict=True)]
 
 
 def conformal_quantile(scores: list[float], under: float = TARGET_UNDER) -> float:
@@ -246,29 +315,97 @@ def _scales(logs: list[float], regimes: list[str]) -> tuple[float, dict[str, flo
                     for r, v in by.items()}
 
 
-def _screen(pods: list[Observation], min_nodes: int) -> tuple[list[Observation], tuple[str, ...]] | None:
-    """The pods of the nodes that agree with the median across nodes, and the nodes left out; None
-    when fewer than `min_nodes` nodes agree."""
-    by_node: dict[str, list[float]] = {}
+def _screen(pods: list[Observation], min_nodes: int, group: Callable[[Observation], Any] = lambda o: o.node,
+            screened: Callable[[int], bool] = lambda count: True,
+            ) -> tuple[list[Observation], tuple[str, ...]] | None:
+    """The pods of the groups (default: nodes) that agree with the median across groups, and the
+    groups left out; None when fewer than `min_nodes` groups agree. `screened(pods of a group)`: whether
+    a group of that many pods may be left out at all (owners: only those with several pods)."""
+    by_node: dict[Any, list[float]] = {}
     for o in pods:
-        by_node.setdefault(o.node, []).append(math.log(o.peak_mib / o.point_mib))
+        by_node.setdefault(group(o), []).append(math.log(o.peak_mib / o.point_mib))
     if len(by_node) < min_nodes:
         return None
     medians = {node: statistics.median(logs) for node, logs in by_node.items()}
     centre = statistics.median(medians.values())
     spread = _mad([v for logs in by_node.values() for v in logs])
     kept = {node for node, m in medians.items()
-            if abs(m - centre) <= max(NODE_TOLERANCE, NODE_SPREADS * spread / math.sqrt(len(by_node[node])))}
+            if not screened(len(by_node[node]))
+            or abs(m - centre) <= max(NODE_TOLERANCE, NODE_SPREADS * spread / math.sqrt(len(by_node[node])))}
     if len(kept) < min_nodes:
         return None
-    return [o for o in pods if o.node in kept], tuple(sorted(set(medians) - kept))
+    return [o for o in pods if group(o) in kept], tuple(sorted(str(g) for g in set(medians) - kept))
+
+
+def _window(pods: list[Observation], window: int) -> list[Observation]:
+    """The pods the fit runs over: each owner's OWNER_PODS most recent, then WINDOW of those taken
+    round robin across tenants, newest first (a tenant with many pods fills what the others leave,
+    never pushes them out)."""
+    per_owner: dict[tuple[str, str], int] = {}
+    by_tenant: dict[str, list[Observation]] = {}
+    for o in sorted(pods, key=lambda o: o.order, reverse=True):
+        taken = per_owner.get(o.owner_key, 0)
+        if taken < OWNER_PODS:
+            per_owner[o.owner_key] = taken + 1
+            by_tenant.setdefault(o.tenant, []).append(o)
+    if len(by_tenant) == 1:
+        return next(iter(by_tenant.values()))[:window]
+    out: list[Observation] = []
+    queues = sorted(by_tenant.values(), key=lambda q: -q[0].order)
+    for rank in range(max(len(q) for q in queues)):
+        for queue in queues:
+            if rank < len(queue):
+                out.append(queue[rank])
+                if len(out) == window:
+                    return out
+    return out
+
+
+def _tenants(pods: list[Observation]) -> list[Observation]:
+    """The pods of the tenants that agree (see the module docstring), each kept tenant with at most as
+    many pods as the largest other kept tenant (its most recent)."""
+    by: dict[str, list[Observation]] = {}
+    for o in pods:
+        by.setdefault(o.tenant, []).append(o)
+    if len(by) == 1:
+        return pods
+    if len(by) == 2:
+        pa, pb = by.values()
+        la = [math.log(o.peak_mib / o.point_mib) for o in pa]
+        lb = [math.log(o.peak_mib / o.point_mib) for o in pb]
+        spread = _mad(la + lb)
+        apart = abs(statistics.median(la) - statistics.median(lb))
+        if apart > max(NODE_TOLERANCE, NODE_SPREADS * spread * math.sqrt(1.0 / len(la) + 1.0 / len(lb))):
+            first = min(by, key=lambda t: min(o.order for o in by[t]))  # the line stays the first tenant's
+            return by[first]
+    else:
+        screened = _screen(pods, 2, lambda o: o.tenant)
+        if screened is None:
+            return []
+        by = {}
+        for o in screened[0]:
+            by.setdefault(o.tenant, []).append(o)
+    if len(by) == 1:
+        return next(iter(by.values()))
+    sizes = {t: len(q) for t, q in by.items()}
+    out: list[Observation] = []
+    for tenant, queue in by.items():
+        cap = max(n for t, n in sizes.items() if t != tenant)
+        out += sorted(queue, key=lambda o: o.order)[-cap:]
+    return out
 
 
 def learn(observations: Iterable[Observation], min_pods: int = MIN_PODS, min_nodes: int = MIN_NODES,
-          window: int = WINDOW) -> dict[Key, Shift]:
-    """The shift of every key with at least `min_pods` pods on at least `min_nodes` agreeing nodes."""
+          window: int = WINDOW, nodes_of: Mapping[tuple[str, str], int] | None = None,
+          keys: Iterable[Key] | None = None) -> dict[Key, Shift]:
+    """The shift of every key (of `keys`, default all) with at least `min_pods` settled pods of at
+    least MIN_OWNERS owners on at least `min_nodes` agreeing nodes (fewer where the cluster has fewer
+    nodes of that GPU model and software: `nodes_of`, (GPU model, software) -> nodes)."""
+    wanted = set(keys) if keys is not None else None
     per_pod: dict[tuple[Key, str], Observation] = {}
     for o in observations:
+        if not o.settled or (wanted is not None and o.key not in wanted):
+            continue  # not yet at its peak: no observation yet
         if not (o.point_mib > 0 and o.peak_mib > 0 and o.path in PATHS):
             continue  # no prediction to compare with, or no reading
         if not 1.0 / MAX_RATIO <= o.peak_mib / o.point_mib <= MAX_RATIO:
@@ -282,13 +419,18 @@ def learn(observations: Iterable[Observation], min_pods: int = MIN_PODS, min_nod
         by_key.setdefault(key, []).append(o)
     out: dict[Key, Shift] = {}
     for key, pods in by_key.items():
-        recent = sorted(pods, key=lambda o: o.order)[-window:]
+        recent = _window(pods, window)
         if len(recent) < min_pods:
             continue
-        screened = _screen(recent, min_nodes)
+        need = min_nodes if nodes_of is None else max(1, min(min_nodes, nodes_of.get(key[:2], min_nodes)))
+        screened = _screen(recent, need)
         if screened is None or len(screened[0]) < min_pods:
             continue
         kept, left_out = screened
+        owners = _screen(_tenants(kept), MIN_OWNERS, lambda o: o.owner_key, lambda count: count > 1)
+        if owners is None or len(owners[0]) < min_pods:
+            continue
+        kept = owners[0]
         xs, ys = [o.point_mib for o in kept], [o.peak_mib for o in kept]
         intercept, slope = _theil_sen(xs, ys)
         logs = [math.log(y / f) for y, f in zip(ys, _held_out_fits(xs, ys), strict=True)]

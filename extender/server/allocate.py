@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from extender.policy.allocation import NodePod
+from extender.pod_requests import NodePod
 from extender.server.parts import Part
 
 log = logging.getLogger(__name__)

@@ -103,7 +103,8 @@ class Extender:
         self.params = settings.policy.params()
         self.ledger = Ledger(self.params, settings.policy.peak_store_size,
                              CalibrationStore(calibration_file(settings), monotonic,
-                                              calibration_keeper(settings, cluster)))
+                                              calibration_keeper(settings, cluster),
+                                              settle_s=settings.policy.calibration_settle_s))
         self.state = self.ledger  # the name older callers use
         self.cluster = cluster
         self.clock = clock
@@ -149,6 +150,7 @@ class Extender:
     def start(self) -> None:
         """Load the predictor (in the background unless given), then start the cluster watches: the
         first sync rebuilds reservations with the pods' priorities, which need the predictor."""
+        self.ledger.calibration.start()  # its learner (off the request path) and its flush at shutdown
         if self.planner.predictor is not None:
             self.start_cluster()
         else:

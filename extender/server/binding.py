@@ -11,7 +11,8 @@ from extender import annotations as ann
 from extender.annotations import AnnotationError
 from extender.kube.cluster import ClusterError, pod_meta
 from extender.ledger import Reserved
-from extender.policy.allocation import Pending, allocation_sizes
+from extender.pod_requests import allocation_sizes
+from extender.policy.allocation import Pending
 from extender.policy.filtering import gib
 from extender.protocol import ProtocolError, binding_result, parse_binding_args
 from extender.server.parts import Part

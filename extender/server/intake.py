@@ -16,8 +16,9 @@ from extender.annotations import AnnotationError
 from extender.kube.cluster import TERMINAL_PHASES, ClusterError
 from extender.kube.local import InMemoryCluster
 from extender.ledger import ACCEPTED, GPU_CONFLICT, NODES_MAX, TOO_MANY_NODES, UNKNOWN_NODE
+from extender.pod_requests import allocation_sizes, kubelet_admitted
 from extender.policy import PriorityInputs, Reservation
-from extender.policy.allocation import Pending, allocation_sizes, kubelet_admitted
+from extender.policy.allocation import Pending
 from extender.policy.preemption import is_arrival_kind
 from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, settle_restored
 from extender.protocol import PodInfo, ProtocolError, parse_pod

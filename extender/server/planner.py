@@ -127,6 +127,9 @@ class Planner:
         #: node -> pods restored after a restart that wait for the node's report (its GPU model) to be
         #: recorded for the online calibration (`placed(..., later=True)`)
         self._unplaced: dict[str, list[tuple[Plan, Reservation]]] = {}
+        #: pod uid -> the controller that owns it (`workload_of` the pod a reservation was made for), for
+        #: the online calibration's owner screen at `placed`
+        self._owners: OrderedDict[str, str] = OrderedDict()
 
     @property
     def predictor_version(self) -> str:
@@ -211,8 +214,11 @@ class Planner:
             return
         model = self.on_model(plan, *key) if key is not None else None
         if model is not None:
+            with self._lock:  # a restored pod's owner is not known: its name stands for it
+                owner = self._owners.pop(res.pod_uid, "") or f"pod/{res.namespace}/{res.name}"
             self.ledger.calibration.placed(res.pod_uid, res.node, model.gpu, model.software, model.path,
-                                           model.offline_mib, model.offline_upper_mib, model.regime)
+                                           model.offline_mib, model.offline_upper_mib, model.regime,
+                                           tenant=res.namespace, owner=owner)
 
     def place_restored(self, node: str) -> None:
         """`node` reported: record the pods restored on it before (`placed(..., later=True)`)."""
@@ -410,6 +416,12 @@ class Planner:
     def reservation(self, plan: Plan, req: PodRequest, node: str, mono: float, raw_pod: Any, *,
                     assumed: bool = False) -> Reservation:
         """The reservation `req` is recorded as on `node` (its GPUs left to the ledger's choice)."""
+        if req.gpu_job and req.uid:  # its owner, for the online calibration (`placed`)
+            with self._lock:
+                self._owners[req.uid] = workload_of(raw_pod)
+                self._owners.move_to_end(req.uid)
+                while len(self._owners) > REMEMBERED_MAX:
+                    self._owners.popitem(last=False)
         return Reservation(req.uid, req.namespace, req.name, node, (), req.admission_mib, req.admission_mib,
                            req.predicted_mib, plan.inputs, mono, plan.job.signature, self.predictor_version,
                            duty=req.duty, checkpoint_interval_s=plan.job.checkpoint_interval_s,

@@ -35,6 +35,7 @@ import yaml
 
 from devtools.localcluster import ControlPlane, free_port, start_process, stop_pid
 from devtools.localpods import prepare
+from devtools.realnode import RealNode
 from extender.agent.simulated import parse_gpu_spec
 from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
     JOBS_NAMESPACE,
@@ -339,3 +340,40 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         if local is not None:
             local.stop_all()
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: LocalCluster) -> Iterator[RealNode]:
+    """A real node (containerd + runc + the kubelet built with the control plane; devtools/realnode.py)
+    joined to the `cluster` fixture's control plane, Ready, once per run. Pods get there with
+    devtools.realnode.PLACEMENT (its label and NoSchedule taint keep every other pod off it); its kubelet
+    root is /var/lib/kubelet. Skips, with the one-line reason, where this machine cannot run containers."""
+    from devtools.realnode import NodeUnavailable, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no real node here: {reason}")
+    node = RealNode(cluster.plane)
+    started = time.monotonic()
+    try:
+        node.start(log=_say)
+    except NodeUnavailable as why:
+        pytest.skip(f"no real node here: {why}")
+    _say(f"real node {node.name} Ready in {time.monotonic() - started:.0f}s")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node_images(real_node: RealNode) -> dict[str, str]:
+    """The chart's deepres/agent and deepres/extender images in the real node's containerd (built with
+    deploy/build-images.sh when their sources changed: minutes; cached otherwise). kind -> reference
+    (docker.io/deepres/agent:<version>, what the chart's pods name). Skips where buildah cannot build."""
+    from devtools.nodeimages import ImagesUnavailable
+
+    try:
+        return real_node.import_project_images()
+    except ImagesUnavailable as why:
+        pytest.skip(f"no deepres images for the real node: {why}")

@@ -73,12 +73,14 @@ def test_the_calibration_is_kept_in_its_configmap_merged_on_conflict_and_read_af
     first = pods[uid1]
     gpu, software = first["gpu_model"], first["software"]
     # 2. someone else writes it meanwhile (another extender, an admin): twelve observed pods of that GPU
-    # model on three other nodes, enough for a calibration; the extender's next write meets a conflict
+    # model, each of its own owner and run long enough to have peaked, on calib-1's node (the only node of
+    # that model here: the calibration learns only from nodes that report, and one node may carry it when
+    # it is the model's only one), enough for a calibration; the extender's next write meets a conflict
     for i in range(12):
         point = 3_000.0 + 1_500.0 * i
-        pods[f"earlier-{i}"] = {**first, "node": f"gone-{i % 3}", "point_mib": point, "upper_mib": point * 1.2,
+        pods[f"earlier-{i}"] = {**first, "point_mib": point, "upper_mib": point * 1.2,
                                 "peak_mib": 300.0 + point * (0.9 + 0.01 * (i % 4)), "order": 0.01 * (i + 1),
-                                "regime": "large"}
+                                "regime": "large", "owner": f"{JOBS_NAMESPACE}/Job/earlier-{i}", "settled": True}
     cm = cluster.core.read_namespaced_config_map(name, NAMESPACE)
     assert cm.metadata.resource_version == version
     cm.data = {KEY: json.dumps({**json.loads(cm.data[KEY]), "pods": pods})}

@@ -17,7 +17,7 @@ from werkzeug.serving import make_server
 
 from devtools.bench_calibration import Fleet, predict
 from extender.kube.local import InMemoryCluster
-from extender.server.app import create_app
+from extender.server.app import create_app, extender_of
 from extender.settings import Settings
 from tests.fixtures.kube.doubles import FormulaPredictor
 from tests.fixtures.kube.server import post
@@ -40,6 +40,7 @@ def serving(state_file: Path | None, cluster: InMemoryCluster | None = None) -> 
     settings.kube.state_file = str(state_file or "")
     settings.telemetry.telemetry_token = TOKEN
     settings.server.predict_rate_per_s = 0.0
+    settings.policy.calibration_settle_s = 0.0  # one report per pod counts at once (test_calibration_safety)
     cluster = cluster or InMemoryCluster(state_file=str(state_file or ""))
     app = create_app(settings, predictor=FormulaPredictor(), cluster=cluster)
     server = make_server("127.0.0.1", 0, app, threaded=True)
@@ -50,6 +51,9 @@ def serving(state_file: Path | None, cluster: InMemoryCluster | None = None) -> 
     finally:
         server.shutdown()
         thread.join()
+        store = extender_of(app).ledger.calibration
+        store.flush()  # as the server's exit does (a clean shutdown)
+        store.stop()
 
 
 def job(i: int) -> dict[str, str]:
@@ -137,8 +141,8 @@ def test_calibration_learns_answers_admits_and_survives_a_restart(tmp_path: Path
 
     with serving(state) as url:  # restarted on the same state file: what was learned is kept
         Fleet(url, TOKEN, GPU, nodes=4, gpus=8, capacity_mib=81920.0).report_all()
-        again = predict(url, probe, GPU)
-        assert again["calibrated"] is True and again["pods"] == 16
+        again = wait_for(lambda: (a := predict(url, probe, GPU))["calibrated"] and a)  # learned once they report
+        assert again and again["calibrated"] is True and again["pods"] == 16
         assert again["memory_mib"] == after["memory_mib"]
         assert again["memory_mib_upper"] == after["memory_mib_upper"]
 

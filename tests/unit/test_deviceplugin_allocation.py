@@ -21,7 +21,8 @@ from extender.agent.deviceplugin.allocation import (
     node_pods,
 )
 from extender.allocations import AllocationGate
-from extender.policy.allocation import NodePod, Pending, allocation_sizes, decide
+from extender.pod_requests import NodePod, allocation_sizes
+from extender.policy.allocation import Pending, decide
 
 RES = "deepres.io/gpu"
 A, B = "GPU-aaaaaaaa-0000-4000-8000-000000000000", "GPU-bbbbbbbb-0000-4000-8000-000000000000"

@@ -149,7 +149,8 @@ def agent_third_party_modules(roots: tuple[str, ...] = ("extender.agent.main", "
             for name in names:
                 top = name.split(".")[0]
                 if top in ("extender", "predictor"):
-                    todo.append(name)
+                    parts = name.split(".")  # importing a.b.c runs a/__init__.py and a/b/__init__.py too
+                    todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
                 elif top and top not in sys.stdlib_module_names and top != "__future__":
                     third_party.add(top)
     return third_party

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.policy.allocation import NodePod, requests_of
+from extender.pod_requests import NodePod, requests_of
 
 STRATEGIES = ("volume-mounts", "cdi", "envvar")
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"

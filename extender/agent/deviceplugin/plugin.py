@@ -42,7 +42,7 @@ from extender.agent.deviceplugin.allocation import (
     node_pods,
 )
 from extender.agent.deviceplugin.settings import PluginSettings
-from extender.policy.allocation import NodePod
+from extender.pod_requests import NodePod
 from extender.telemetry import GpuReport
 
 log = logging.getLogger(__name__)
