@@ -5,7 +5,9 @@ and kube-scheduler, not against fakes of them. Containers are not available ever
 container engine), so the control plane runs as plain processes: etcd, kube-apiserver (RBAC,
 ServiceAccount tokens, TokenReview), kube-controller-manager, the default kube-scheduler, and kwok
 for the nodes and the pods' lifecycle. The binaries are built once from the Go module in cluster/
-(pinned Kubernetes release) and cached by the pin; certificates are made fresh per run.
+(pinned Kubernetes release) with the machine's Go 1.26, or where it has none the pinned Go that
+devtools/gotoolchain.py fetches from the Go module proxy, and cached by the pins; certificates are made
+fresh per run.
 
 kube-controller-manager runs with only the controllers a workload here needs: serviceaccount (the
 `default` ServiceAccounts pods are admitted against), daemonset and deployment/replicaset (the
@@ -45,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devtools import gotoolchain
+
 REPO = Path(__file__).resolve().parents[1]
 GO_MODULE = REPO / "cluster"
 KUBERNETES_VERSION = "v1.36.3"  # also in cluster/go.mod: change both together
@@ -72,24 +76,23 @@ def cache_dir() -> Path:
 # binaries
 
 
-def _go_env(cache: Path) -> dict[str, str]:
+def _go_env(cache: Path, go: Path | None = None) -> dict[str, str]:
+    """The build's environment; with `go` (the fetched toolchain's bin/go) its folder first on PATH and
+    its GOROOT (a GOROOT of the machine's would otherwise win)."""
     env = dict(os.environ)
     env.update(GOCACHE=str(cache / "gocache"), GOMODCACHE=str(cache / "gomodcache"), GOTOOLCHAIN="local",
                GOFLAGS="-mod=mod", CGO_ENABLED="0")
+    if go is not None and go.resolve().parents[1] == gotoolchain.toolchain_root(cache).resolve():
+        env["GOROOT"] = str(go.resolve().parents[1])
+        env["PATH"] = os.pathsep.join([str(go.parent), env.get("PATH", "")])
     return env
 
 
 def go_version() -> str:
-    """`go1.26.8`; ClusterError when Go is missing or not 1.26 (1.27's default jsonv2 experiment makes
-    kube-apiserver's /openapi/v2 malformed, which breaks kubectl and helm)."""
-    go = shutil.which("go")
-    if go is None:
-        raise ClusterError("Go is not on PATH: the control plane is built from Go modules (install Go 1.26)")
-    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True,
-                             env={**os.environ, "GOTOOLCHAIN": "local"}).stdout.strip()
-    if not version.startswith("go1.26"):
-        raise ClusterError(f"Go {version} found; the control plane needs Go 1.26 (1.27's jsonv2 breaks /openapi/v2)")
-    return version
+    """`go1.26.8`: the version the control plane is built with: the machine's Go when it is 1.26 (1.27's
+    default jsonv2 experiment makes kube-apiserver's /openapi/v2 malformed, which breaks kubectl and
+    helm), else the pinned gotoolchain.GO_VERSION, fetched into the cache when a build needs it."""
+    return gotoolchain.choose(cache_dir())[1]
 
 
 def binaries_key(version: str) -> str:
@@ -104,7 +107,7 @@ def binaries_key(version: str) -> str:
 def ensure_binaries(log: Any = None) -> Path:
     """The folder holding BINARIES, built now unless a build for the same pins is cached."""
     cache = cache_dir()
-    version = go_version()
+    version = go_version()  # no download here: cached binaries need no Go at all
     target = cache / "bin" / binaries_key(version)
     if all((target / name).is_file() for name in BINARIES):
         return target
@@ -113,8 +116,14 @@ def ensure_binaries(log: Any = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a second caller reuses the first's
         if all((target / name).is_file() for name in BINARIES):
             return target
+        try:
+            go, built_with = gotoolchain.ensure(cache, log)
+        except gotoolchain.ToolchainError as err:
+            raise ClusterError(f"no Go to build the control plane with: {err}") from err
+        if built_with != version:  # the machine's Go changed between the two looks
+            raise ClusterError(f"Go {built_with} found, {version} expected: run the build again")
         work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
-        env = _go_env(cache)
+        env = _go_env(cache, go)
         kube_ld = " ".join([
             "-s -w",
             f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}",
@@ -123,19 +132,19 @@ def ensure_binaries(log: Any = None) -> Path:
             "-X k8s.io/component-base/version.gitTreeState=clean",
         ])
         steps = [
-            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
+            [str(go), "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
              "k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler"],
-            ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{work}/etcd", ETCD_PACKAGE],
-            ["go", "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
+            [str(go), "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{work}/etcd", ETCD_PACKAGE],
+            [str(go), "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+            [str(go), "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/",
              "k8s.io/kubernetes/cmd/kube-controller-manager"],
             # the real node's (devtools/realnode.py); built without cgo, as upstream's release builds it
-            ["go", "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/", "k8s.io/kubernetes/cmd/kubelet"],
+            [str(go), "build", "-trimpath", "-ldflags", kube_ld, "-o", f"{work}/", "k8s.io/kubernetes/cmd/kubelet"],
         ]
         started = time.monotonic()
         for step in steps:
             if log:
-                log(f"building: {' '.join(step[-2:])}")
+                log(f"building with {go}: {' '.join(step[-2:])}")
             result = subprocess.run(step, cwd=GO_MODULE, env={**env, "GOBIN": str(work)}, capture_output=True,
                                     text=True)
             if result.returncode != 0:
@@ -260,10 +269,23 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, *, cert: Path | Non
 
 
 def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick): another process may take it before the one
+    it is meant for binds it, so that one's starter retries on "address already in use" (`port_taken`;
+    ControlPlane.start does)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+#: how many times ControlPlane.start picks fresh ports when another process took one
+PORT_TRIES = 4
+
+
+def port_taken(text: str) -> bool:
+    """Whether a process's output (an error with its log's tail) says a port it wanted was taken."""
+    lowered = text.lower()
+    return "address already in use" in lowered or "eaddrinuse" in lowered
 
 
 def start_process(name: str, argv: list[str], logs: Path, env: Mapping[str, str] | None = None,
@@ -411,10 +433,34 @@ class ControlPlane:
 
     # ---- start ----
     def start(self, *, timeout_s: float = 180.0, log: Any = None) -> ControlPlane:
-        """Build or reuse the binaries, make certificates, start every process, wait until usable."""
+        """Build or reuse the binaries, make certificates, start every process, wait until usable.
+
+        The ports are the kernel's picks of free ones, which another process on the machine may take
+        before etcd, kube-apiserver, ... bind them: when one exits saying so, everything is stopped and
+        started again on fresh ports (PORT_TRIES times)."""
         self.bin_dir = ensure_binaries(log)
         self.root.mkdir(parents=True, exist_ok=True)
         _write_certs(self.pki)
+        (self.root / "kwok-stages.yaml").write_text(_kwok_stages())
+        for attempt in range(1, PORT_TRIES + 1):
+            self._pick_ports()
+            try:
+                self._start_all(timeout_s, log)
+                return self
+            except ClusterError as err:
+                self.stop()
+                if attempt == PORT_TRIES or not port_taken(str(err)):
+                    raise
+                if log:
+                    log(f"a port was taken by another process ({str(err).splitlines()[0]}): starting again")
+                shutil.rmtree(self.root / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _pick_ports(self) -> None:
+        """Fresh ports for every process, and the kubeconfigs that name the API server's."""
         for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"):
             self.ports[name] = free_port()
         pki = self.pki
@@ -423,13 +469,6 @@ class ControlPlane:
         for who in ("kube-scheduler", "kube-controller-manager", "kwok"):
             write_kubeconfig(self.root / f"{who}.kubeconfig", self.server, pki / "ca.crt", cert=pki / f"{who}.crt",
                              key=pki / f"{who}.key", user=who)
-        (self.root / "kwok-stages.yaml").write_text(_kwok_stages())
-        try:
-            self._start_all(timeout_s, log)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         proc = start_process(name, argv, self.logs)
@@ -470,6 +509,7 @@ class ControlPlane:
             "--node-lease-duration-seconds=0", "--node-ip=127.0.0.1",
         ])
         self.wait_default_service_account(deadline)
+        self._check_alive()  # kube-scheduler and kwok too (one whose port was taken exits at once)
 
     def start_apiserver(self, extra: list[str] | None = None) -> None:
         b, pki, p = self.bin_dir, self.pki, self.ports

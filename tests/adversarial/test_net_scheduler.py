@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.localserver import LocalServer, free_port
+from devtools.localserver import LocalServer
 from tests.adversarial.test_net_mtls import context as client
 from tests.fixtures.kube.payloads import CNN_ANNOTATIONS, extender_args, pod, report
 from tests.fixtures.kube.server import TOKEN
@@ -58,13 +58,13 @@ def send_report(server: LocalServer) -> None:
 
 @pytest.fixture(params=["granian", "gunicorn"])
 def loopback_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LocalServer, int]]:
-    scheduler_port = free_port()
     env = {**DOUBLE, "DEEPRES_ENGINE": request.param, "DEEPRES_MAX_CONNECTIONS": "64",
-           "DEEPRES_SCHEDULER_BIND": f"127.0.0.1:{scheduler_port}", "DEEPRES_SCHEDULER_MAX_CONNECTIONS": "16",
-           "DEEPRES_HEADER_TIMEOUT_S": "30", "DEEPRES_TELEMETRY_TTL_S": "3600"}
-    with LocalServer(tmp_path, token=TOKEN, env=env) as running:
+           "DEEPRES_SCHEDULER_BIND": f"127.0.0.1:{LocalServer.port_ref('scheduler')}",
+           "DEEPRES_SCHEDULER_MAX_CONNECTIONS": "16", "DEEPRES_HEADER_TIMEOUT_S": "30",
+           "DEEPRES_TELEMETRY_TTL_S": "3600"}
+    with LocalServer(tmp_path, token=TOKEN, env=env) as running:  # a taken port is retried, the scheduler's too
         send_report(running)
-        yield running, scheduler_port
+        yield running, running.ports["scheduler"]
 
 
 def test_polling_connections_cannot_take_the_schedulers_slots(loopback_server: tuple[LocalServer, int]) -> None:
@@ -113,13 +113,13 @@ def test_polling_connections_cannot_take_the_schedulers_slots(loopback_server: t
 @pytest.mark.parametrize("scheduler_host", ["127.0.0.1", "0.0.0.0"], ids=["sidecar", "deployment"])
 def test_only_the_schedulers_certificate_reaches_the_verbs_under_granian(pki: Path, tmp_path: Path,
                                                                           scheduler_host: str) -> None:
-    scheduler_port = free_port()
     env = {**DOUBLE, "DEEPRES_ENGINE": "granian", "DEEPRES_VERBS_ACCESS": "mtls",
-           "DEEPRES_SCHEDULER_BIND": f"{scheduler_host}:{scheduler_port}",
+           "DEEPRES_SCHEDULER_BIND": f"{scheduler_host}:{LocalServer.port_ref('scheduler')}",
            "DEEPRES_SCHEDULER_TLS_CERT": str(pki / "server.crt"), "DEEPRES_SCHEDULER_TLS_KEY": str(pki / "server.key"),
            "DEEPRES_TLS_CLIENT_CA": str(pki / "scheduler-ca.crt"), "DEEPRES_SCHEDULER_MAX_CONNECTIONS": "16",
            "DEEPRES_HEADER_TIMEOUT_S": "2", "DEEPRES_TELEMETRY_TTL_S": "3600"}
     with LocalServer(tmp_path, token=TOKEN, env=env) as server:
+        scheduler_port = server.ports["scheduler"]
         send_report(server)
         # a port-forward or a sibling container: on loopback, without the scheduler's key
         status, _, out = filter_on(server.port)

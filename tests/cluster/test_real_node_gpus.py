@@ -49,7 +49,6 @@ def render_agent(cluster: LocalCluster, node: RealNode) -> list[dict[str, Any]]:
             "--set", "devicePlugin.simulatedGpus=true", "--set", f"devicePlugin.slotsPerGpu={SLOTS}",
             "--set", f"agent.extenderUrl=http://127.0.0.1:{cluster.extender_port}", "--set", "agent.hostNetwork=true",
             "--set-json", f"agent.simulated.nodes={json.dumps({**cluster.simulated_gpus, node.name: SPEC})}",
-            "--set-json", f"agent.nodeSelector={json.dumps(PLACEMENT['nodeSelector'])}",
             "--set-json", f"agent.tolerations={json.dumps(PLACEMENT['tolerations'])}",
             "--set", "agent.image.pullPolicy=IfNotPresent",
             "--show-only", "templates/agent/daemonset.yaml", "--show-only", "templates/agent/configmap.yaml"]
@@ -63,6 +62,8 @@ def render_agent(cluster: LocalCluster, node: RealNode) -> list[dict[str, Any]]:
             obj["metadata"]["name"] = AGENT_DS
             obj["spec"]["selector"]["matchLabels"]["deepres.io/agent-for"] = "real-node"
             obj["spec"]["template"]["metadata"]["labels"]["deepres.io/agent-for"] = "real-node"
+            # the real node only (helm merges agent.nodeSelector into the suite's GPU-node label)
+            obj["spec"]["template"]["spec"]["nodeSelector"] = dict(PLACEMENT["nodeSelector"])
     return objects
 
 
@@ -287,3 +288,74 @@ def _try_create(cluster: LocalCluster, made: list[tuple[str, str]], body: dict[s
         if err.status == 403:  # the policy's binding removal not seen by the API server yet
             return ""
         raise
+
+
+# ---- the benchmark: a burst of pods to one node (opt-in: DEEPRES_BENCH_REAL_NODE=1) ----
+BURST = 64
+REPORT = REPO / "reports" / "real-node-burst.json"
+
+
+def _burst(cluster: LocalCluster, made: list[tuple[str, str]], bodies: list[dict[str, Any]],
+           namespace: str) -> dict[str, float]:
+    """Create every pod at once; seconds until all are bound and until all are Running (read off the
+    pods' own conditions and container start times, not the test's polling)."""
+    import datetime as dt
+
+    created = dt.datetime.now(dt.UTC)
+    names = [create(cluster, made, body, namespace) for body in bodies]
+
+    def all_running() -> list[Any] | None:
+        pods = [cluster.core.read_namespaced_pod(n, namespace) for n in names]
+        for p in pods:
+            assert p.status.phase not in ("Failed", "Succeeded"), (p.metadata.name, p.status.reason, p.status.message)
+        return pods if all(p.status.phase == "Running" for p in pods) else None
+    pods = wait_for(f"{len(names)} pods running", all_running, 900, 1)
+    scheduled = [next(c.last_transition_time for c in p.status.conditions if c.type == "PodScheduled") for p in pods]
+    started = [p.status.container_statuses[0].state.running.started_at for p in pods]
+    seconds = max(started) - created
+    # Kubernetes' times have whole seconds: the figures are whole-second exact, pods/s from them
+    return {"pods": len(pods), "seconds_to_all_bound": round((max(scheduled) - created).total_seconds(), 1),
+            "seconds_to_all_running": round(seconds.total_seconds(), 1),
+            "pods_per_s": round(len(pods) / max(seconds.total_seconds(), 1.0), 2)}
+
+
+def test_bench_a_burst_of_64_pods_to_one_node(cluster: LocalCluster, real_agent: RealNode,
+                                              made: list[tuple[str, str]]) -> None:
+    """`DEEPRES_BENCH_REAL_NODE=1 pytest tests/cluster/test_real_node_gpus.py -k bench -s` (writes
+    reports/real-node-burst.json): 64 plain pods (the default scheduler, no GPU) to the real node, then 64
+    one-GPU deepres pods (annotations only), side by side in one run: what the allocation handshake's one
+    pod per node at a time costs against the kubelet's own pace. Every GPU pod is checked to see exactly
+    its GPUs."""
+    import os
+    import platform
+
+    if not os.environ.get("DEEPRES_BENCH_REAL_NODE"):
+        pytest.skip("a benchmark: set DEEPRES_BENCH_REAL_NODE=1 to run it (writes reports/real-node-burst.json)")
+    suffix = uuid.uuid4().hex[:5]
+    plain_bodies = []
+    for i in range(BURST):
+        body = job_pod(f"bench-{suffix}-plain-{i}")
+        body["metadata"]["annotations"] = {}
+        body["spec"]["schedulerName"] = "default-scheduler"
+        plain_bodies.append(body)
+    plain = _burst(cluster, made, plain_bodies, NAMESPACE)
+    for namespace, name in list(made):
+        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_for("the plain pods gone", lambda: not cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"{MARK}=real-node-gpus").items, 300, 1)
+    made.clear()
+    gpu = _burst(cluster, made, [job_pod(f"bench-{suffix}-gpu-{i}") for i in range(BURST)], JOBS_NAMESPACE)
+    check_exact(cluster, [n for _, n in made], real_agent)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    report = {
+        "generated_by": "DEEPRES_BENCH_REAL_NODE=1 pytest tests/cluster/test_real_node_gpus.py -k bench",
+        "commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "node": {"kubelet": cluster.core.read_node(real_agent.name).status.node_info.kubelet_version,
+                 "runtime": cluster.core.read_node(real_agent.name).status.node_info.container_runtime_version,
+                 "gpus": SPEC, "slots_per_gpu": SLOTS},
+        "plain": plain, "gpu": gpu,
+        "gpu_vs_plain_pods_per_s": round(gpu["pods_per_s"] / plain["pods_per_s"], 2),
+    }
+    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.localserver import LocalServer, free_port
+from devtools.localserver import PORT_TRIES, LocalServer, free_port, holds_port
 
 ENTRY = "import sys; from extender.cli import main; sys.exit(main())"
 NODE = "sim-node-1"
@@ -69,14 +70,29 @@ def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
 
 
 def _agent(extender_url: str, token: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
-    metrics_port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-c", ENTRY, "agent", "--source", "simulated", "--simulated-gpus", "2xA100-40GB",
-         "--no-kube", "--node-name", NODE, "--extender-url", extender_url, "--token-file", str(token),
-         "--listen", f"127.0.0.1:{metrics_port}", "--interval-s", "60", "--heartbeat-s", "60", *extra],
-        env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    return process, metrics_port
+    """A simulated agent whose metrics listener holds its port: another process may take a free port
+    before the agent binds it, so the agent is started again on a fresh one when that happened."""
+    for _ in range(PORT_TRIES):
+        metrics_port = free_port()
+        log = tempfile.NamedTemporaryFile(prefix="agent-", suffix=".log", delete=False)  # noqa: SIM115
+        with log:
+            process = subprocess.Popen(
+                [sys.executable, "-c", ENTRY, "agent", "--source", "simulated", "--simulated-gpus", "2xA100-40GB",
+                 "--no-kube", "--node-name", NODE, "--extender-url", extender_url, "--token-file", str(token),
+                 "--listen", f"127.0.0.1:{metrics_port}", "--interval-s", "60", "--heartbeat-s", "60", *extra],
+                env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=log,
+            )
+        try:
+            _wait(lambda: process.poll() is not None or holds_port(process.pid, metrics_port),  # noqa: B023
+                  "the agent's metrics listener", 30.0)
+            if process.poll() is None:
+                return process, metrics_port
+            output = Path(log.name).read_text(errors="replace")
+            if "address already in use" not in output.lower():
+                raise AssertionError(f"the agent exited with {process.returncode}: {output[-2000:]}")
+        finally:
+            os.unlink(log.name)
+    raise AssertionError(f"no free port for the agent's metrics in {PORT_TRIES} tries")
 
 
 def _filter(url: str, memory: str) -> dict[str, object]:
