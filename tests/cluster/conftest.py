@@ -372,7 +372,10 @@ def real_node_images(real_node: RealNode) -> dict[str, str]:
     (docker.io/deepres/agent:<version>, what the chart's pods name). Skips where buildah cannot build."""
     from devtools.nodeimages import ImagesUnavailable
 
+    # DEEPRES_NODE_IMAGES=prebuilt: import what buildah holds (`make images`) without rebuilding when
+    # extender/ or predictor/ changed (minutes): for iterating on tests; CI always builds
+    prebuilt = os.environ.get("DEEPRES_NODE_IMAGES") == "prebuilt"
     try:
-        return real_node.import_project_images()
+        return real_node.import_project_images(build=not prebuilt)
     except ImagesUnavailable as why:
         pytest.skip(f"no deepres images for the real node: {why}")

@@ -39,7 +39,7 @@ AGENT_DS = f"{RELEASE}-agent-real-node"
 MARK = "deepres.io/test"  # a label on the test's pods
 
 
-def render_agent(cluster: LocalCluster, node: RealNode) -> list[dict[str, Any]]:
+def render_agent(cluster: LocalCluster, node: RealNode, image: str) -> list[dict[str, Any]]:
     """The chart's agent DaemonSet and its simulated-GPU ConfigMap as `helm template` renders them with the
     suite's values, the real node given simulated GPUs and the device plugin (devicePlugin.simulatedGpus).
     The agent runs in the host's network (agent.hostNetwork): the suite's extender is a process on the
@@ -50,7 +50,9 @@ def render_agent(cluster: LocalCluster, node: RealNode) -> list[dict[str, Any]]:
             "--set", f"agent.extenderUrl=http://127.0.0.1:{cluster.extender_port}", "--set", "agent.hostNetwork=true",
             "--set-json", f"agent.simulated.nodes={json.dumps({**cluster.simulated_gpus, node.name: SPEC})}",
             "--set-json", f"agent.tolerations={json.dumps(PLACEMENT['tolerations'])}",
-            "--set", "agent.image.pullPolicy=IfNotPresent",
+            # the image imported into the node's containerd (the suite's values name a tag only kind has)
+            "--set", f"agent.image.repository={image.removeprefix('docker.io/').rsplit(':', 1)[0]}",
+            "--set", f"agent.image.tag={image.rsplit(':', 1)[1]}", "--set", "agent.image.pullPolicy=IfNotPresent",
             "--show-only", "templates/agent/daemonset.yaml", "--show-only", "templates/agent/configmap.yaml"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -84,7 +86,7 @@ def real_agent(cluster: LocalCluster, real_node: RealNode, real_node_images: dic
     from kubernetes import client
 
     apps = client.AppsV1Api(cluster.core.api_client)
-    for obj in render_agent(cluster, real_node):
+    for obj in render_agent(cluster, real_node, real_node_images["agent"]):
         if obj["kind"] == "ConfigMap":
             cluster.core.replace_namespaced_config_map(obj["metadata"]["name"], NAMESPACE, obj)
         else:
