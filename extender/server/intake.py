@@ -176,22 +176,27 @@ class Intake(Part):
     def gate_watch(self, raw: dict[str, Any], deleted: bool) -> None:
         """The allocation gate follows the pods: a pod bound by deepres that its kubelet has admitted
         (or refused), that finished or is gone opens its node's gate; one bound and not admitted yet
-        holds it (after a restart, or a Binding that landed though its call failed)."""
+        holds it (after a restart, or a Binding that landed though its call failed). An event of a pod
+        not bound yet never opens a gate: the gate is taken just before the Binding, and a late event of
+        an earlier scheduling attempt (kube-scheduler's status update after a failed bind) may arrive
+        after it (seen on the real node: two pods then awaited their GPUs on one node)."""
         meta, spec, status = raw.get("metadata"), raw.get("spec"), raw.get("status")
         if not isinstance(meta, dict):
             return
         uid = meta.get("uid")
-        if not isinstance(uid, str) or not uid:
+        if not isinstance(uid, str) or not uid or not (deleted or self.gate.holds(uid) or isinstance(spec, dict)):
             return
-        annotations = meta.get("annotations")
-        node = spec.get("nodeName") if isinstance(spec, dict) else None
-        if (deleted or not isinstance(spec, dict) or not isinstance(node, str) or not node
-                or not (isinstance(annotations, dict) and annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS))):
+        status = status if isinstance(status, dict) else {}
+        if deleted or meta.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
             if self.gate.holds(uid):
                 self.gate.settle(uid)
             return
-        status = status if isinstance(status, dict) else {}
-        if kubelet_admitted(status) or meta.get("deletionTimestamp"):
+        annotations = meta.get("annotations")
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        if (not isinstance(spec, dict) or not isinstance(node, str) or not node
+                or not (isinstance(annotations, dict) and annotations.get(ann.PREFIX + ann.ASSIGNED_GPUS))):
+            return  # not bound (yet), or not by deepres
+        if kubelet_admitted(status):
             if self.gate.holds(uid):
                 self.gate.settle(uid)
             return

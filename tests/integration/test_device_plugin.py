@@ -15,6 +15,7 @@ handshake, POST /v1/allocate) with what the kubelet's PodResources API says it a
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -180,6 +181,7 @@ class Harness:
     channel: Any
     url: str
     strategy: str
+    ext: Any = None
     bind_errors: list[str] = field(default_factory=list)
 
     @property
@@ -278,7 +280,8 @@ def make_harness(strategy: str) -> Iterator[Harness]:
     plugin.update_gpus(source.sample().gpus)
     server = PluginServer(plugin).start()
     channel = grpc.insecure_channel(f"unix://{server.socket}")
-    h = Harness(folder, kubelet, podresources, plugin, server, api, nvml, source, channel, url, strategy)
+    h = Harness(folder, kubelet, podresources, plugin, server, api, nvml, source, channel, url, strategy,
+                extender_of(app))
     try:
         yield h
     finally:
@@ -547,3 +550,21 @@ def test_the_plugin_does_not_advertise_while_the_node_cannot_isolate(volume_harn
     toolkit.write_text("accept-nvidia-visible-devices-as-volume-mounts = true\n")
     h.kubelet.wait_for(2)  # registered again
     assert verdicts[-1] == [] and h.server.socket.exists()
+
+
+def test_a_late_event_of_an_earlier_attempt_does_not_open_the_gate(volume_harness: Harness) -> None:
+    """kube-scheduler's status update after a failed bind (no nodeName, PodScheduled False) may reach the
+    watch after the pod's next bind took the gate: the gate stays held, so the next pod's bind to that node
+    waits, and the kubelet is never left with two pods to tell apart (seen in a 64-pod burst on the real
+    node before the fix: both refused)."""
+    h = volume_harness
+    first = gpu_pod("first")
+    assert h.schedule(first) == ""
+    assert [p.key for p in h.ext.gate.pending(NODE)] == ["jobs/first"]
+    stale = copy.deepcopy(first)
+    stale["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "SchedulerError"}]}
+    h.ext.on_pod_changed(stale, False)
+    assert [p.key for p in h.ext.gate.pending(NODE)] == ["jobs/first"]
+    assert h.admit(first) == [h.assigned(first)]
+    assert h.ext.gate.pending(NODE) == []
