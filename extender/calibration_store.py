@@ -39,7 +39,6 @@ import json
 import logging
 import multiprocessing.util
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -50,6 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from extender.kube.statefile import write_atomically
 from extender.policy.calibration import PATHS, Key, Observation, Shift, learn
 
 log = logging.getLogger(__name__)
@@ -523,17 +523,7 @@ def encode(pods: list[tuple[str, Placed]]) -> bytes:
 
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, data)  # the state file's atomic, durable replace
 
 
 def _placed(fields: Mapping[str, Any]) -> Placed:

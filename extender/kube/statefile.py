@@ -156,6 +156,13 @@ def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> int:
     """Replace the file with `pods`, atomically and durably; its size in bytes. Raises OSError (nothing
     replaced)."""
     data = encode(pods)
+    write_atomically(path, data)
+    return len(data)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a temporary file beside it, fsync'ed, renamed over it, the folder
+    fsync'ed. Raises OSError (nothing replaced, no temporary file left)."""
     directory = path.parent
     # mkstemp opens with O_CREAT | O_EXCL (a link planted at the name fails the open, never is followed)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
@@ -170,7 +177,6 @@ def write(path: Path, pods: Sequence[Mapping[str, Any]]) -> int:
             os.unlink(tmp)
         raise
     fsync_directory(directory)
-    return len(data)
 
 
 def fsync_directory(directory: Path) -> None:
