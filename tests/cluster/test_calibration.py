@@ -103,9 +103,10 @@ def test_the_calibration_is_kept_in_its_configmap_merged_on_conflict_and_read_af
     wait_for("the extender ready", cluster.extender_ready, 120, 0.5)
     wait_for("deepres_calibration_pods_seen read back from the ConfigMap",
              lambda: seen(cluster).get(key) == expected, 60, 0.5)
-    try:
-        answer = predict(cluster, gpu, software)
-        assert answer["calibrated"] and answer["pods"] >= 12, answer
+    try:  # the learner publishes its snapshot off the request path: wait for it, not for a time
+        answer = wait_for("the calibration learned from what was read back",
+                          lambda: (a := predict(cluster, gpu, software))["calibrated"] and a, 60, 0.5)
+        assert answer["pods"] >= 12, answer
     finally:  # the next scenarios size their pods by the shipped predictor: they get an uncalibrated extender
         cluster.core.delete_namespaced_config_map(name, NAMESPACE)
         cluster.restart_scheduler_pod()
