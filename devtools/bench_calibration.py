@@ -389,15 +389,20 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
         k: run[path]["after_more"][k] for k in (*keys, "pods_observed")}} for path in ("exact", "family")}
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (the docs check reads them: docs/calibration.md names --safety)."""
+    out = argparse.ArgumentParser(prog="python -m devtools.bench_calibration", description=__doc__.splitlines()[0])
+    out.add_argument("--seed", type=int, default=0)
+    out.add_argument("--seeds", type=int, default=5,
+                     help="seeds measured (each on a fresh server); the figures are --seed's, `by_seed` all")
+    out.add_argument("--report", type=Path, default=REPORT)
+    out.add_argument("--safety", action="store_true",
+                     help="measure only `poisoning` and `learning` (issue 45) and merge them into live_calibration")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.bench_calibration", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, default=5,
-                        help="seeds measured (each on a fresh server); the figures are --seed's, `by_seed` all")
-    parser.add_argument("--report", type=Path, default=REPORT)
-    parser.add_argument("--safety", action="store_true",
-                        help="measure only `poisoning` and `learning` (issue 45) and merge them into live_calibration")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.safety:
         found = safety()
         data = json.loads(args.report.read_text()) if args.report.exists() else {}  # read after: others may write

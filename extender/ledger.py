@@ -1,20 +1,18 @@
 """The ledger: everything the extender learned about the GPUs, under one lock.
 
-One object owns, keyed by (node, GPU UUID): each node's last accepted telemetry (with the
-extender's monotonic clock at receipt), the reservations, the observed peaks per job signature,
-the demand mix of recent admissions and the packing score's merit memo, plus the pods it bound.
-Every write holds the one lock; the verbs' reads take none: `views` maps node -> immutable
-NodeView, replaced whole by a writer (atomic in CPython), and `matrix` is their columnar copy. A
-read racing a write sees the previous telemetry at worst, never an over-commit, because
-`reserve_on` checks and reserves under the lock. The ledger calls nothing back: bind hands it
-the reservation to record and whether the pod packs, and it applies the GPU choice rule itself.
+One object owns, keyed by (node, GPU UUID): each node's last accepted telemetry (with the extender's
+monotonic clock at receipt), the reservations, the observed peaks per job signature, the demand mix of
+recent admissions and the packing score's merit memo, plus the pods it bound. Every write holds the one
+lock; the verbs' reads take none: `views` maps node -> immutable NodeView, replaced whole by a writer
+(atomic in CPython), and `matrix` is their columnar copy. A read racing a write sees the previous
+telemetry at worst, never an over-commit: `reserve_on` checks and reserves under the lock. The ledger
+calls nothing back: bind hands it the reservation and whether the pod packs; it applies the GPU rule.
 
-What it refuses to learn (issue #13): a report older than the last in its agent's boot (ordering is
-by sequence within a boot id, never by the agent's clock), a report of a node the cluster does not
-have (cluster mode), a GPU UUID another node reports (an agent speaks only for its own node), a pod
-peak of 0 (NVML without per-process memory). A peak above the GPU's capacity is not refused but
-clamped to the capacity (`policy.usage.observed_peak`) for the usage rule; the online calibration
-takes it as no reading (docs/calibration.md).
+What it refuses to learn (issue #13): a report older than the last in its agent's boot (by sequence
+within a boot id, never the agent's clock), a report of a node the cluster does not have (cluster
+mode), a GPU UUID another node reports (an agent speaks only for its own node), a pod peak of 0 (NVML
+without per-process memory). A peak above the GPU's capacity is clamped to it for the usage rule
+(`policy.usage.observed_peak`) and is no reading for the calibration.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from extender.calibration_store import CalibrationStore
-from extender.model_keys import ModelKey, ModelKeys
+from extender.model_keys import ModelKey, ModelKeys, nodes_per_model
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
 from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone_duty
 from extender.policy.filtering import node_failure, reserved_per_gpu
@@ -82,14 +80,12 @@ class Ledger:
     def __init__(self, params: PolicyParams, peak_store_size: int = 10_000,
                  calibration: CalibrationStore | None = None) -> None:
         self.params = params
-        #: the online calibration per GPU model (extender/calibration_store.py): fed the same per-GPU
-        #: peaks as the usage rule, under its own lock
+        #: the online calibration per GPU model (calibration_store.py): the usage rule's peaks, own lock
         self.calibration = calibration if calibration is not None else CalibrationStore()
         self.calibration.nodes = self.calibration_nodes  # its learner learns from pods of these nodes only
         self._lock = threading.Lock()
         self._telemetry: OrderedDict[str, NodeTelemetry] = OrderedDict()  # in order of receipt
-        # each node's (GPU models, node software) as its last report says (`NodeReport.model_key`), and how
-        # many nodes have each: the filter's admission per GPU model reads them without a call per node
+        # each node's (GPU models, software) from its last report, and how many nodes have each (the filter)
         self._model_keys = ModelKeys()
         self._boots: dict[str, OrderedDict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
@@ -210,16 +206,10 @@ class Ledger:
             return self._model_keys.snapshot()
 
     def calibration_nodes(self) -> tuple[frozenset[str], dict[tuple[str, str], int]]:
-        """The nodes that report GPUs now and how many report each (GPU model, node software): the
-        online calibration's learner learns only from pods of these nodes, and asks fewer nodes to
-        agree where the cluster has fewer. The copy is taken under the lock, counted outside it."""
+        """The nodes reporting GPUs, how many report each (GPU model, software): the calibration's learner."""
         with self._lock:
             of = dict(self._model_keys.snapshot()[0])
-        counts: dict[tuple[str, str], int] = {}
-        for models, software in of.values():
-            for model in models:
-                counts[(model, software)] = counts.get((model, software), 0) + 1
-        return frozenset(of), counts
+        return frozenset(of), nodes_per_model(of)
 
     def demand_mix(self) -> DemandMix:
         with self._lock:

@@ -46,3 +46,12 @@ class ModelKeys:
         several keys; with one, the live mapping (read it, never change it)."""
         keys = tuple(self._nodes)
         return (dict(self._of) if len(keys) > 1 else self._of), keys
+
+
+def nodes_per_model(of: Mapping[str, ModelKey]) -> dict[tuple[str, str], int]:
+    """How many nodes report each (GPU model, node software) (a node with two models counts for each)."""
+    counts: dict[tuple[str, str], int] = {}
+    for models, software in of.values():
+        for model in models:
+            counts[(model, software)] = counts.get((model, software), 0) + 1
+    return counts

@@ -311,16 +311,21 @@ def score_all(truth: np.ndarray, candidates: dict[str, np.ndarray], shipped_boun
     return result
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (the docs check reads them: docs/predictor.md names them)."""
+    out = argparse.ArgumentParser(prog="python -m predictor.family_eval", description=__doc__.splitlines()[0])
+    out.add_argument("--artifacts", type=Path, required=True, help="directory of grouped artifacts s0, s1, ...")
+    out.add_argument("--seeds", default="0,1,2")
+    out.add_argument("--level", type=float, default=0.95)
+    out.add_argument("--out", type=Path, help="write the per-seed figures as JSON")
+    out.add_argument("--write", action="store_true",
+                     help="write predictor/data/family_bounds.json and merge family_path into the report")
+    out.add_argument("--report", type=Path, default=REPORT)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m predictor.family_eval", description=__doc__.splitlines()[0])
-    parser.add_argument("--artifacts", type=Path, required=True, help="directory of grouped artifacts s0, s1, ...")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--level", type=float, default=0.95)
-    parser.add_argument("--out", type=Path, help="write the per-seed figures as JSON")
-    parser.add_argument("--write", action="store_true",
-                        help="write predictor/data/family_bounds.json and merge family_path into the report")
-    parser.add_argument("--report", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     results = []
     for s in (int(x) for x in args.seeds.split(",")):
         art = args.artifacts / f"s{s}"

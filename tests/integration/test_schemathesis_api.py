@@ -31,7 +31,7 @@ from tests.fixtures.kube.server import TOKEN, running_server
 EXAMPLES_PER_OPERATION = 150
 #: every operation of the document (schemathesis leaves out the document's own URL)
 OPERATIONS = {"POST /filter", "POST /prioritize", "POST /bind", "POST /preempt", "POST /v1/telemetry",
-              "POST /v1/predict", "GET /healthz", "GET /readyz", "GET /metrics"}
+              "POST /v1/allocate", "POST /v1/predict", "GET /healthz", "GET /readyz", "GET /metrics"}
 
 
 def verb_takes_a_schema_valid_body(path: str, body: Any, answer: Any) -> None:
@@ -77,6 +77,8 @@ def test_api_conforms_to_its_openapi_document(tmp_path: Path) -> None:
             def check(case: Any) -> None:
                 excluded = [checks.negative_data_rejection]
                 if case.path == "/v1/predict":  # positive_data_acceptance, less the rule stated in words
+                    excluded.append(checks.positive_data_acceptance)
+                if case.path == "/v1/allocate":  # a valid request is answered 409 while no pod awaits its GPUs
                     excluded.append(checks.positive_data_acceptance)
                 response = case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"},
                                                   excluded_checks=excluded)

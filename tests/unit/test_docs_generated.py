@@ -76,12 +76,15 @@ def test_the_cli_reference_is_the_parsers(parsers: dict[str, argparse.ArgumentPa
 
 
 def test_every_deepres_flag_the_docs_name_exists(parsers: dict[str, argparse.ArgumentParser]) -> None:
-    from devtools import calibration_offline, replay_probe, trial
+    from devtools import bench_calibration, calibration_offline, replay_probe, trial
+    from predictor import family_eval
 
     runner = argparse.ArgumentParser()  # `python -m devtools.trial` (docs/trial.md), a tool beside the CLI
     trial.add_arguments(runner)
     probes = list(replay_probe.parsers().values())  # `python -m devtools.replay_probe` (docs/capacity.md)
-    tools = [calibration_offline.parser()]  # `python -m devtools.calibration_offline` (docs/calibration.md)
+    tools = [calibration_offline.parser(),  # `python -m devtools.calibration_offline` (docs/calibration.md)
+             bench_calibration.parser(),  # `python -m devtools.bench_calibration --safety` (docs/calibration.md)
+             family_eval.parser()]  # `python -m predictor.family_eval` (docs/predictor.md)
     every_flag = set().union(*(docsgen.flags_of(p) for p in [*parsers.values(), runner, *probes, *tools]))
     problems = []
     for page in PAGES:
