@@ -30,7 +30,6 @@ FREE_MIB_ANNOTATION = "deepres.io/gpu-free-mib"
 FREE_AT_ANNOTATION = "deepres.io/gpu-free-at"
 ASSIGNED_GPUS_ANNOTATION = "deepres.io/assigned-gpus"
 PREDICTED_MEMORY_ANNOTATION = "deepres.io/predicted-memory-mib"
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)

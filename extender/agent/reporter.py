@@ -88,16 +88,21 @@ class Delivery:
 Poster = Callable[[bytes, str | None], Delivery]
 
 
+def extender_opener(url: str, ca_file: str | None) -> urllib.request.OpenerDirector:
+    """An opener for the extender's URL: no proxy (a cluster-local service), its CA for https."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if url.startswith("https:"):
+        handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
+    return urllib.request.build_opener(*handlers)
+
+
 class HttpPoster:
     """POSTs a JSON body with urllib (stdlib; no proxy: the extender is a cluster-local service)."""
 
     def __init__(self, base_url: str, timeout_s: float = 5.0, ca_file: str | None = None) -> None:
         self.url = base_url.rstrip("/") + TELEMETRY_PATH
         self.timeout_s = timeout_s
-        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
-        if self.url.startswith("https:"):
-            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
-        self._opener = urllib.request.build_opener(*handlers)
+        self._opener = extender_opener(self.url, ca_file)
 
     def __call__(self, body: bytes, token: str | None) -> Delivery:
         headers = {"Content-Type": "application/json", "User-Agent": f"deepres-agent/{AGENT_VERSION}"}

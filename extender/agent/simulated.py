@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from extender.agent.kube import (
     ASSIGNED_GPUS_ANNOTATION,
-    FINISHED_PHASES,
     PREDICTED_MEMORY_ANNOTATION,
     PodLister,
 )
 from extender.agent.sources import Sample
+from extender.pod_requests import FINISHED_PHASES
 from extender.telemetry import MAX_GPUS_PER_NODE, GpuReport, ProcessReport
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import ssl
 import threading
 import time
 import urllib.error
@@ -42,6 +41,7 @@ from extender.agent.deviceplugin.allocation import (
     node_pods,
 )
 from extender.agent.deviceplugin.settings import PluginSettings
+from extender.agent.reporter import extender_opener
 from extender.pod_requests import NodePod
 from extender.telemetry import GpuReport
 
@@ -115,10 +115,7 @@ class HttpHandshake:
                  attempts: int = 3) -> None:
         self.url = base_url.rstrip("/") + ALLOCATE_PATH
         self.token, self.timeout_s, self.attempts = token, timeout_s, attempts
-        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
-        if self.url.startswith("https:"):
-            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
-        self._opener = urllib.request.build_opener(*handlers)
+        self._opener = extender_opener(self.url, ca_file)  # the reports' own: no proxy, the extender's CA
 
     def ask(self, node: str, resource: str, size: int, pods: list[NodePod]) -> Served:
         body = json.dumps({"node": node, "resource": resource, "size": size, "pods": [
