@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from extender.policy.filtering import BOUND_BEYOND_GPUS
 from extender.policy.types import CRITICALITIES, PolicyParams
 from predictor.parsing import ascii_digits
 
@@ -111,6 +112,14 @@ class ServerSettings:
     """PEM certificate of the scheduler's listener (with scheduler_tls_key); empty: tls_cert."""
     scheduler_tls_key: str = ""
     """PEM private key for scheduler_tls_cert."""
+    webhook_bind: str = ""
+    """HOST:PORT of the mutating admission webhook's own TLS listener (`POST /v1/mutate`,
+    extender/server/mutate.py), for clusters without the MutatingAdmissionPolicy (Kubernetes before
+    1.36); the API server calls it over HTTPS with the chart's CA. Empty: no webhook listener."""
+    webhook_tls_cert: str = ""
+    """PEM certificate of the webhook's listener (with webhook_tls_key); required with webhook_bind."""
+    webhook_tls_key: str = ""
+    """PEM private key for webhook_tls_cert."""
     log_level: str = "info"
     """debug, info, warning or error."""
 
@@ -178,6 +187,15 @@ class PolicySettings:
     s ** this (`PolicyParams.slowdown_error_exponent`; 1.0: the forecast as is)."""
     share_memory_margin: float = 0.0
     """A pod joins a GPU that runs work only with (1 + this) x its admission free there."""
+    bound_beyond_gpus: str = "whole-gpu"
+    """A pod admitted by the predictor whose admission bound fits none of its candidate GPUs while its
+    point estimate fits the largest (a family-path bound above a 40 GB GPU for a job that really
+    peaks at 29 GiB): `whole-gpu` (the default) asks for an empty GPU of that size, reserved whole so
+    nothing shares it; `point` admits it at its point estimate x `usage_margin`, sharing like any
+    pod, and the usage rule follows its observed peak (more pods placed, an OOM risk where the point
+    is low); `wait` refuses it with the reason `upper bound ... exceeds this node's GPUs ... while the
+    prediction ... fits: it waits for a GPU that holds the bound` until such a GPU is a candidate.
+    The user's `gpu-memory` is never second-guessed (docs/rules.md, whole-GPU fallback)."""
     drain: bool = False
     """The draining rule (`sharing.draining`): while a higher-priority GPU pod waits (fits nowhere), busy
     GPUs take no new sharers of lower priority. Off by default: not measured better in the capacity
@@ -219,6 +237,7 @@ class PolicySettings:
             slowdown_error_exponent=self.slowdown_error_exponent,
             share_memory_margin=self.share_memory_margin,
             drain=self.drain,
+            bound_beyond_gpus=self.bound_beyond_gpus,
             preempt_min_gap=self.preempt_min_gap,
             preempt_max_loss_s=self.preempt_max_loss_s,
         )
@@ -292,6 +311,10 @@ class KubeSettings:
     a pod whose containers request it is bound one pod per node at a time, and its node's plugin is
     told at `Allocate` (POST /v1/allocate) which pod and GPUs it serves (the allocation handshake,
     docs/device-plugin.md)."""
+    mutation_wiring: str = "device-plugin"
+    """What the mutating webhook (`POST /v1/mutate`) gives a deepres job's containers: `device-plugin` (a
+    request and limit of one `device_resource`; the chart's devicePlugin.enabled) or `env` (the
+    NVIDIA_VISIBLE_DEVICES wiring to the deepres.io/assigned-gpus annotation). extender/policy/wiring.py."""
     allocation_wait_s: float = 4.0
     """How long a bind waits for the node's previous pod to be allocated by its kubelet before it fails
     (kube-scheduler then retries the pod); keep it below the scheduler's httpTimeout."""
@@ -365,6 +388,11 @@ class Settings:
             p.append("server.tls_client_ca needs server.tls_cert and server.tls_key (client certificates need TLS)")
         if bool(s.tls_cert) != bool(s.tls_key):
             p.append("server.tls_cert and server.tls_key must be given together")
+        if s.webhook_bind and not (s.webhook_tls_cert and s.webhook_tls_key):
+            p.append("server.webhook_bind needs server.webhook_tls_cert and server.webhook_tls_key (the API server "
+                     "calls admission webhooks over HTTPS only)")
+        if bool(s.webhook_tls_cert) != bool(s.webhook_tls_key):
+            p.append("server.webhook_tls_cert and server.webhook_tls_key must be given together")
         if bool(s.scheduler_tls_cert) != bool(s.scheduler_tls_key):
             p.append("server.scheduler_tls_cert and server.scheduler_tls_key must be given together")
         if s.scheduler_bind:
@@ -374,8 +402,17 @@ class Settings:
                          f"got {s.scheduler_bind!r}")
             elif s.scheduler_bind == s.bind:
                 p.append(f"server.scheduler_bind must differ from server.bind, both are {s.bind!r}")
+        if s.webhook_bind:
+            host, _, port = s.webhook_bind.rpartition(":")
+            if not host or not ascii_digits(port) or not 0 < int(port) < 65536:
+                p.append(f"server.webhook_bind must be HOST:PORT with a port in 1..65535 (or empty), "
+                         f"got {s.webhook_bind!r}")
+            elif s.webhook_bind in (s.bind, s.scheduler_bind):
+                p.append(f"server.webhook_bind must differ from server.bind and server.scheduler_bind, "
+                         f"got {s.webhook_bind!r}")
         _within(p, "server.scheduler_max_connections", s.scheduler_max_connections, 1, 65_536)
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "scheduler_tls_cert", "scheduler_tls_key"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "scheduler_tls_cert", "scheduler_tls_key",
+                     "webhook_tls_cert", "webhook_tls_key"):
             value = getattr(s, name)
             if value and not Path(value).is_file():
                 p.append(f"server.{name} must be a readable file, got {value!r}")
@@ -409,6 +446,8 @@ class Settings:
         _within(p, "policy.default_gpu_share_floor", pol.default_gpu_share_floor, 0.0, 1.0)
         _within(p, "policy.slowdown_error_exponent", pol.slowdown_error_exponent, 1.0, 4.0)
         _within(p, "policy.share_memory_margin", pol.share_memory_margin, 0.0, 1.0)
+        if pol.bound_beyond_gpus not in BOUND_BEYOND_GPUS:
+            p.append(f"policy.bound_beyond_gpus must be whole-gpu, point or wait, got {pol.bound_beyond_gpus!r}")
         for ns, floor in pol.namespace_gpu_share_floors.items():
             _within(p, f"policy.namespace_gpu_share_floors.{ns}", floor, 0.0, 1.0)
         if not k.scheduler_name:
@@ -418,6 +457,8 @@ class Settings:
         _positive(p, "kube.api_timeout_s", k.api_timeout_s)
         _positive(p, "kube.local_expiry_s", k.local_expiry_s)
         _within(p, "kube.allocation_wait_s", k.allocation_wait_s, 0.0, 60.0)
+        if k.mutation_wiring not in ("device-plugin", "env"):
+            p.append(f"kube.mutation_wiring must be device-plugin or env, got {k.mutation_wiring!r}")
         if not k.device_resource or "/" not in k.device_resource:
             p.append(f"kube.device_resource must be an extended resource name (domain/name), got {k.device_resource!r}")
         _within(p, "kube.telemetry_quorum", k.telemetry_quorum, 0.0, 1.0)

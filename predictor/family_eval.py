@@ -73,15 +73,17 @@ def traced_rows(groups: set[str], seed: int) -> list[dict[str, str]]:
 
 def points(rows: list[dict[str, Any]], artifact: Path) -> dict[str, np.ndarray]:
     """Per row: the family (model-type), the network's point and bound, the table's point (NaN: none)."""
-    from predictor import family_table, features
+    from predictor import family_point, family_table, features
     from predictor.runtime import Predictor
 
     predictor = Predictor.load(artifact)
+    predictor.family_bounds_path = None  # the previous bound: the artifact's one margin (`earned` is scored here)
     specs = [features.row_spec({k: str(v) for k, v in r.items()}) for r in rows]
     keep = [i for i, s in enumerate(specs) if s is not None]
     demands = predictor.predict_many([s for s in specs if s is not None])
     n = len(rows)
-    out = {"network": np.full(n, np.nan), "network_bound": np.full(n, np.nan), "table": np.full(n, np.nan)}
+    out: dict[str, np.ndarray] = {"network": np.full(n, np.nan), "network_bound": np.full(n, np.nan),
+                                  "table": np.full(n, np.nan)}
     family = np.full(n, "", dtype=object)
     for i, d in zip(keep, demands, strict=True):
         spec = specs[i]
@@ -91,6 +93,15 @@ def points(rows: list[dict[str, Any]], artifact: Path) -> dict[str, np.ndarray]:
         tp = family_table.point_of(spec, exclude_group=str(rows[i]["group"]))
         if tp is not None:
             out["table"][i] = tp.memory_mib
+    design = np.zeros((n, len(family_point.NAMES)))
+    for i in keep:
+        spec = specs[i]
+        assert spec is not None
+        table = None if np.isnan(out["table"][i]) else float(out["table"][i])
+        design[i] = family_point.design(spec.model_type, spec.params_millions, spec.num_layers, spec.input_dim,
+                                        spec.batch_size, spec.precision, spec.optimizer, float(out["network"][i]),
+                                        table)
+    out["design"] = design
     fixed = np.zeros(n)
     ok = [i for i in keep]
     if ok:
@@ -117,8 +128,8 @@ def earned_factors(log_ratio: np.ndarray, families: np.ndarray, regimes: np.ndar
 
 
 def weighted_quantile(values: np.ndarray, groups: np.ndarray, level: float) -> float:
-    counts = {g: c for g, c in zip(*np.unique(groups, return_counts=True), strict=True)}
-    w = np.asarray([1.0 / counts[g] for g in groups])
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    w = 1.0 / counts[inverse]
     order = np.argsort(values)
     cum = np.cumsum(w[order]) / w.sum()
     j = int(np.searchsorted(cum, level, side="left"))
@@ -205,11 +216,14 @@ def evaluate_seed(seed: int, artifact: Path, level: float) -> dict[str, Any]:
     fam, grp = p["family"][ok], np.asarray([r["group"] for r in rows])[ok]
     reg = np.asarray([regime(float(r["batch_size"])) for r in rows])[ok]
     fixed = a100_fixed(p["fixed_traced"][ok])
-    out["traced"] = score_all(truth, {k: p[k][ok] for k in ("network", "table", "blend")}, p["network_bound"][ok],
-                              fam, reg, grp, level, fixed)
-    act = np.maximum(p["network"][ok] - fixed, 1e-3 * p["network"][ok])
-    out["_needs"] = {"need": np.log(np.maximum(truth - fixed, 1e-3 * truth) / act), "family": fam, "regime": reg,
-                     "group": grp}
+    X, y = p["design"][ok], np.log(truth / p["network"][ok])
+    stacked_point = p["network"][ok] * np.exp(stacked(X, y, grp, X, grp))
+    out["traced"] = score_all(truth, {**{k: p[k][ok] for k in ("network", "table", "blend")},
+                                      "stacked": stacked_point}, p["network_bound"][ok], fam, reg, grp, level, fixed)
+    out["_needs"] = {"family": fam, "regime": reg, "group": grp, "X": X, "y": y}
+    for name, point in (("network", p["network"][ok]), ("stacked", stacked_point)):
+        act = np.maximum(point - fixed, 1e-3 * point)
+        out["_needs"][name] = np.log(np.maximum(truth - fixed, 1e-3 * truth) / act)
     # the real H100's peaks
     mrows = with_annotations([r for r in measured() if str(r["group"]) in groups])
     other = [r for r in measured() if str(r["group"]) not in groups]
@@ -233,8 +247,50 @@ def evaluate_seed(seed: int, artifact: Path, level: float) -> dict[str, Any]:
                           .memory_mib_upper for m, b, r in zip(mp["network"][ok], mp["network_bound"][ok],
                                                                 [r for r, k in zip(mrows, ok, strict=True) if k],
                                                                 strict=True)])
-    out["h100"] = score_all(truth, {k: on_h100(mp[k][ok]) for k in ("network", "table", "blend")}, shipped,
-                            fam, reg, grp, level, on_fixed(mp["fixed_traced"][ok]))
+    h_stacked = mp["network"][ok] * np.exp(stacked(X, y, out["_needs"]["group"], mp["design"][ok], grp))
+    out["h100"] = score_all(truth, {**{k: on_h100(mp[k][ok]) for k in ("network", "table", "blend")},
+                                    "stacked": on_h100(h_stacked)}, shipped, fam, reg, grp, level,
+                            on_fixed(mp["fixed_traced"][ok]))
+    return out
+
+
+#: The ridge penalties the inner group folds choose among (`family_point.fit`).
+LAMBDAS = (0.3, 3.0, 30.0)
+INNER_FOLDS = 5
+
+
+def choose_lambda(X: np.ndarray, y: np.ndarray, grp: np.ndarray) -> float:
+    """The penalty with the least group-weighted median absolute log error over INNER_FOLDS folds of whole groups."""
+    from predictor import family_point
+
+    names = sorted(set(grp.tolist()))
+    fold = {g: i % INNER_FOLDS for i, g in enumerate(names)}
+    f = np.asarray([fold[g] for g in grp.tolist()])
+    best, best_err = LAMBDAS[-1], math.inf
+    for lam in LAMBDAS:
+        err = np.zeros(len(y))
+        for k in range(INNER_FOLDS):
+            test = f == k
+            if test.all() or not test.any():
+                continue
+            model = family_point.fit(X[~test], y[~test], grp[~test], lam)
+            err[test] = np.abs(y[test] - family_point.predict(model, X[test]))
+        score = weighted_quantile(err, grp, 0.5)
+        if score < best_err:
+            best, best_err = lam, score
+    return best
+
+
+def stacked(X: np.ndarray, y: np.ndarray, grp: np.ndarray, X_test: np.ndarray, grp_test: np.ndarray) -> np.ndarray:
+    """log corrections of the test rows, each group's from a fit on the training rows of the *other* groups
+    (its penalty chosen by inner folds of those groups): no job's correction saw its own group."""
+    from predictor import family_point
+
+    out = np.zeros(len(X_test))
+    for g in sorted(set(grp_test.tolist())):
+        test, train = grp_test == g, grp != g
+        model = family_point.fit(X[train], y[train], grp[train], choose_lambda(X[train], y[train], grp[train]))
+        out[test] = family_point.predict(model, X_test[test])
     return out
 
 
@@ -321,6 +377,9 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--write", action="store_true",
                      help="write predictor/data/family_bounds.json and merge family_path into the report")
     out.add_argument("--report", type=Path, default=REPORT)
+    out.add_argument("--point", choices=("network",), default="network",
+                     help="the family point served and whose residuals earn the margins (the network's: the "
+                          "`stacked` correction, predictor.family_point, is measured beside it and did not win)")
     return out
 
 
@@ -338,15 +397,16 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in results],
                                        indent=1) + "\n")
     if args.write:
-        bounds = fit_bounds(results, args.level)
+        bounds = fit_bounds(results, args.level, args.point)
         BOUNDS_PATH.write_text(json.dumps(bounds, indent=1) + "\n")
         merge(args.report, "family_path", report_section(results, args))
     return 0
 
 
-def fit_bounds(results: list[dict[str, Any]], level: float) -> dict[str, Any]:
-    """The served margins (predictor/data/family_bounds.json) from every seed's held-out jobs."""
-    need = np.concatenate([r["_needs"]["need"] for r in results])
+def fit_bounds(results: list[dict[str, Any]], level: float, point: str = "network") -> dict[str, Any]:
+    """The served margins (predictor/data/family_bounds.json) from every seed's held-out jobs, on the
+    learned term of the served point."""
+    need = np.concatenate([r["_needs"][point] for r in results])
     fam = np.concatenate([r["_needs"]["family"] for r in results])
     reg = np.concatenate([r["_needs"]["regime"] for r in results])
     grp = np.concatenate([r["_needs"]["group"] for r in results])
@@ -361,7 +421,7 @@ def fit_bounds(results: list[dict[str, Any]], level: float) -> dict[str, Any]:
             "level": level, "min_groups": SERVE_MIN_GROUPS, "small_batch": SMALL_BATCH,
             "pooled": round(max(weighted_quantile(need, grp, level), 0.0), 4), "margins": margins,
             "groups": {f"{f}:{r}": c for (f, r), c in sorted(counts.items())},
-            "seeds": [int(r["seed"]) for r in results], "jobs": len(need)}
+            "seeds": [int(r["seed"]) for r in results], "jobs": len(need), "point": point}
 
 
 FIELDS = ("median_abs_rel_err", "share_above_bound", "median_bound_ratio")
@@ -380,11 +440,13 @@ def report_section(results: list[dict[str, Any]], args: argparse.Namespace) -> d
             per_seed[str(r["seed"])] = {
                 "previous": {f: {k: v[k] for k in (*FIELDS, "n")} for f, v in e["network"]["shipped_bound"].items()},
                 "earned": {f: {k: v[k] for k in (*FIELDS, "n")} for f, v in e["network_act"].items()},
+                "served": {f: {k: v[k] for k in (*FIELDS, "n")} for f, v in e[f"{args.point}_act"].items()},
+                "stacked_point": {f: v["median_abs_rel_err"] for f, v in e["stacked"].items()},
                 "table_point": {f: v["median_abs_rel_err"] for f, v in e["table"].items()},
                 "blend_point": {f: v["median_abs_rel_err"] for f, v in e["blend"].items()},
             }
         across: dict[str, Any] = {}
-        for which in ("previous", "earned"):
+        for which in ("previous", "earned", "served"):
             fams = sorted({f for s in per_seed.values() for f in s[which]})
             across[which] = {f: {k: round(float(np.median([s[which][f][k] for s in per_seed.values()
                                                             if f in s[which]])), 4) for k in FIELDS} for f in fams}
@@ -397,9 +459,13 @@ def report_section(results: list[dict[str, Any]], args: argparse.Namespace) -> d
                      f"(<= {SMALL_BATCH} or above; at least {MIN_GROUPS} groups, else the family's, else all); "
                      "`previous`: the artifact's margin (traced) / the H100 family line (h100); `table_point`, "
                      "`blend_point`: median errors of the traced-table neighbours' point (predictor.family_table) "
-                     "and its geometric mean with the network's (not kept)")
+                     "and its geometric mean with the network's (not kept); `served`: the point served "
+                     f"(`{args.point}`: `stacked` is the network x predictor.family_point's ridge correction, fitted "
+                     "on the other held-out groups of the seed, penalty by inner group folds) with the earned bound "
+                     "on its learned term; `stacked_point`: that point's median errors")
+    out["point"] = args.point
     out["command"] = (f"python -m predictor.family_eval --artifacts DIR --seeds {args.seeds} --level {args.level} "
-                      "--write")
+                      f"--point {args.point} --write")
     return out
 
 

@@ -11,8 +11,11 @@ sees, often for the same JobSpec again (a pod is retried on every cluster event)
 
 The admission bound is the model's point (or upper quantile) with its learned term times a margin
 calibrated on architectures held out by group (`predictor.train.set_margins`: one for all families,
-or per family where that reserves less on nested folds). A JobSpec outside the sizes
-the model was trained on for its family gets a wider bound and a warning in its Demand.
+or per family where that reserves less on nested folds); a job on the bare family path (no
+architecture, no traced peak, no activation count) takes its family's margin earned on held-out
+groups per batch regime instead, where one was earned (`family_bound`, `predictor.family_bounds`).
+A JobSpec outside the sizes the model was trained on for its family gets a wider bound and a warning
+in its Demand.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from predictor import exact, family_heads, steptime
+from predictor import exact, family_bounds, family_heads, steptime
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
@@ -113,7 +116,7 @@ class Predictor:
     """The embedded demand predictor (`predictor.spec.DemandPredictor`)."""
 
     def __init__(self, estimator: NumpyEstimator | BlendedEstimator, metadata: dict[str, Any],
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+                 cache_size: int = DEFAULT_CACHE_SIZE, family_bounds_path: str | None = None) -> None:
         self._estimator = estimator
         self.metadata = metadata
         self.version: str = str(metadata["version"])
@@ -140,6 +143,9 @@ class Predictor:
         self._cache: OrderedDict[JobSpec, Demand] = OrderedDict()
         self._cache_size = max(0, cache_size)
         self._lock = threading.Lock()
+        #: The family path's earned margins (`family_bound`; None: the artifact's own margin, as before
+        #: issue 47, and the held-out evaluation's `previous` figures, `predictor.family_eval`).
+        self.family_bounds_path = family_bounds_path
         self.hits = 0
         self.misses = 0
 
@@ -177,11 +183,11 @@ class Predictor:
         ):
             raise ArtifactError(f"the predictor artifact in {directory} was built for other features: "
                                 f"rebuild it with `deepres train`")
-        return cls(estimator, metadata, cache_size)
+        return cls(estimator, metadata, cache_size, earned_bounds_of(directory))
 
     def with_cache_size(self, cache_size: int) -> Predictor:
         """The same loaded model with its own, empty cache of the given size (0: no cache)."""
-        return Predictor(self._estimator, self.metadata, cache_size)
+        return Predictor(self._estimator, self.metadata, cache_size, self.family_bounds_path)
 
     def predict(self, spec: JobSpec) -> Demand:
         """The Demand of one JobSpec (cached)."""
@@ -276,6 +282,12 @@ class Predictor:
                             for spec, m, (factor, _) in zip(specs, margins, checked, strict=True)])
         # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
         bound = np.maximum(terms.memory(base * widen), memory)
+        fixed = terms.memory(np.zeros(len(specs)))
+        for i, spec in enumerate(specs):  # the bare family path: the bound earned per family and batch regime
+            if (not spec.model and spec.traced_peak_mib <= 0 and spec.activations_millions <= 0
+                    and self._bare_margins.point_base):
+                bound[i] = family_bound(spec, float(memory[i]), float(fixed[i]), math.log(widen[i] / checked[i][0]),
+                                        checked[i][0], self.family_bounds_path)
         return [
             Demand(
                 memory_mib=round(float(memory[i]), 1),
@@ -287,6 +299,29 @@ class Predictor:
             )
             for i, spec in enumerate(specs)
         ]
+
+
+def earned_bounds_of(directory: Path) -> str | None:
+    """The family path's earned margins for the artifact in `directory`: predictor/data/family_bounds.json
+    for the shipped artifact (they were earned by its recipe on held-out groups: `predictor.family_eval`),
+    a `family_bounds.json` beside another artifact's weights, else None (its own margins: `deepres evaluate`
+    scores those)."""
+    if directory.resolve() == DEFAULT_ARTIFACT.resolve():
+        return str(family_bounds.BOUNDS_PATH)
+    own = directory / "family_bounds.json"
+    return str(own) if own.is_file() else None
+
+
+def family_bound(spec: JobSpec, memory: float, fixed: float, artifact_margin: float, out_of_range: float,
+                 bounds_path: str | None) -> float:
+    """The bound of a job on the bare family path: its learned term (what is not weights and optimizer
+    state, `fixed`) widened by its family's margin earned on held-out architecture groups
+    (`predictor.family_bounds`, per batch regime; the artifact's one margin where none was earned or
+    `bounds_path` is None) and the out-of-range factor."""
+    earned = None if bounds_path is None else family_bounds.margin(spec.model_type, spec.batch_size, bounds_path)
+    margin = artifact_margin if earned is None else earned
+    act = max(memory - fixed, 0.0)
+    return max(fixed + act * math.exp(margin) * out_of_range, memory)
 
 
 @dataclass(frozen=True)

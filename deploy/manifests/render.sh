@@ -20,6 +20,9 @@ kube_version=1.35.0
 # Before applying: set the kube-scheduler image tag (registry.k8s.io/kube-scheduler:v$kube_version below)
 # to your cluster's version (kubectl version), and check agent.nodeSelector (nvidia.com/gpu.present)
 # matches your GPU nodes. Prefer Helm for anything else: values are documented in helm/deepres/values.yaml.
+# Pods with annotations only (no schedulerName, no GPU request) need the MutatingAdmissionPolicy, which this
+# file leaves out (Kubernetes 1.36; 1.34-1.35 behind a feature gate); elsewhere install with Helm, whose
+# mutating webhook gets a serving certificate of its own (a file like this one cannot hold a private key).
 ---
 apiVersion: v1
 kind: Namespace
@@ -30,6 +33,7 @@ metadata:
     # The agent shares the host PID namespace (GPU process -> pod): Pod Security "baseline" forbids that.
     pod-security.kubernetes.io/enforce: privileged
 HEADER
-    "$helm_bin" template deepres "$root/helm/deepres" --namespace deepres --kube-version "$kube_version"
+    "$helm_bin" template deepres "$root/helm/deepres" --namespace deepres --kube-version "$kube_version" \
+        --set admission.mutation.mode=policy
 } > "$out.tmp"
 mv "$out.tmp" "$out"

@@ -242,6 +242,10 @@ class PolicyParams:
     share_memory_margin: float = 0.0
     """A pod joins a GPU that runs work only when its free memory is at least (1 + this) x the pod's
     admission: headroom for co-located jobs whose memory is only predicted."""
+    bound_beyond_gpus: str = "whole-gpu"
+    """A predictor-admitted pod whose bound fits no candidate GPU while its point estimate fits the
+    largest (`filtering.whole_gpu_request`): `whole-gpu` an empty GPU reserved whole, `point` admitted
+    at its point x `usage_margin` (shares; the usage rule follows), `wait` refused until a GPU holds it."""
     drain: bool = False
     """The draining rule (`sharing.draining`): while a GPU pod of higher priority waits (fits nowhere),
     a busy GPU takes no new sharer of lower priority, so GPUs empty for the waiting pod."""

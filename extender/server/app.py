@@ -45,6 +45,7 @@ from extender.server.events import PodEvents
 from extender.server.gpu_demand import CalibrationCollector, calibration_file, calibration_keeper
 from extender.server.intake import Intake
 from extender.server.metrics import CachedExposition, ExtenderMetrics, StateFileCollector
+from extender.server.mutate import NotAReview, review_answer
 from extender.server.openapi import openapi_document
 from extender.server.parts import Parts
 from extender.server.placing import Placer
@@ -318,6 +319,23 @@ def create_app(
             return respond(payload, status)
         finally:
             metrics.latency.labels("predict").observe(time.perf_counter() - started)
+
+    wiring_resource = settings.kube.device_resource if settings.kube.mutation_wiring == "device-plugin" else ""
+
+    @app.post("/v1/mutate")
+    def mutate_route() -> Response:  # the mutating admission webhook (extender/server/mutate.py)
+        started = time.perf_counter()
+        try:
+            try:
+                review = decode_json(read_body(request.environ, settings.server.max_body_bytes))
+                return respond(review_answer(review, scheduler_name=settings.kube.scheduler_name,
+                                             resource=wiring_resource))
+            except (BadRequest, NotAReview) as err:
+                return respond({"error": str(err)}, 400)
+            except BodyTooLarge as err:
+                return respond({"error": str(err)}, 413, close=True)
+        finally:
+            metrics.latency.labels("mutate").observe(time.perf_counter() - started)
 
     @app.get("/healthz")
     def healthz() -> Response:

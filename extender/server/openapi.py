@@ -120,7 +120,8 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         "NodeNameToMetaVictims": {"type": "object", "additionalProperties": _ref("MetaVictims")}},
         "required": ["NodeNameToMetaVictims"]},
     "TelemetryResult": {"type": "object", "properties": {"accepted": {"type": "boolean"},
-                                                          "outcome": {"type": "string"}}},
+                                                          "outcome": {"type": "string"},
+                                                          "deltas": {"type": "boolean"}}},
     "PredictResult": {"type": "object", "properties": {
         "gpu_job": {"type": "boolean"}, "gpus": {"type": "integer"},
         "demand": {"type": "object", "nullable": True, "properties": {
@@ -141,6 +142,19 @@ RESPONSE_SCHEMAS: dict[str, Any] = {
         "pod": {"type": "object", "properties": {"uid": {"type": "string"}, "namespace": {"type": "string"},
                                                  "name": {"type": "string"}}},
         "gpus": {"type": "array", "items": {"type": "string"}}}},
+    "AdmissionReview": {"type": "object", "required": ["apiVersion", "kind", "request"], "properties": {
+        "apiVersion": {"type": "string", "enum": ["admission.k8s.io/v1"]},
+        "kind": {"type": "string", "enum": ["AdmissionReview"]},
+        "request": {"type": "object", "required": ["uid"], "properties": {
+            "uid": {"type": "string", "minLength": 1, "maxLength": 128},
+            "kind": {"type": "object", "properties": {"group": {"type": "string"}, "version": {"type": "string"},
+                                                      "kind": {"type": "string"}}},
+            "operation": {"type": "string"}, "object": {"type": "object", "nullable": True}}}}},
+    "AdmissionReviewResult": {"type": "object", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+        "response": {"type": "object", "properties": {
+            "uid": {"type": "string"}, "allowed": {"type": "boolean"}, "patchType": {"type": "string"},
+            "patch": {"type": "string", "description": "base64 of an RFC 6902 JSON Patch"}}}}},
     "Error": _ERROR,
 }
 
@@ -196,7 +210,9 @@ def openapi_document() -> dict[str, Any]:
                     "408": {"description": "Body not received within server.body_timeout_s.",
                             "content": _json("Error")},
                     "409": {"description": "Accepted without the GPUs another node owns (named in the error and "
-                                           "refused_gpus; a GPU UUID belongs to the node that reported it first).",
+                                           "refused_gpus; a GPU UUID belongs to the node that reported it first), "
+                                           "or a delta report that does not apply to the last report held "
+                                           "(outcome full_report_needed: send it whole).",
                             "content": _json("Error")},
                     "413": {"description": "Body too large.", "content": _json("Error")},
                     "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
@@ -217,6 +233,17 @@ def openapi_document() -> dict[str, Any]:
                     "413": {"description": "Body too large.", "content": _json("Error")},
                     "503": {"description": "Too many token reviews in flight: retry after Retry-After.",
                             "content": _json("Error")},
+                }}},
+            "/v1/mutate": {"post": {
+                "summary": "The mutating admission webhook (clusters without the MutatingAdmissionPolicy): a pod "
+                           "carrying deepres job annotations gets deepres' schedulerName and its GPU request "
+                           "(a JSON Patch); never refused.",
+                "requestBody": {"required": True, "content": _json("AdmissionReview")},
+                "responses": {
+                    "200": {"description": "Allowed, with the patch when the pod needs one.",
+                            "content": _json("AdmissionReviewResult")},
+                    "400": {"description": "Not an admission.k8s.io/v1 AdmissionReview.", "content": _json("Error")},
+                    "413": {"description": "Body too large.", "content": _json("Error")},
                 }}},
             "/v1/predict": {"post": {
                 "summary": "The demand of an annotated pod or JobSpec.",

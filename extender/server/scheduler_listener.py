@@ -103,8 +103,12 @@ class SchedulerListener:
 
     def __init__(self, app: WsgiApp, *, bind: str, ssl_context: ssl.SSLContext | None, access: str,
                  max_connections: int, header_timeout_s: float, body_timeout_s: float, max_body_bytes: int,
-                 threads: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+                 threads: int = 4, clock: Callable[[], float] = time.monotonic, served: frozenset[str] = SERVED,
+                 blocking: frozenset[str] = BLOCKING, name: str = "scheduler", admits_verbs: bool = True) -> None:
+        """`served`/`blocking`/`name`/`admits_verbs`: the scheduler's listener by default; the admission
+        webhook's (serve.start_webhook_listener) serves /v1/mutate and admits no verb caller."""
         host, _, port = bind.rpartition(":")
+        self.served, self.blocking, self.name, self.admits_verbs = served, blocking, name, admits_verbs
         self.host, self.port = host.strip("[]") or "0.0.0.0", int(port)
         self.app = app
         self.ssl_context = ssl_context
@@ -114,7 +118,7 @@ class SchedulerListener:
         self.body_timeout_s = body_timeout_s
         self.max_body_bytes = max_body_bytes
         self.clock = clock
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deepres-scheduler-verb")
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"deepres-{name}-call")
         self.late_body = self._head(408, [("Content-Type", "application/json")], orjson.dumps(
             {"error": f"request body not received within {body_timeout_s:g} s"}), close=True)
         self.conns: dict[asyncio.StreamWriter, _Conn] = {}
@@ -128,11 +132,11 @@ class SchedulerListener:
 
     # ---- life ----
     def start(self, timeout_s: float = 10.0) -> SchedulerListener:
-        self.thread = threading.Thread(target=self._run, name="deepres-scheduler-listener", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"deepres-{self.name}-listener", daemon=True)
         self.thread.start()
         if not self.started.wait(timeout_s) or self.error is not None:
-            raise RuntimeError(f"the scheduler listener could not start on {self.host}:{self.port}: {self.error}")
-        log.info("scheduler listener on %s:%d (%s, verbs_access=%s, at most %d connections)", self.host, self.port,
+            raise RuntimeError(f"the {self.name} listener could not start on {self.host}:{self.port}: {self.error}")
+        log.info("%s listener on %s:%d (%s, verbs_access=%s, at most %d connections)", self.name, self.host, self.port,
                  "TLS" + (" with client certificates" if self._client_certs else "") if self.ssl_context else "plain",
                  self.access, self.max_connections)
         return self
@@ -252,8 +256,9 @@ class SchedulerListener:
                 headers[name.strip().lower()] = value.strip()
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         path, _, query = target.partition("?")
-        if path not in SERVED:
-            await self._answer(writer, 404, {"error": f"{path[:64]} is not served on the scheduler's port"}, close=True)
+        if path not in self.served:
+            await self._answer(writer, 404, {"error": f"{path[:64]} is not served on the {self.name}'s port"},
+                               close=True)
             return False
         if "transfer-encoding" in headers:
             await self._answer(writer, 411, {"error": "send a Content-Length"}, close=True)
@@ -274,7 +279,7 @@ class SchedulerListener:
             body = b""
         conn.deadline = NO_DEADLINE  # the app's own time is not the client's
         environ = self._environ(method, path, query, version, headers, body, host, peer, writer)
-        if path in BLOCKING:
+        if path in self.blocking:
             status, out_headers, payload = await asyncio.get_running_loop().run_in_executor(
                 self.pool, self._call, environ)
         else:
@@ -294,7 +299,7 @@ class SchedulerListener:
             "wsgi.input": io.BytesIO(body), "wsgi.input_terminated": True, "wsgi.errors": io.StringIO(),
             "wsgi.url_scheme": "https" if self.ssl_context else "http", "wsgi.version": (1, 0),
             "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
-            ADMITTED_KEY: True, SCHEDULER_PORT_KEY: True,
+            ADMITTED_KEY: self.admits_verbs, SCHEDULER_PORT_KEY: self.admits_verbs,
         }
         for name, value in headers.items():
             if name not in ("content-length", "content-type"):
@@ -302,7 +307,7 @@ class SchedulerListener:
         return environ
 
     def _call(self, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
-        answer = call_wsgi(self.app, environ, " (scheduler's port)")
+        answer = call_wsgi(self.app, environ, f" ({self.name}'s port)")
         if answer is None:
             return 500, [("Content-Type", "application/json")], orjson.dumps({"error": "internal error"})
         return answer

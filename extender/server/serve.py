@@ -146,6 +146,8 @@ def load_app(settings: Settings, main_pid: int = 0, target: str = "") -> Any:
     app = create_app(settings)
     if settings.server.scheduler_bind:
         start_scheduler_listener(settings, app)
+    if settings.server.webhook_bind:
+        start_webhook_listener(settings, app)
     if settings.server.engine != "granian":
         return app
     from extender.server.rsgi import RsgiBridge
@@ -173,6 +175,20 @@ def start_scheduler_listener(settings: Settings, app: Any) -> Any:
                              max_connections=s.scheduler_max_connections, header_timeout_s=s.header_timeout_s,
                              body_timeout_s=s.body_timeout_s, max_body_bytes=s.max_body_bytes,
                              threads=max(2, min(s.threads, 8))).start()
+
+
+def start_webhook_listener(settings: Settings, app: Any) -> Any:
+    """The mutating admission webhook's own TLS listener (`server.webhook_bind`): /v1/mutate and /healthz
+    only, any caller (the answer is a patch of the caller's own pod; it grants nothing)."""
+    from extender.server.scheduler_listener import SchedulerListener, server_context
+
+    s = settings.server
+    context = server_context(s.webhook_tls_cert, s.webhook_tls_key, "")
+    return SchedulerListener(app, bind=s.webhook_bind, ssl_context=context, access="any",
+                             max_connections=s.scheduler_max_connections,
+                             header_timeout_s=s.header_timeout_s, body_timeout_s=s.body_timeout_s,
+                             max_body_bytes=s.max_body_bytes, threads=2, served=frozenset({"/v1/mutate", "/healthz"}),
+                             blocking=frozenset(), name="webhook", admits_verbs=False).start()
 
 
 #: How often a worker checks that the process that started it is still there (die_with_parent).

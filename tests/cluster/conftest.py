@@ -33,8 +33,15 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.localchart import (
+    CPU_NODE,
+    GPU_LABEL,
+    VALUES,
+    agent_container,
+    node_body,
+    scheduler_pod_containers,
+)
 from devtools.localcluster import ControlPlane, free_port, start_process, stop_pid
-from devtools.localpods import prepare
 from devtools.realnode import RealNode
 from extender.agent.simulated import parse_gpu_spec
 from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the scenarios' fixtures, used here)
@@ -48,14 +55,8 @@ from tests.e2e.scenarios import (  # noqa: F401  (clean, priority_classes: the s
     wait_for,
 )
 
-VALUES = [REPO / "tests" / "e2e" / "values-kind.yaml", Path(__file__).with_name("values-cluster.yaml")]
-CPU_NODE = "deepres-e2e-control-plane"
-GPU_LABEL = {"deepres.io/simulated-gpus": "true"}
 SCHEDULER_SELECTOR = "app.kubernetes.io/component=scheduler"
 AGENT_SELECTOR = "app.kubernetes.io/component=agent"
-#: the chart's device plugin path (values-cluster.yaml turns it on): pods request this, GPU nodes advertise it
-DEVICE_RESOURCE = "deepres.io/gpu"
-SLOTS_PER_GPU = 16
 
 
 def helm() -> str:
@@ -63,36 +64,6 @@ def helm() -> str:
     if not Path(found).exists():
         pytest.fail("helm not found: `make tools` installs it into .venv/bin")
     return found
-
-
-def node_body(name: str, labels: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:
-    """A kwok node: no taints, room for any number of sleeping pods; with `gpus`, the device plugin's
-    resource as a GPU node's kubelet would advertise it (devicePlugin.slotsPerGpu slots per GPU: no
-    kubelet runs here to ask the agent's plugin)."""
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "250"}
-    if gpus:
-        resources[DEVICE_RESOURCE] = str(gpus * SLOTS_PER_GPU)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
-                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
-            "status": {"allocatable": dict(resources), "capacity": dict(resources)}}
-
-
-def with_kubeconfig(argv: list[str], kubeconfig: str, localize: Callable[[str], str] = lambda text: text) -> list[str]:
-    """kube-scheduler ignores --kubeconfig when it has --config: the chart's configuration gets
-    `clientConnection.kubeconfig` (in the pod it uses the in-cluster config), in a copy next to it,
-    with the files it names under the container's mounts (the extender's client certificate) local."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            original = Path(arg.split("=", 1)[1])
-            config = yaml.safe_load(localize(original.read_text()))
-            config.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
-            local = original.parent.parent / "scheduler-config-local.yaml"
-            local.write_text(yaml.safe_dump(config))
-            arg = f"--config={local}"
-        out.append(arg)
-    return out
 
 
 @dataclass
@@ -215,19 +186,9 @@ class LocalCluster(PodReads):
         pod = self._running_pod(SCHEDULER_SELECTOR)
         local = LocalPod(pod["metadata"]["name"], self.plane.logs)
         local.ports["scheduler"] = free_port()
-        root, plane = self.plane.root / "pods", self.plane
-        for init in pod["spec"].get("initContainers") or []:  # as the kubelet: each to its end, first
-            first = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, init["name"], root, plane.bin_dir)
-            subprocess.run(first.argv, env=first.env, cwd=REPO, check=True, capture_output=True, timeout=120)
-        extender = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "extender", root, plane.bin_dir,
-                           rewrite={"--bind=0.0.0.0:": "--bind=127.0.0.1:"})
-        local.run("extender", extender.argv, extender.env)
-        scheduler = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "kube-scheduler", root,
-                            plane.bin_dir)
-        argv = [*with_kubeconfig(scheduler.argv, scheduler.env["KUBECONFIG"], scheduler.localize),
-                f"--secure-port={local.ports['scheduler']}", "--bind-address=127.0.0.1"]
-        local.run("kube-scheduler", argv, scheduler.env)
-        config = next(Path(a.split("=", 1)[1]) for a in argv if a.startswith("--config="))
+        commands, config = scheduler_pod_containers(self.core, self.plane, pod, local.ports["scheduler"])
+        for container, argv, env in commands:
+            local.run(container, argv, env)
         self.scheduler_extender = yaml.safe_load(config.read_text())["extenders"][0]
         with self.lock:
             self.scheduler = local
@@ -254,11 +215,8 @@ class LocalCluster(PodReads):
         pod = self._running_pod(AGENT_SELECTOR, node)
         local = LocalPod(pod["metadata"]["name"], self.plane.logs)
         local.ports["metrics"] = free_port()
-        plane = self.plane
-        listen = {"--listen=0.0.0.0:9400": f"--listen=127.0.0.1:{local.ports['metrics']}"}
-        agent = prepare(self.core, plane.server, plane.pki / "ca.crt", pod, "agent", plane.root / "pods",
-                        plane.bin_dir, rewrite=listen)
-        local.run("agent", agent.argv, agent.env)
+        argv, env = agent_container(self.core, self.plane, pod, local.ports["metrics"])
+        local.run("agent", argv, env)
         with self.lock:
             self.agents[node] = local
         wait_for(f"agent of {node} serving", lambda: self.http(

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from devtools.localchart import CPU_NODE
 from extender.agent.deviceplugin.plugin import KubeNodePods
-from tests.cluster.conftest import CPU_NODE, LocalCluster
+from tests.cluster.conftest import LocalCluster
 from tests.e2e.scenarios import JOBS_NAMESPACE, NAMESPACE, RELEASE
 
 GOVERNED, UNGOVERNED = JOBS_NAMESPACE, NAMESPACE

@@ -25,48 +25,18 @@ from typing import Any
 
 import pytest
 
+from devtools.localchart import REAL_AGENT_DS, REAL_NODE_GPUS, SLOTS_PER_GPU, render_real_agent
 from devtools.nodeimages import BUSYBOX_IMAGE
 from devtools.realnode import PLACEMENT, RealNode
-from tests.cluster.conftest import REPO, VALUES, LocalCluster, helm
-from tests.e2e.scenarios import JOBS_NAMESPACE, NAMESPACE, RELEASE, wait_for
+from tests.cluster.conftest import REPO, LocalCluster
+from tests.e2e.scenarios import JOBS_NAMESPACE, LOW, NAMESPACE, PEER, RELEASE, wait_for
 
-GPUS = 8
-SPEC = f"{GPUS}xA100-80GB"
-SLOTS = 16
+GPUS = int(REAL_NODE_GPUS.split("x")[0])
+SLOTS = SLOTS_PER_GPU
 RESOURCE = "deepres.io/gpu"
 DEVICES = "/var/run/nvidia-container-devices"
-AGENT_DS = f"{RELEASE}-agent-real-node"
+AGENT_DS = REAL_AGENT_DS
 MARK = "deepres.io/test"  # a label on the test's pods
-
-
-def render_agent(cluster: LocalCluster, node: RealNode, image: str) -> list[dict[str, Any]]:
-    """The chart's agent DaemonSet and its simulated-GPU ConfigMap as `helm template` renders them with the
-    suite's values, the real node given simulated GPUs and the device plugin (devicePlugin.simulatedGpus).
-    The agent runs in the host's network (agent.hostNetwork): the suite's extender is a process on the
-    host's loopback."""
-    values = [arg for path in VALUES for arg in ("-f", str(path))]
-    argv = [helm(), "template", RELEASE, str(REPO / "helm" / "deepres"), "--namespace", NAMESPACE, *values,
-            "--set", "devicePlugin.simulatedGpus=true", "--set", f"devicePlugin.slotsPerGpu={SLOTS}",
-            "--set", f"agent.extenderUrl=http://127.0.0.1:{cluster.extender_port}", "--set", "agent.hostNetwork=true",
-            "--set-json", f"agent.simulated.nodes={json.dumps({**cluster.simulated_gpus, node.name: SPEC})}",
-            "--set-json", f"agent.tolerations={json.dumps(PLACEMENT['tolerations'])}",
-            # the image imported into the node's containerd (the suite's values name a tag only kind has)
-            "--set", f"agent.image.repository={image.removeprefix('docker.io/').rsplit(':', 1)[0]}",
-            "--set", f"agent.image.tag={image.rsplit(':', 1)[1]}", "--set", "agent.image.pullPolicy=IfNotPresent",
-            "--show-only", "templates/agent/daemonset.yaml", "--show-only", "templates/agent/configmap.yaml"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    import yaml
-
-    objects = [o for o in yaml.safe_load_all(done.stdout) if o]
-    for obj in objects:
-        if obj["kind"] == "DaemonSet":  # beside the suite's own agent DaemonSet (kwok nodes): its own name
-            obj["metadata"]["name"] = AGENT_DS
-            obj["spec"]["selector"]["matchLabels"]["deepres.io/agent-for"] = "real-node"
-            obj["spec"]["template"]["metadata"]["labels"]["deepres.io/agent-for"] = "real-node"
-            # the real node only (helm merges agent.nodeSelector into the suite's GPU-node label)
-            obj["spec"]["template"]["spec"]["nodeSelector"] = dict(PLACEMENT["nodeSelector"])
-    return objects
 
 
 def agent_pod(cluster: LocalCluster) -> Any:
@@ -86,7 +56,8 @@ def real_agent(cluster: LocalCluster, real_node: RealNode, real_node_images: dic
     from kubernetes import client
 
     apps = client.AppsV1Api(cluster.core.api_client)
-    for obj in render_agent(cluster, real_node, real_node_images["agent"]):
+    for obj in render_real_agent(cluster.extender_port, cluster.simulated_gpus, real_node.name,
+                                 real_node_images["agent"]):
         if obj["kind"] == "ConfigMap":
             cluster.core.replace_namespaced_config_map(obj["metadata"]["name"], NAMESPACE, obj)
         else:
@@ -281,6 +252,39 @@ def test_a_pod_deepres_did_not_bind_gets_no_gpu_while_deepres_pods_keep_theirs(
     check_exact(cluster, [later], real_agent)
 
 
+def test_a_preempted_pods_gpus_go_to_the_preemptor_on_the_real_node(
+        cluster: LocalCluster, real_agent: RealNode, made: list[tuple[str, str]], priority_classes: None) -> None:
+    """A low-priority pod holds all 8 GPUs of the node at 70 GiB each (no GPU holds two such jobs); a critical
+    pod of a higher PriorityClass asks for one: the extender evicts the victim, and the preemptor runs on the
+    real node seeing exactly the GPU it was assigned, one the victim held; the victim never runs again."""
+    from kubernetes.client.exceptions import ApiException
+
+    suffix = uuid.uuid4().hex[:5]
+    victim = job_pod(f"victim-{suffix}", gpus=GPUS)
+    victim["metadata"]["annotations"] = {"deepres.io/gpu-memory": "70Gi", "deepres.io/gpus": str(GPUS),
+                                         "deepres.io/criticality": "low"}
+    victim["spec"]["priorityClassName"] = LOW
+    victim_name = create(cluster, made, victim)
+    check_exact(cluster, [victim_name], real_agent)
+    held = assigned(cluster.core.read_namespaced_pod(victim_name, JOBS_NAMESPACE))
+    assert len(held) == GPUS
+    preemptor = job_pod(f"preemptor-{suffix}")
+    preemptor["metadata"]["annotations"] = {"deepres.io/gpu-memory": "70Gi", "deepres.io/criticality": "critical"}
+    preemptor["spec"]["priorityClassName"] = PEER
+    name = create(cluster, made, preemptor)
+    pod, log = running_with_log(cluster, name)
+    assert pod.spec.node_name == real_agent.name
+    assert seen_gpus(log) == assigned(pod) and len(assigned(pod)) == 1 and assigned(pod) <= held, (log, held)
+
+    def victim_gone() -> bool:
+        try:
+            gone = cluster.core.read_namespaced_pod(victim_name, JOBS_NAMESPACE)
+        except ApiException as err:
+            return bool(err.status == 404)
+        return gone.metadata.deletion_timestamp is not None or gone.status.phase in ("Failed", "Succeeded")
+    assert victim_gone(), "the preemptor runs on a GPU the victim held while the victim still runs"
+
+
 def _try_create(cluster: LocalCluster, made: list[tuple[str, str]], body: dict[str, Any], namespace: str) -> str:
     from kubernetes.client.exceptions import ApiException
 
@@ -355,7 +359,7 @@ def test_bench_a_burst_of_64_pods_to_one_node(cluster: LocalCluster, real_agent:
         "commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "node": {"kubelet": cluster.core.read_node(real_agent.name).status.node_info.kubelet_version,
                  "runtime": cluster.core.read_node(real_agent.name).status.node_info.container_runtime_version,
-                 "gpus": SPEC, "slots_per_gpu": SLOTS},
+                 "gpus": REAL_NODE_GPUS, "slots_per_gpu": SLOTS},
         "plain": plain, "gpu": gpu,
         "gpu_vs_plain_pods_per_s": round(gpu["pods_per_s"] / plain["pods_per_s"], 2),
     }

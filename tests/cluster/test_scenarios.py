@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from devtools.localchart import DEVICE_RESOURCE, node_body
 from extender.annotations import parse_time
-from tests.cluster.conftest import DEVICE_RESOURCE, LocalCluster, node_body
+from tests.cluster.conftest import LocalCluster
 from tests.e2e import scenarios as s
 from tests.e2e.scenarios import JOBS_NAMESPACE, PREFIX, create, node_of, scheduled, sized, wait_for
 from tests.fixtures.kube.server import post

@@ -48,7 +48,7 @@ def test_the_local_walk_through_answers_as_documented() -> None:
     assert "one \"Tesla T4\", memory_total_mib 15360, memory_used_mib 14000" in section  # what gpu_b stands for
     for report in (gpu_a, gpu_b):
         answer = client.post("/v1/telemetry", json=report, headers=auth)
-        assert answer.get_json() == {"accepted": True, "outcome": "accepted"}
+        assert answer.get_json() == {"accepted": True, "outcome": "accepted", "deltas": True}
 
     request = json.loads(heredoc_after("127.0.0.1:8888/filter"))
     shown = json.loads(section.split("```json\n", 1)[1].split("\n```", 1)[0])
@@ -94,8 +94,8 @@ def test_the_readme_tour_answers_as_shown() -> None:
                         cluster=InMemoryCluster()).test_client()
     report = json.loads(heredoc_after("127.0.0.1:8888/v1/telemetry", tour))
     answer = client.post("/v1/telemetry", json=report, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert answer.get_json() == {"accepted": True, "outcome": "accepted"}
-    assert '# answers {"accepted":true,"outcome":"accepted"}' in tour
+    assert answer.get_json() == {"accepted": True, "outcome": "accepted", "deltas": True}
+    assert '# answers {"accepted":true,"outcome":"accepted","deltas":true}' in tour
     request = json.loads(heredoc_after("127.0.0.1:8888/filter", tour))
     shown = json.loads(tour.split("```json\n", 1)[1].split("\n```", 1)[0])
     assert client.post("/filter", json=request).get_json() == shown

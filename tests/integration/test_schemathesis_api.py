@@ -31,7 +31,7 @@ from tests.fixtures.kube.server import TOKEN, running_server
 EXAMPLES_PER_OPERATION = 150
 #: every operation of the document (schemathesis leaves out the document's own URL)
 OPERATIONS = {"POST /filter", "POST /prioritize", "POST /bind", "POST /preempt", "POST /v1/telemetry",
-              "POST /v1/allocate", "POST /v1/predict", "GET /healthz", "GET /readyz", "GET /metrics"}
+              "POST /v1/allocate", "POST /v1/mutate", "POST /v1/predict", "GET /healthz", "GET /readyz", "GET /metrics"}
 
 
 def verb_takes_a_schema_valid_body(path: str, body: Any, answer: Any) -> None:

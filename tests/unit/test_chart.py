@@ -52,7 +52,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "source": "simulated",
             "nodeSelector": {"deepres.io/simulated-gpus": "true", "nvidia.com/gpu.present": None},
             "simulated": {"default": "1xT4-16GB", "nodes": {"worker-1": "2xA100-40GB", "worker-2": "1xV100-16GB"}},
-        }
+        },
+        # as on kwok nodes: something else advertises the device plugin's resource (validation-images.yaml)
+        "devicePlugin": {"advertisedElsewhere": True},
     },
     "tls": {
         "extender": {"mode": "deployment", "tls": {"enabled": True, "secretName": "deepres-tls",
@@ -253,7 +255,7 @@ def test_object_names_are_unique_and_namespaced(tmp_path: Path) -> None:
         assert len(keys) == len(set(keys)), f"{name}: duplicate objects {keys}"
         cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
                           "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
-                          "MutatingAdmissionPolicyBinding"}
+                          "MutatingAdmissionPolicyBinding", "MutatingWebhookConfiguration"}
         for kind, namespace, obj_name in keys:
             assert (namespace is None) == (kind in cluster_scoped), f"{name}: {kind}/{obj_name} namespace {namespace}"
 
@@ -316,9 +318,10 @@ def test_scheduler_configuration_matches_the_extender(tmp_path: Path) -> None:
     extender = container(find(objs, "Deployment", "deepres-scheduler"), "extender")
     assert f"--bind=0.0.0.0:{main_port}" in extender["args"]
     assert {"name": "DEEPRES_SCHEDULER_BIND", "value": f"127.0.0.1:{port}"} in extender["env"]
-    assert [p["containerPort"] for p in extender["ports"]] == [main_port]  # the scheduler's port: loopback only
+    # the scheduler's port: loopback only (the admission webhook's port, on Kubernetes < 1.36, is the API server's)
+    assert [p["containerPort"] for p in extender["ports"] if p["name"] != "webhook"] == [main_port]
     service = find(objs, "Service", "deepres-extender")
-    assert [p["port"] for p in service["spec"]["ports"]] == [main_port]
+    assert [p["port"] for p in service["spec"]["ports"] if p["name"] != "webhook"] == [main_port]
 
 
 # Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1/types.go). kube-scheduler
@@ -441,13 +444,14 @@ def test_sidecar_verbs_need_the_per_pod_client_certificate(tmp_path: Path) -> No
     assert args.tls_client_ca == f"{server_dir}/ca.crt" and env["DEEPRES_SCHEDULER_TLS_KEY"] == f"{server_dir}/tls.key"
     volumes = {v["name"]: v for v in scheduler["spec"]["template"]["spec"]["volumes"]}
     assert "emptyDir" in volumes["pod-tls-extender"] and "emptyDir" in volumes["pod-tls-scheduler"]
-    assert not [o for o in objs if o["kind"] == "Secret"]  # nothing of the keys leaves the pod
+    # nothing of the keys leaves the pod (the one Secret is the admission webhook's serving certificate)
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"] == ["deepres-webhook-tls"]
     # extender.verbsAccess=loopback keeps the old trust in any caller on loopback, on the main port
     loopback = scheduler_config(render(tmp_path, {"extender": {"verbsAccess": "loopback"}}))
     assert loopback["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
     policy = find(objs, "NetworkPolicy", "deepres-extender")
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
-    (rule,) = policy["spec"]["ingress"]
+    (rule,) = [r for r in policy["spec"]["ingress"] if "from" in r]  # and the webhook's port (any peer)
     assert rule["from"] == [{"podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "deepres", "app.kubernetes.io/instance": RELEASE,
         "app.kubernetes.io/component": "agent"}}}]
@@ -485,11 +489,13 @@ def test_deployment_mode_verbs_need_the_schedulers_client_certificate(tmp_path: 
     ca_volume = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}["scheduler-client-ca"]
     assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never the client's key
     policy = find(objs, "NetworkPolicy", "deepres-extender")
+    rules = [r for r in policy["spec"]["ingress"] if "from" in r]  # the other: the webhook's port, any peer
+    assert [r for r in policy["spec"]["ingress"] if "from" not in r] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}]
     components = [r["from"][0].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
-                  for r in policy["spec"]["ingress"]]
+                  for r in rules]
     assert components == ["agent", "scheduler", None]
-    assert policy["spec"]["ingress"][1]["ports"] == [{"port": 8889, "protocol": "TCP"}]
-    assert policy["spec"]["ingress"][2]["from"] == monitoring
+    assert rules[1]["ports"] == [{"port": 8889, "protocol": "TCP"}]
+    assert rules[2]["from"] == monitoring
     scheduler_policy = find(objs, "NetworkPolicy", "deepres-scheduler")
     assert scheduler_policy["spec"]["ingress"] == [{"from": monitoring, "ports": [{"port": 10259, "protocol": "TCP"}]}]
 
@@ -739,17 +745,83 @@ def test_only_the_extenders_own_identity_may_write_the_assignment(tmp_path: Path
 
 def test_the_mutating_policy_is_rendered_where_the_api_server_serves_it(tmp_path: Path) -> None:
     values = write_values(tmp_path, {})
-    plain = helm(*template_args(values, "1.35.0")).stdout
-    assert "MutatingAdmissionPolicy" not in plain
+    plain = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.35.0")).stdout) if d]
+    assert not [o for o in plain if o["kind"] in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")]
+    assert find(plain, "MutatingWebhookConfiguration")  # the webhook instead (test_webhook_* below)
     for api in (MAP_V1, MAP_V1BETA1):
         version = api.rsplit("/", 1)[0]
         objs = [d for d in yaml.safe_load_all(helm(*template_args(values, "1.36.0"), "--api-versions", api).stdout)
                 if d]
         policy = find(objs, "MutatingAdmissionPolicy")
+        assert not [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"], "never both"
         assert policy["apiVersion"] == version
         assert find(objs, "MutatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
         text = json.dumps(policy["spec"]["mutations"])
         assert "deepres-scheduler" in text and "deepres.io/gpu" in text
+
+
+def test_the_webhook_is_served_where_the_policy_is_not(tmp_path: Path) -> None:
+    """Kubernetes 1.34/1.35 without the policy's API: the extender's webhook, wired end to end (the API server
+    calls the Service's 443 -> the container's webhook port -> the extender's TLS listener with a certificate
+    for the Service's name, signed by the CA the configuration trusts)."""
+    import base64
+
+    from cryptography import x509
+    from cryptography.x509.oid import ExtensionOID
+
+    objs = render(tmp_path, {})
+    hook = find(objs, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["admissionReviewVersions"] == ["v1"] and hook["sideEffects"] == "None"
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert hook["failurePolicy"] == "Fail" and NAMESPACE in json.dumps(hook["namespaceSelector"])
+    ref = hook["clientConfig"]["service"]
+    assert ref["path"] == "/v1/mutate" and ref["namespace"] == NAMESPACE
+    service = find(objs, "Service", ref["name"])
+    port = next(p for p in service["spec"]["ports"] if p["port"] == ref["port"])
+    pod = find(objs, "Deployment", "deepres-scheduler")  # sidecar mode: the extender is in the scheduler's pod
+    extender = container(pod, "extender")
+    target = next(p for p in extender["ports"] if p["name"] == port["targetPort"])
+    env = {e["name"]: e.get("value") for e in extender["env"]}
+    assert env["DEEPRES_WEBHOOK_BIND"] == f"0.0.0.0:{target['containerPort']}"
+    assert env["DEEPRES_MUTATION_WIRING"] == "device-plugin"
+    mount = next(m for m in extender["volumeMounts"] if m["name"] == "webhook-tls")
+    assert env["DEEPRES_WEBHOOK_TLS_CERT"] == f"{mount['mountPath']}/tls.crt"
+    volume = next(v for v in pod["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls")
+    secret = find(objs, "Secret", volume["secret"]["secretName"])
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    authority = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    cert.verify_directly_issued_by(authority)  # raises when another CA signed it
+    names = cert.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value.get_values_for_type(
+        x509.DNSName)
+    assert f"{ref['name']}.{NAMESPACE}.svc" in names
+    policy = find(objs, "NetworkPolicy", "deepres-extender")
+    assert {"ports": [{"port": target["containerPort"], "protocol": "TCP"}]} in policy["spec"]["ingress"]
+    # deployment mode: the same wiring in the extender's own Deployment
+    objs = render(tmp_path, VALUE_SETS["separate-extender"])
+    extender = container(find(objs, "Deployment", "deepres-extender"), "extender")
+    assert any(p["name"] == "webhook" for p in extender["ports"])
+    # forced off the auto choice, either way; never both
+    forced = render(tmp_path, {"admission": {"mutation": {"mode": "policy"}}})
+    assert not [o for o in forced if o["kind"] in ("MutatingWebhookConfiguration", "Secret")]
+    objs = [d for d in yaml.safe_load_all(helm(*template_args(write_values(tmp_path, {"admission": {"mutation": {
+        "mode": "webhook"}}}), "1.36.0"), "--api-versions", MAP_V1).stdout) if d]
+    assert find(objs, "MutatingWebhookConfiguration")
+    assert not [o for o in objs if o["kind"] == "MutatingAdmissionPolicy"]
+    off = render(tmp_path, {"admission": {"mutation": {"enabled": False}}})
+    assert not [o for o in off if o["kind"] == "MutatingWebhookConfiguration"]
+    assert "DEEPRES_WEBHOOK_BIND" not in json.dumps(off)
+
+
+def test_the_webhook_with_an_admins_certificate_needs_its_ca(tmp_path: Path) -> None:
+    error = render_error(tmp_path, {"admission": {"mutation": {"webhook": {"secretName": "my-webhook-cert"}}}})
+    assert "caBundle" in error and "my-webhook-cert" in error
+    objs = render(tmp_path, {"admission": {"mutation": {"webhook": {"secretName": "my-webhook-cert",
+                                                                     "caBundle": "Q0E="}}}})
+    assert not [o for o in objs if o["kind"] == "Secret"]  # the admin's Secret, not one of the chart's
+    assert find(objs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+    volume = next(v for v in find(objs, "Deployment", "deepres-scheduler")["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-cert"
 
 
 def test_without_the_device_plugin_the_mutation_adds_the_env_wiring(tmp_path: Path) -> None:

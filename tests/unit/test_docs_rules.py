@@ -36,16 +36,25 @@ def test_the_priority_example() -> None:
 
 
 def test_the_usage_example() -> None:
-    res = Reservation("u", "ml", "cnn-small", "n1", ("GPU-0",), 20308.0, 20308.0, 7887.0, PriorityInputs(), NOW)
+    # cnn-small's admission bound as the shipped predictor gives it (deploy/examples/cnn-small.yaml)
+    from predictor.runtime import Predictor
+    from predictor.spec import JobSpec
+
+    demand = Predictor.load().predict(JobSpec("cnn", params_millions=15, batch_size=64, input_dim=224, num_layers=5,
+                                              iterations=20000, precision="amp", optimizer="sgd"))
+    admission = round(demand.memory_mib_upper)
+    says(f"is bound with its admission bound, {admission:,} MiB reserved")
+    res = Reservation("u", "ml", "cnn-small", "n1", ("GPU-0",), admission, admission, demand.memory_mib,
+                      PriorityInputs(), NOW)
     held = []
     for t in (60, 150, 240, 330, 420):  # a report every 90 s, the same peak each time
         res = follow_usage(res, 7900.0, NOW + t, PARAMS)
         held.append(res.memory_mib)
-    assert held[:-1] == [20308.0] * 4, held  # the peak has not shown yet: the admission holds
+    assert held[:-1] == [admission] * 4, held  # the peak has not shown yet: the admission holds
     after = held[-1]
     grown = follow_usage(res, 9500.0, NOW + 900, PARAMS).memory_mib
     says(f"moves the reservation to {after:,.0f} MiB (the peak x {PARAMS.usage_margin:.2f})")
-    says(f"the {(20308.0 - after) / 1024:.1f} GiB given back")
+    says(f"the {(admission - after) / 1024:.1f} GiB given back")
     says(f"the reservation follows it up to {grown:,.0f} MiB")
     says(f"the warm-up is {PARAMS.usage_warmup_s:.0f} s")
     says(f"flat for {PARAMS.usage_plateau_s:.0f} s over {PARAMS.usage_plateau_samples} reports")

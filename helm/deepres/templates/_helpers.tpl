@@ -68,11 +68,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
 {{- end }}
 
+{{/* The deepres images: under imageRegistry when it is set (`make push-images REGISTRY=...`). */}}
 {{- define "deepres.extenderImage" -}}
+{{- with .Values.imageRegistry }}{{ trimSuffix "/" . }}/{{ end }}
 {{- printf "%s:%s" .Values.extender.image.repository (default .Chart.AppVersion .Values.extender.image.tag) }}
 {{- end }}
 
 {{- define "deepres.agentImage" -}}
+{{- with .Values.imageRegistry }}{{ trimSuffix "/" . }}/{{ end }}
 {{- printf "%s:%s" .Values.agent.image.repository (default .Chart.AppVersion .Values.agent.image.tag) }}
 {{- end }}
 
@@ -182,6 +185,18 @@ mtls
     # at a time and served at Allocate through /v1/allocate
     - name: DEEPRES_DEVICE_RESOURCE
       value: {{ .Values.devicePlugin.resourceName | quote }}
+    {{- if eq (include "deepres.mutationMode" .) "webhook" }}
+    # the mutating admission webhook (/v1/mutate) on its own TLS listener: clusters without the
+    # MutatingAdmissionPolicy (admission.mutation.mode)
+    - name: DEEPRES_WEBHOOK_BIND
+      value: {{ printf "0.0.0.0:%d" (int .Values.admission.mutation.webhook.port) | quote }}
+    - name: DEEPRES_WEBHOOK_TLS_CERT
+      value: /etc/deepres/webhook-tls/tls.crt
+    - name: DEEPRES_WEBHOOK_TLS_KEY
+      value: /etc/deepres/webhook-tls/tls.key
+    - name: DEEPRES_MUTATION_WIRING
+      value: {{ ternary "device-plugin" "env" .Values.devicePlugin.enabled | quote }}
+    {{- end }}
     - name: DEEPRES_AGENT_SERVICE_ACCOUNTS
       value: {{ list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "deepres.componentName" (dict "root" . "component" "agent"))) | toJson | quote }}
     - name: POD_NAMESPACE
@@ -203,6 +218,11 @@ mtls
     {{- if and (eq (include "deepres.verbsAccess" .) "mtls") (ne .Values.extender.mode "sidecar") }}
     - name: scheduler
       containerPort: {{ .Values.extender.schedulerPort }}
+      protocol: TCP
+    {{- end }}
+    {{- if eq (include "deepres.mutationMode" .) "webhook" }}
+    - name: webhook
+      containerPort: {{ .Values.admission.mutation.webhook.port }}
       protocol: TCP
     {{- end }}
   startupProbe:
@@ -240,6 +260,11 @@ mtls
     {{- if .Values.extender.tls.enabled }}
     - name: extender-tls
       mountPath: /etc/deepres/tls
+      readOnly: true
+    {{- end }}
+    {{- if eq (include "deepres.mutationMode" .) "webhook" }}
+    - name: webhook-tls
+      mountPath: /etc/deepres/webhook-tls
       readOnly: true
     {{- end }}
     {{- if include "deepres.podCerts" . }}
@@ -292,6 +317,17 @@ and the scheduler's client certificate (deepres pod-certs), each half into its o
     secretName: {{ .Values.extender.tls.secretName }}
     defaultMode: 0440
 {{- end }}
+{{- if eq (include "deepres.mutationMode" .) "webhook" }}
+- name: webhook-tls
+  secret:
+    secretName: {{ include "deepres.webhookSecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
 {{- if include "deepres.podCerts" . }}
 # the per-pod certificates (deepres pod-certs): never in a Secret, gone with the pod
 - name: pod-tls-extender
@@ -336,4 +372,29 @@ matchExpressions:
     operator: NotIn
     values: [kube-system, {{ .Release.Namespace | quote }}]
 {{- end }}
+{{- end }}
+
+{{/* How pods carrying deepres job annotations get their wiring (extender/policy/wiring.py):
+`policy` (the MutatingAdmissionPolicy, where the API server serves admissionregistration v1 or v1beta1
+MutatingAdmissionPolicy), `webhook` (the extender's /v1/mutate, elsewhere), or empty (off).
+admission.mutation.mode `auto` chooses from the API server's versions; `policy`/`webhook` force one. */}}
+{{- define "deepres.mutationMode" -}}
+{{- if .Values.admission.mutation.enabled -}}
+{{- $mode := .Values.admission.mutation.mode | default "auto" -}}
+{{- if eq $mode "auto" -}}
+{{- if or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy") -}}
+policy
+{{- else -}}
+webhook
+{{- end -}}
+{{- else -}}
+{{- $mode -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The webhook's serving certificate: admission.mutation.webhook.secretName (yours, e.g. cert-manager's,
+with tls.crt, tls.key and ca.crt), else the chart's own Secret made at install and kept at upgrades. */}}
+{{- define "deepres.webhookSecretName" -}}
+{{- .Values.admission.mutation.webhook.secretName | default (include "deepres.componentName" (dict "root" . "component" "webhook-tls")) }}
 {{- end }}
