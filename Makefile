@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS_STAMP := $(VENV)/.tools-installed
 
-.PHONY: venv serve-venv tools test lint imports typecheck unit docs run predict images e2e cluster cluster-bins cluster-down node-deps clean
+.PHONY: venv serve-venv tools test lint imports typecheck unit docs run predict images push-images e2e cluster cluster-bins cluster-down node-deps clean
 
 venv: $(STAMP)
 
@@ -80,13 +80,21 @@ predict: $(SERVE_STAMP)
 images:
 	bash deploy/build-images.sh
 
+# Push what `make images` built to the registry your nodes pull from, as REGISTRY/deepres/{extender,agent}:VERSION
+# (buildah, podman or docker, the first found; TOOL=... picks one); then `helm install ... --set imageRegistry=REGISTRY`.
+REGISTRY ?=
+push-images:
+	bash deploy/push-images.sh "$(REGISTRY)"
+
 e2e: $(STAMP) $(TOOLS_STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -m e2e tests/e2e
 
 # A real control plane on loopback (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok), built from the Go module in cluster/ (Go 1.26) and cached under ~/.cache/deepres-cluster by
 # its pins: minutes the first time, seconds after. `make cluster` leaves it running (KUBECONFIG is
-# .cluster/admin.kubeconfig), with a real node (kubelet + containerd) where the machine can run one;
+# .cluster/admin.kubeconfig), with a real node (kubelet + containerd) where the machine can run one,
+# and the chart installed (devtools/localchart.py: kwok GPU nodes, the scheduler pod and kwok agents
+# as local processes, the chart's agent as a container on the real node with its device plugin);
 # `make cluster-down` stops it all by pid. tests/cluster starts its own.
 CLUSTER_DIR := .cluster
 
@@ -100,10 +108,12 @@ cluster-bins: $(STAMP)
 node-deps:
 	@bash scripts/install-node.sh
 
-cluster: $(STAMP) cluster-bins node-deps
+cluster: $(STAMP) $(TOOLS_STAMP) cluster-bins node-deps
 	$(BIN)/python -m devtools.localcluster up --dir $(CLUSTER_DIR)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m devtools.localchart up --dir $(CLUSTER_DIR)
 
 cluster-down: $(STAMP)
+	-$(BIN)/python -m devtools.localchart down --dir $(CLUSTER_DIR)
 	$(BIN)/python -m devtools.localcluster down --dir $(CLUSTER_DIR)
 
 clean:

@@ -14,6 +14,7 @@ from extender.cli import UsageError
 TARGETS: dict[str, str] = {
     "predictor": "predictor.bench",
     "extender": "devtools.bench_extender",
+    "intake": "devtools.bench_intake",
     "agent": "devtools.bench_agent",
     "slowbody": "devtools.bench_slowbody",
     "idle": "devtools.bench_idle",

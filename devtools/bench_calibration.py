@@ -11,7 +11,7 @@ it is). Once TRAIN pods per path were observed, /v1/predict with `gpu` is scored
 of the path (held out: never bound): median |point / peak - 1|, share of peaks above the bound,
 median bound / peak; `uncalibrated`: the same answers before any pod was observed.
 
-    PYTHONPATH=$PWD python -m devtools.bench_calibration        # about a minute for its 5 seeds here; merges the key
+    PYTHONPATH=$PWD python -m devtools.bench_calibration        # about 2 minutes for its 5 seeds here; merges the key
 
 The figures are seed 0's (the seed orders the rows: which are bound, which held out); `by_seed`
 has seeds 0-4, each on a fresh server, and `across_seeds_median` their medians: one draw of 20
@@ -21,6 +21,7 @@ pods is a noisy sample (on the exact path, one outlier pod among the 20 sets a m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.localserver import LocalServer
+from extender.policy.calibration import MIN_PODS, regime
 from extender.provenance import stamp
 
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "predictor.json"
@@ -43,6 +45,7 @@ TRAIN = 20
 #: Pods per path observed for the second figure (`after_more`): how the bound tightens with pods.
 MORE = 100
 TOKEN = "bench-calibration"
+REGIMES = ("small", "medium", "large")
 
 
 def _post(url: str, body: Any, token: str = "") -> tuple[int, Any]:
@@ -161,13 +164,22 @@ def figures(answers: list[tuple[float, float, float]]) -> dict[str, float]:
             "median_bound_ratio": round(statistics.median(upper / peak for _, upper, peak in answers), 4)}
 
 
+def batch_regime(job: dict[str, str]) -> str:
+    """The batch regime of a row (extender.policy.calibration.regime of its per-GPU batch)."""
+    return regime(int(job.get("deepres.io/batch-size", "0") or 0))
+
+
 def score(url: str, rows: list[tuple[dict[str, str], float]]) -> dict[str, Any]:
+    """The figures over `rows`, and per batch regime (`by_regime`: small <= 16, medium <= 64, large)."""
     answers, calibrated = [], 0
+    by: dict[str, list[tuple[float, float, float]]] = {}
     for job, peak in rows:
         answer = predict(url, job)
         answers.append((answer["memory_mib"], answer["memory_mib_upper"], peak))
+        by.setdefault(batch_regime(job), []).append(answers[-1])
         calibrated += bool(answer["calibrated"])
-    return {"n": len(rows), **figures(answers), "calibrated_answers": calibrated}
+    return {"n": len(rows), **figures(answers), "calibrated_answers": calibrated,
+            "by_regime": {r: {"n": len(by[r]), **figures(by[r])} for r in REGIMES if r in by}}
 
 
 def measure(url: str, token: str, seed: int = 0, train: int = TRAIN, more: int = MORE,
@@ -194,15 +206,19 @@ def measure(url: str, token: str, seed: int = 0, train: int = TRAIN, more: int =
                 continue
             bound += 1
             fleet.observe(node, uid, peak)
-            if to_calibrate[path] is None and predict(url, probe)["calibrated"]:
-                to_calibrate[path] = bound
+            if to_calibrate[path] is None and bound >= MIN_PODS:
+                time.sleep(LEARNED_AFTER_S)  # what the learner (off the request path) learned from this pod
+                if predict(url, probe)["calibrated"]:
+                    to_calibrate[path] = bound
             if bound == train:
+                time.sleep(LEARNED_AFTER_S)
                 after = score(url, held)
                 after["uncalibrated"] = {k: before[k] for k in ("median_abs_rel_err", "under_rate",
                                                                 "median_bound_ratio")}
                 after["pods_observed"] = bound
                 result[path] = after
             print(f"{path}: {bound}/{more} pods bound and observed", file=log, flush=True)
+        time.sleep(LEARNED_AFTER_S)
         result[path]["after_more"] = {**score(url, held), "pods_observed": bound}
     counts = [v for v in to_calibrate.values()]
     result["pods_to_calibrate"] = max(counts) if all(v is not None for v in counts) else None  # type: ignore[type-var]
@@ -231,9 +247,10 @@ HONEST_TENANTS = 3
 #: Pods the attacking owner may bind at most (null when its victim never moved by SHIFT by then).
 ATTACK_MAX = 60
 SHIFT = 0.10
-#: How long after each attacking pod's report the victim's admission is read: the learner learns at
-#: most once a second, so this reads what it learned from that pod.
-LEARNED_AFTER_S = 1.2
+#: How long after a pod's report what was learned from it is read (the victim's admission after each
+#: attacking pod; the scores after TRAIN and MORE pods; whether the probe is calibrated): the learner
+#: learns at most once a second, off the request path, so this reads what it learned from that pod.
+LEARNED_AFTER_S = 1.5
 
 
 def _owned(fleet: Fleet, name: str, job: dict[str, str], node: str, namespace: str, owner: str) -> str:
@@ -283,98 +300,175 @@ def poisoning(url: str, direction: str, log: Any = sys.stderr) -> dict[str, Any]
 
 KEYS = 10
 PODS_PER_KEY = 200
-FILTERS = 400
+FILTERS = 1500
+#: The relearning phase lasts until every key of the learning server was seen learned again this many
+#: times (its calibrated point moved: read through /v1/predict with `gpu`), FILTERS calls at least.
+RELEARNED = 3
+#: A pod's settle time on the server that never learns: its pods never count (no key), all else the same.
+NEVER_S = "1e12"
+#: The servers measured side by side (each /filter call goes to each in turn: the same machine load):
+#: `keys` learns its 10 full keys; `same_pods` has the same nodes, pods and reports and learns nothing
+#: (its pods never settle); `empty` has the same nodes and no pod.
+SERVERS = ("keys", "same_pods", "empty")
 
 
-def _filter_p99_ms(url: str, names: list[str], log: Any, growth: float) -> float:
-    """The p99 of FILTERS /filter calls (a GPU pod over `names`) while a thread keeps reporting every
-    key's nodes, their pods' peaks times `growth` at each report (above 1: each report makes its key
-    learned again; 1: the same reports, nothing to learn)."""
+def _filter_pod() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": "default", "uid": "uid-probe", "annotations": VICTIM},
+            "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "x"}]}}
+
+
+def _p99(times: list[float]) -> float:
+    ordered = sorted(times)
+    return round(ordered[int(0.99 * (len(ordered) - 1))], 1)
+
+
+def _fill(url: str, with_pods: bool, log: Any) -> list[Fleet]:
+    """KEYS GPU models of 8 nodes each on the server at `url`; with `with_pods`, PODS_PER_KEY measured
+    campaign rows bound on each and their peaks reported (a full window per key)."""
+    rows = annotated_rows(0)["exact"]
+    fleets = [Fleet(url, TOKEN, gpu=f"NVIDIA Unseen-GPU-{k} 80GB", gpus=32, capacity_mib=250_000.0,
+                    prefix=f"learn-{k}") for k in range(KEYS)]
+    for fleet in fleets:
+        fleet.report_all()
+    if with_pods:
+        for k, fleet in enumerate(fleets):
+            for i in range(PODS_PER_KEY):
+                job, peak = rows[i % len(rows)]
+                node = fleet.names[i % len(fleet.names)]
+                uid = fleet.place(f"learn-{k}-{i}", job, node)
+                if uid:  # (a pod the filter refused is not placed: the key's window is the others)
+                    fleet.peaks[node][uid] = peak
+            for node in fleet.names:
+                fleet.report(node)
+            print(f"learning ({url}): key {k + 1}/{KEYS} placed", file=log, flush=True)
+    return fleets
+
+
+def _points(url: str) -> list[tuple[bool, float]]:
+    """(calibrated, calibrated point) of the victim on each key's GPU model."""
+    return [(bool(a["calibrated"]), float(a["memory_mib"]))
+            for a in (predict(url, VICTIM, f"NVIDIA Unseen-GPU-{k} 80GB") for k in range(KEYS))]
+
+
+def side_by_side(urls: dict[str, str], log: Any = sys.stderr) -> dict[str, Any]:
+    """The servers of SERVERS filled, then two phases of /filter calls over their 80 nodes, each call
+    made on each server in turn while a thread per server keeps reporting its nodes: `steady` (the same
+    peaks: nothing to learn) and `relearning` (every report grows its pods' peaks by 0.1%: the keys
+    are learned again as often as the learner does, GROWN_EVERY_S; it lasts until every key was seen
+    learned again RELEARNED times). p99 and median (ms) per server and phase."""
+    fleets = {name: _fill(url, name != "empty", log) for name, url in urls.items()}
+    if not all(c for c, _ in wait_points(urls["keys"], True)):
+        raise RuntimeError("the learning server did not calibrate its keys")
+    if any(c for c, _ in _points(urls["same_pods"])):
+        raise RuntimeError("the server whose pods never settle calibrated a key")
+    names = [n for fleet in fleets["keys"] for n in fleet.names]
+    out: dict[str, Any] = {}
+    for phase, growth in (("steady", 1.0), ("relearning", 1.001)):
+        out[phase] = _phase(urls, fleets, names, growth)
+        print(f"learning, {phase}: {json.dumps(out[phase])}", file=log, flush=True)
+    return out
+
+
+def _phase(urls: dict[str, str], fleets: dict[str, list[Fleet]], names: list[str], growth: float) -> dict[str, Any]:
+    """One phase of `side_by_side`: its /filter calls on every server in turn while a thread per server
+    reports its nodes (their pods' peaks times `growth` at each report)."""
     stop = threading.Event()
-    fleets: list[Fleet] = [f for f in _fleets.get(url, [])]
+    moves = [0] * KEYS
 
-    def grow() -> None:
+    def grow(server: str) -> None:
         round_ = 0
         while not stop.is_set():
-            for fleet in fleets:
+            for fleet in fleets[server]:
                 node = fleet.names[round_ % len(fleet.names)]
                 for uid in fleet.peaks[node]:
                     fleet.peaks[node][uid] *= growth
                 fleet.report(node)
             round_ += 1
 
-    grower = threading.Thread(target=grow, daemon=True)
-    grower.start()
-    times = []
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "probe", "namespace": "default", "uid": "uid-probe", "annotations": VICTIM},
-           "spec": {"schedulerName": "deepres-scheduler", "containers": [{"name": "train", "image": "x"}]}}
+    def watch() -> None:  # the keys seen learned again: their calibrated point moved (every server asked alike)
+        last = _points(urls["keys"])
+        while not stop.wait(1.0):
+            for server, url in urls.items():
+                if server != "keys":
+                    _points(url)
+            now = _points(urls["keys"])
+            for k, ((_, before), (_, after)) in enumerate(zip(last, now, strict=True)):
+                moves[k] += after != before
+            last = now
+
+    threads = [threading.Thread(target=grow, args=(s,), daemon=True) for s in urls]
+    threads.append(threading.Thread(target=watch, daemon=True))
+    for thread in threads:
+        thread.start()
+    times: dict[str, list[float]] = {s: [] for s in urls}
     try:
-        for _ in range(FILTERS):
-            t0 = time.perf_counter()
-            status, _answer = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
-            times.append((time.perf_counter() - t0) * 1000.0)
-            if status != 200:
-                raise RuntimeError(f"/filter answered {status}")
+        calls = 0
+        while calls < FILTERS or (growth > 1.0 and min(moves) < RELEARNED):
+            for server, url in urls.items():
+                t0 = time.perf_counter()
+                status, _answer = _post(url + "/filter", {"Pod": _filter_pod(), "Nodes": None, "NodeNames": names})
+                times[server].append((time.perf_counter() - t0) * 1000.0)
+                if status != 200:
+                    raise RuntimeError(f"/filter of {server} answered {status}")
+            calls += 1
+            if calls > 20 * FILTERS:
+                raise RuntimeError(f"keys not learned again {RELEARNED} times: {moves}")
     finally:
         stop.set()
-        grower.join()
-    times.sort()
-    p99 = times[int(0.99 * (len(times) - 1))]
-    print(f"/filter p99 {p99:.1f} ms (median {statistics.median(times):.1f} ms) over {len(names)} nodes",
-          file=log, flush=True)
-    return round(p99, 1)
+        for thread in threads:
+            thread.join()
+    out: dict[str, Any] = {s: {"p99_ms": _p99(t), "median_ms": round(statistics.median(t), 1), "calls": len(t)}
+                           for s, t in times.items()}
+    if growth > 1.0:
+        out["keys_relearned_min"] = min(moves)
+    return out
 
 
-_fleets: dict[str, list[Fleet]] = {}
+def wait_points(url: str, calibrated: bool, timeout_s: float = 60.0) -> list[tuple[bool, float]]:
+    """`_points` once every key is (or is not) calibrated, or at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        points = _points(url)
+        if all(c == calibrated for c, _ in points) or time.monotonic() > deadline:
+            return points
+        time.sleep(0.5)
 
 
-def learning(url: str, with_keys: bool, log: Any = sys.stderr) -> dict[str, float]:
-    """KEYS GPU models of 8 nodes each; with `with_keys`, PODS_PER_KEY measured campaign rows bound and
-    observed on each (a full window: every key calibrated). The /filter p99 (ms) while the nodes report
-    the same peaks (`steady`) and while their peaks grow (`relearning`)."""
-    rows = annotated_rows(0)["exact"]
-    fleets = [Fleet(url, TOKEN, gpu=f"NVIDIA Unseen-GPU-{k} 80GB", gpus=32, capacity_mib=250_000.0,
-                    prefix=f"learn-{k}") for k in range(KEYS)]
-    _fleets[url] = fleets
-    for fleet in fleets:
-        fleet.report_all()
-    if with_keys:
-        for k, fleet in enumerate(fleets):
-            for i in range(PODS_PER_KEY):
-                job, peak = rows[i % len(rows)]
-                node = fleet.names[i % len(fleet.names)]
-                uid = fleet.place(f"learn-{k}-{i}", job, node)
-                if uid:
-                    fleet.peaks[node][uid] = peak
-            for node in fleet.names:
-                fleet.report(node)
-            print(f"learning: key {k + 1}/{KEYS} placed", file=log, flush=True)
-        time.sleep(3.0)
-    names = [n for fleet in fleets for n in fleet.names]
-    return {"steady": _filter_p99_ms(url, names, log, 1.0), "relearning": _filter_p99_ms(url, names, log, 1.001)}
+def safety(log: Any = sys.stderr, cwd: Path | None = None,
+           parts: tuple[str, ...] = ("poisoning", "learning")) -> dict[str, Any]:
+    """`poisoning` and `learning` of live_calibration (`parts`), each on fresh servers (`cwd`: the tree
+    they run)."""
+    out: dict[str, Any] = {part: {} for part in parts}
 
-
-def safety(log: Any = sys.stderr, cwd: Path | None = None) -> dict[str, Any]:
-    """`poisoning` and `learning` of live_calibration, each on a fresh server (`cwd`: the tree it runs)."""
-    out: dict[str, Any] = {"poisoning": {}, "learning": {}}
-
-    def server(tmp: str) -> LocalServer:
+    def server(tmp: str, env: dict[str, str] | None = None) -> LocalServer:
         kwargs: dict[str, Any] = {"cwd": cwd} if cwd is not None else {}
         return LocalServer(Path(tmp), token=TOKEN, args=["--state-file", str(Path(tmp) / "state.json")],
-                           env=SERVER_ENV, ready_timeout_s=300.0, **kwargs)
+                           env={**SERVER_ENV, **(env or {})}, ready_timeout_s=300.0, **kwargs)
 
-    for direction in ("down", "up"):
+    for direction in ("down", "up") if "poisoning" in parts else ():
         with tempfile.TemporaryDirectory(prefix="deepres-poison-") as tmp, server(tmp) as running:
             found = poisoning(running.url, direction, log)
         out["poisoning"][f"{direction}_pods_to_shift"] = found["pods_to_shift"]
         out["poisoning"][direction] = found
-    with tempfile.TemporaryDirectory(prefix="deepres-learning-") as tmp, server(tmp) as running:
-        out["learning"]["filter_p99_ms_no_keys"] = learning(running.url, False, log)["steady"]
-    with tempfile.TemporaryDirectory(prefix="deepres-learning-") as tmp, server(tmp) as running:
-        found = learning(running.url, True, log)
-    out["learning"]["filter_p99_ms_10_keys"] = found["relearning"]
-    out["learning"]["filter_p99_ms_10_keys_steady"] = found["steady"]
+    if "learning" not in parts:
+        return out
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name in SERVERS:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"deepres-learning-{name}-"))
+            env = {"DEEPRES_CALIBRATION_SETTLE_S": NEVER_S} if name == "same_pods" else {}
+            urls[name] = stack.enter_context(server(tmp, env)).url
+        found = side_by_side(urls, log)
+    relearning, steady = found["relearning"], found["steady"]
+    out["learning"]["filter_p99_ms_no_keys"] = relearning["empty"]["p99_ms"]
+    out["learning"]["filter_p99_ms_10_keys"] = relearning["keys"]["p99_ms"]
+    out["learning"]["filter_p99_ms_10_keys_steady"] = steady["keys"]["p99_ms"]
+    out["learning"]["filter_p99_ms_same_pods_no_keys"] = relearning["same_pods"]["p99_ms"]
+    out["learning"]["filter_p99_ms_10_keys_over_same_pods_no_keys"] = round(
+        relearning["keys"]["p99_ms"] - relearning["same_pods"]["p99_ms"], 1)
+    out["learning"]["keys_relearned_min"] = relearning["keys_relearned_min"]
+    out["learning"]["phases"] = found
     return out
 
 
@@ -385,8 +479,20 @@ def _get(run: dict[str, Any], path: str, part: str, key: str) -> float:
 
 def _summary(run: dict[str, Any]) -> dict[str, Any]:
     keys = ("median_abs_rel_err", "under_rate", "median_bound_ratio")
-    return {path: {**{k: run[path][k] for k in keys}, "after_more": {
+    return {path: {**{k: run[path][k] for k in keys}, "by_regime": run[path]["by_regime"], "after_more": {
         k: run[path]["after_more"][k] for k in (*keys, "pods_observed")}} for path in ("exact", "family")}
+
+
+def _by_regime_medians(runs: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """Per path and batch regime, the median across seeds of each figure after TRAIN pods."""
+    out = {}
+    for path in ("exact", "family"):
+        for r in REGIMES:
+            seen = [run[path]["by_regime"][r] for run in runs.values() if r in run[path]["by_regime"]]
+            for k in ("median_abs_rel_err", "under_rate", "median_bound_ratio"):
+                if seen:
+                    out[f"{path}.by_regime.{r}.{k}"] = round(statistics.median(f[k] for f in seen), 4)
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -398,34 +504,47 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--report", type=Path, default=REPORT)
     out.add_argument("--safety", action="store_true",
                      help="measure only `poisoning` and `learning` (issue 45) and merge them into live_calibration")
+    out.add_argument("--learning-only", action="store_true",
+                     help="with --safety: measure `learning` alone (three servers side by side; keeps `poisoning`)")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.safety:
-        found = safety()
+        parts = ("learning",) if args.learning_only else ("poisoning", "learning")
+        found = safety(parts=parts)
         data = json.loads(args.report.read_text()) if args.report.exists() else {}  # read after: others may write
         live = data.setdefault("live_calibration", {})
-        command = "python -m devtools.bench_calibration --safety"
-        live["poisoning"] = {**found["poisoning"], "command": command, "method": (
-            f"a running `deepres serve --no-kube` per direction: {HONEST_PODS} measured exact-path H100 campaign rows "
-            f"({HONEST_TENANTS} namespaces, one Job per pod) bound through /filter and /bind on 8 nodes of {GPU} and "
-            "their peaks reported through /v1/telemetry; then one owner (one Job, namespace `mallory`) binds pods "
-            f"naming {VICTIM['deepres.io/model']} at batch {VICTIM['deepres.io/batch-size']}, round robin over the "
-            "nodes, reporting a tenth (down) or 3x (up) of their offline point; pods_to_shift: its pods bound when "
-            f"the victim's admission_mib (/v1/predict with `gpu`, read {LEARNED_AFTER_S:g} s after each report) "
-            f"first moved by {SHIFT:.0%}; null: not within {ATTACK_MAX} pods"), "provenance": stamp(command)}
+        command = "python -m devtools.bench_calibration --safety" + (" --learning-only" if args.learning_only else "")
+        if "poisoning" in found:
+            live["poisoning"] = {**found["poisoning"], "command": command, "method": (
+                f"a running `deepres serve --no-kube` per direction: {HONEST_PODS} measured exact-path H100 campaign "
+                f"rows ({HONEST_TENANTS} namespaces, one Job per pod) bound through /filter and /bind on 8 nodes of "
+                f"{GPU} and their peaks reported through /v1/telemetry; then one owner (one Job, namespace `mallory`) "
+                f"binds pods naming {VICTIM['deepres.io/model']} at batch {VICTIM['deepres.io/batch-size']}, round "
+                "robin over the nodes, reporting a tenth (down) or 3x (up) of their offline point; pods_to_shift: its "
+                f"pods bound when the victim's admission_mib (/v1/predict with `gpu`, read {LEARNED_AFTER_S:g} s after "
+                f"each report) first moved by {SHIFT:.0%}; null: not within {ATTACK_MAX} pods"),
+                "provenance": stamp(command)}
         live["learning"] = {**found["learning"], "command": command, "method": (
-            f"a running `deepres serve --no-kube` with {KEYS} GPU models of 8 nodes each; `filter_p99_ms_10_keys`: "
-            f"{PODS_PER_KEY} measured campaign rows bound and observed per model (every key a full window), then "
-            f"{FILTERS} /filter calls of a GPU pod over the 80 nodes while a client thread keeps reporting the nodes "
-            "with their pods' peaks grown by 0.1% at each report (every key learned again as often as the learner "
-            "does: GROWN_EVERY_S); `filter_p99_ms_10_keys_steady`: the same pods and reports, peaks unchanged "
-            "(nothing to learn: the cost of the 2,000 reservations alone); `filter_p99_ms_no_keys`: a fresh server "
-            "with the same nodes and no pod (the baseline the issue names)"), "provenance": stamp(command)}
+            f"three `deepres serve --no-kube` running side by side, each with {KEYS} GPU models of 8 nodes: `keys` "
+            f"with {PODS_PER_KEY} measured campaign rows bound and observed per model (every key a full window, "
+            "calibrated), `same_pods` with the same nodes, pods and reports whose pods never settle "
+            "(DEEPRES_CALIBRATION_SETTLE_S huge: no key is learned, all else the same), `empty` with the same "
+            f"nodes and no pod. At least {FILTERS} /filter calls of a GPU pod over the 80 nodes, each made on the "
+            "three servers in turn (the same machine load), while a client thread per server keeps reporting its "
+            "nodes: `steady` with the peaks unchanged, `relearning` with its pods' peaks grown by 0.1% at each "
+            "report (every key learned again as often as the learner does, GROWN_EVERY_S) until every key was "
+            f"seen learned again {RELEARNED} times (its calibrated point on /v1/predict moved, asked once a second, "
+            "every server asked alike; keys_relearned_min). "
+            "`filter_p99_ms_10_keys`: keys, relearning; `filter_p99_ms_10_keys_steady`: keys, steady; "
+            "`filter_p99_ms_same_pods_no_keys`: same_pods, relearning (the like-for-like baseline: a server with "
+            "no key); `filter_p99_ms_no_keys`: empty, relearning (no pod at all: the cost of the 2,000 "
+            "reservations and their reports is the gap between same_pods and empty); `phases`: every figure"),
+            "provenance": stamp(command)}
         args.report.write_text(json.dumps(data, indent=2) + "\n")
-        print(json.dumps({k: live[k] for k in ("poisoning", "learning")}, indent=1))
+        print(json.dumps({k: live[k] for k in ("poisoning", "learning") if k in live}, indent=1))
         return 0
     runs = {seed: _run(seed) for seed in sorted({args.seed, *range(args.seed, args.seed + args.seeds)})}
     result = runs[args.seed]
@@ -434,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{path}.{part}{k}": round(statistics.median(_get(run, path, part, k) for run in runs.values()), 4)
         for path in ("exact", "family") for part in ("", "after_more.")
         for k in ("median_abs_rel_err", "under_rate", "median_bound_ratio")}
+    result["across_seeds_median"].update(_by_regime_medians(runs))
     result["gpu"] = GPU
     result["seed"] = args.seed
     result["method"] = (
@@ -444,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         "`uncalibrated`: the "
         "same answers before any pod was observed; pods_to_calibrate: pods observed when /v1/predict first "
         "answered calibrated (the larger of the two paths); by_seed: the same for other row orders, each on a fresh "
-        "server")
+        "server; by_regime: the same figures per batch regime of the scored rows (per-GPU batch: small <= 16, "
+        "medium <= 64, large above), across_seeds_median `<path>.by_regime.<regime>.<figure>` their medians")
     result["provenance"] = stamp(f"python -m devtools.bench_calibration --seed {args.seed} --seeds {args.seeds}")
     data = json.loads(args.report.read_text()) if args.report.exists() else {}
     kept = {k: v for k, v in data.get("live_calibration", {}).items() if k in ("poisoning", "learning")}

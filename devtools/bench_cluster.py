@@ -48,12 +48,13 @@ import orjson
 import yaml
 
 from devtools import bench_api, pyspy
+from devtools import bench_cluster_readings as readings
 from devtools import bench_cluster_rounds as rounds_figures
 from devtools.bench_cluster_agents import GPU_MEMORY_MIB, GPUS_PER_NODE, _Agents, _report_body
 from devtools.localcluster import REPO, ControlPlane, env_for, free_port, start_process, stop_pid
 from extender.cli import UsageError
 from extender.server import podcerts
-from predictor.progress import progress
+from predictor.progress import Bar, say
 
 BENCH_NS = "deepres-bench"
 AGENT_SA = "agent"
@@ -94,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the extender with its placement rule taken out (devtools/floor_extender.py: each GPU "
                              "pod's filter names one offered node in turn): what everything but the rule costs per "
                              "pod; not the benchmark's figures, so --out must name another file")
+    parser.add_argument("--with-floor", action="store_true",
+                        help="after the rounds, on the same control plane, the floor extender (--floor's) through "
+                             "the GPU phases at the default limits, once per round: extender_cpu_ms_per_pod_floor")
     parser.add_argument("--keep", default="", help="keep the control plane's folder (logs) here")
     parser.add_argument("--profile", default="", metavar="FILE",
                         help="sample the extender's processes with py-spy during the GPU phases and write their "
@@ -105,40 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _progress(message: str) -> None:
-    print(f"bench cluster: {message}", file=sys.stderr, flush=True)
+    say(f"bench cluster: {message}")  # above the bar
 
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants alive now."""
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                children = task / "children"
-                if children.exists():
-                    todo += [int(c) for c in children.read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _cpu_s(pid: int) -> float:
-    """utime+stime of `pid` and its descendants alive now (the extender's server and its worker)."""
-    total = 0
-    for p in _tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _scheduler_config(ports: tuple[int, int], kubeconfig: Path, qps: int, with_extender: bool,
@@ -210,6 +186,7 @@ class _Run:
         self.floor = floor
         self.pod_tls = root / "pod-tls"  # what the chart's init container makes in the pod (deepres pod-certs)
         self.extender_pid = 0
+        self._env_access: tuple[dict[str, str], list[str]] = ({}, [])  # the extender's (setup)
         self.scheduler_pid = 0
         self.tokens: dict[str, str] = {}
         self.agents: _Agents | None = None
@@ -239,15 +216,8 @@ class _Run:
             access = ["--verbs-access", "mtls", "--tls-client-ca", str(self.pod_tls / "extender" / "ca.crt")]
         elif self.verbs_access == "listener":  # plain HTTP on the scheduler's listener (verbs_access loopback)
             env.update(DEEPRES_SCHEDULER_BIND=f"127.0.0.1:{self.scheduler_port}")
-        self.extender_pid = start_process("extender", [
-            sys.executable, "-m", "devtools.floor_extender" if self.floor else "extender.cli", "serve",
-            "--bind", f"127.0.0.1:{self.extender_port}",
-            "--log-level", "warning", *access], self.plane.logs, env, cwd=REPO).pid
-        deadline = time.monotonic() + 180
-        while self._http("/readyz")[0] != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the extender never turned ready; see {self.plane.logs}/extender.log")
-            time.sleep(0.5)
+        self._env_access = (env, access)
+        self.start_extender(self.floor)
         _progress(f"tokens for {len(self.names)} nodes")
         listed = json.loads(self.core.list_node(_preload_content=False).data)
         node_uids = {n["metadata"]["name"]: n["metadata"]["uid"] for n in listed["items"]}
@@ -260,6 +230,27 @@ class _Run:
                 AGENT_SA, BENCH_NS, c.AuthenticationV1TokenRequest(spec=spec)).status.token
 
         self._parallel([lambda n=n: token(n) for n in self.names])
+
+    def start_extender(self, floor: bool) -> None:
+        """`deepres serve` (or the floor extender) in cluster mode, ready (its pod watch synced)."""
+        env, access = self._env_access
+        self.extender_pid = start_process("extender-floor" if floor else "extender", [
+            sys.executable, "-m", "devtools.floor_extender" if floor else "extender.cli", "serve",
+            "--bind", f"127.0.0.1:{self.extender_port}",
+            "--log-level", "warning", *access], self.plane.logs, env, cwd=REPO).pid
+        deadline = time.monotonic() + 180
+        while self._http("/readyz")[0] != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the extender never turned ready; see {self.plane.logs}/extender.log")
+            time.sleep(0.5)
+
+    def floor_instead(self) -> None:
+        """--with-floor: the floor extender in place of the real one (on its port), its agents anew."""
+        self.stop_agents()
+        stop_pid(self.extender_pid)
+        self.start_extender(floor=True)
+        self.agents = None
+        self.start_agents()
 
     def start_agents(self) -> None:
         """Every node reports now (as agents starting up do), then each every heartbeat (again after
@@ -325,7 +316,7 @@ class _Run:
         pids = {name: pid for name, pid in self.plane.pids.items() if name != "kube-scheduler"}
         pids["kube-scheduler"] = self.scheduler_pid
         pids["extender"] = self.extender_pid
-        out = {name: _cpu_s(pid) for name, pid in pids.items()}
+        out = {name: readings.cpu_s(pid) for name, pid in pids.items()}
         times = os.times()
         out["bench"] = times.user + times.system  # pod creator, watch, simulated agents
         return out
@@ -416,6 +407,8 @@ class _Run:
         result: dict[str, Any] = {
             "pods_per_s": round(pods / elapsed, 1), "latency_p50_s": round(_percentile(latencies, 0.5), 2),
             "latency_p99_s": round(_percentile(latencies, 0.99), 2),
+            "latency_p50_ms": round(1000 * _percentile(latencies, 0.5), 1),
+            "latency_p99_ms": round(1000 * _percentile(latencies, 0.99), 1),
             "cpu_ms_per_pod": {k: round(1000 * (cpu1[k] - cpu0[k]) / pods, 2) for k in cpu1},
             "cpu_ms_per_pod_settled": {k: round(1000 * (cpu2[k] - cpu0[k]) / pods, 2) for k in cpu2},
             "running_share_at_bound": round(running_at_bound / pods, 3),
@@ -424,7 +417,7 @@ class _Run:
             "apiserver_binding_ms": round(1000 * (binding1[0] - binding0[0]) / max(1.0, binding1[1] - binding0[1]), 1),
         }
         if gpu:
-            result["extender_ms_per_call"] = self._verb_ms(verbs0, verbs1)
+            result["extender_ms_per_call"] = readings.verb_ms(verbs0, verbs1)
             reports = verbs1.get("telemetry_n", 0.0) - verbs0.get("telemetry_n", 0.0)
             result["telemetry_reports_per_s"] = round(reports / elapsed, 1)
             # binds refused (the GPUs taken meanwhile: the pod goes through a whole scheduling cycle again)
@@ -514,57 +507,11 @@ class _Run:
 
     def _apiserver_binding(self) -> tuple[float, float]:
         """kube-apiserver's request histogram for Bindings: (seconds in total, requests)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         status, text = self.plane.get("/metrics", timeout_s=30)
-        total, count = 0.0, 0.0
-        if status != 200:
-            return total, count
-        for family in text_string_to_metric_families(text.decode()):
-            if family.name != "apiserver_request_duration_seconds":
-                continue
-            for sample in family.samples:
-                labels = sample.labels
-                if labels.get("verb") == "POST" and (labels.get("subresource") == "binding"
-                                                     or labels.get("resource") == "bindings"):
-                    if sample.name.endswith("_sum"):
-                        total += sample.value
-                    elif sample.name.endswith("_count"):
-                        count += sample.value
-        return total, count
+        return readings.apiserver_binding(text.decode()) if status == 200 else (0.0, 0.0)
 
     def _verb_totals(self) -> dict[str, float]:
-        """The extender's request histogram: `<verb>_s` (seconds in total) and `<verb>_n` (calls)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        _, text = self._http("/metrics")
-        totals: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            if family.name in ("deepres_extender_binds", "deepres_extender_assumptions"):  # counters, by outcome
-                for sample in family.samples:
-                    if sample.name.endswith("_total"):
-                        totals[f"{family.name.rsplit('_', 1)[-1]}:{sample.labels.get('outcome', '')}"] = sample.value
-                continue
-            if family.name != "deepres_extender_request_seconds":
-                continue
-            for sample in family.samples:
-                verb = sample.labels.get("verb", "")
-                if verb and sample.name.endswith("_sum"):
-                    totals[f"{verb}_s"] = totals.get(f"{verb}_s", 0.0) + sample.value
-                elif verb and sample.name.endswith("_count"):
-                    totals[f"{verb}_n"] = totals.get(f"{verb}_n", 0.0) + sample.value
-        return totals
-
-    @staticmethod
-    def _verb_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        out = {}
-        for key in after:
-            if key.endswith("_n"):
-                verb = key[:-2]
-                calls = after[key] - before.get(key, 0.0)
-                if calls:
-                    out[verb] = round(1000 * (after[f"{verb}_s"] - before.get(f"{verb}_s", 0.0)) / calls, 2)
-        return out
+        return readings.verb_totals(self._http("/metrics")[1])
 
     def close(self) -> None:
         if self.agents is not None:
@@ -576,11 +523,15 @@ class _Run:
         self.plane.stop()
 
 
-def _phases(bench: _Run, limits: list[str], pods: int, suffix: str, gpu: bool) -> dict[str, Any]:
+def _phases(bench: _Run, limits: list[str], pods: int, suffix: str, gpu: bool, bar: Bar) -> dict[str, Any]:
     """One phase of `pods` pods per client limit, plain or GPU (`suffix`: the round's, in the labels)."""
     kind = "gpu" if gpu else "plain"
-    return {name: bench.phase(f"{kind}-{name.replace('_', '-')}{suffix}", pods, LIMITS[name], gpu=gpu)
-            for name in limits}
+    out = {}
+    for name in limits:
+        label = f"{kind}-{name.replace('_', '-')}{suffix}"
+        out[name] = bench.phase(label, pods, LIMITS[name], gpu=gpu)
+        bar.advance(note=label)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -603,69 +554,85 @@ def run(args: argparse.Namespace) -> int:
     if out.exists():
         report = json.loads(out.read_text())
     limits = [name for name in LIMITS if name in args.limits]
-    for nodes in progress(args.nodes, "cluster sizes", unit="size"):
-        root = Path(args.keep) / f"nodes-{nodes}" if args.keep else Path(tempfile.mkdtemp(prefix="bench-cluster-"))
-        if args.keep:
-            shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)
-        bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json",
-                     args.verbs_access, args.floor)
-        previous = report.get(f"nodes_{nodes}", {})
-        section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
-                                   "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access,
-                                   "order": args.order, **({"floor": True} if args.floor else {})}
-        load = [round(os.getloadavg()[0], 2)]
-        try:
-            bench.setup()
-            accounting = bench.accounting
-            rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
-            for rnd in range(args.repeats):
-                suffix = f"-{rnd + 1}" if args.repeats > 1 else ""
-                plain = {} if gpu_first else _phases(bench, limits, args.pods, suffix, gpu=False)
-                if accounting is not None:  # the background without pods: no agents, as in the plain phases
-                    accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
-                bench.start_agents()
-                profiled = args.profile and not rnd  # the first round's GPU phases
-                spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if profiled else None
-                gpus = _phases(bench, limits, args.pods, suffix, gpu=True)
-                if spy is not None:
-                    pyspy.stop(spy)
-                    spy = None
-                if gpu_first or rnd + 1 < args.repeats:  # the plain phases run beside an idle extender
-                    bench.stop_agents()
-                if gpu_first:
-                    plain = _phases(bench, limits, args.pods, suffix, gpu=False)
-                rounds.append((plain, gpus))
-            command = (f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {{}} "
-                       f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
-                       + (" --order gpu-first" if gpu_first else "") + (" --floor" if args.floor else "")
-                       + f" --repeats {args.repeats}")
-            for name in limits:
-                section[name] = rounds_figures.shown(
-                    [rounds_figures.figures(LIMITS[name], p[name], g[name]) for p, g in rounds], command.format(name))
-            if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
-                gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
-                accounting.idle("idle-agents", max(gpu_windows))
-                bench.node_status_round()
-                _progress("API requests by client\n" + bench_api.table(accounting.write()))
-            if bench.agents is not None and bench.agents.refused:
-                _progress(f"{len(bench.agents.refused)} reports refused, e.g. {bench.agents.refused[:3]}")
-            load.append(round(os.getloadavg()[0], 2))
-        finally:
-            bench.close()
-            if not args.keep:
-                shutil.rmtree(root, ignore_errors=True)
-        if "default_limits" in section:
-            section["extender_cpu_ms_per_pod"] = section["default_limits"]["extender_cpu_ms_per_pod"]
-            section["extender_ms_per_call"] = section["default_limits"]["extender_ms_per_call"]
-        for name in ("high_qps", "default_limits"):  # the client limit at which CPU, not the limit, sets the pace
-            if "cpu_ratio_gpu_over_plain" in section.get(name, {}):
-                section["cpu_ratio_gpu_over_plain"] = section[name]["cpu_ratio_gpu_over_plain"]
-                break
-        section["load_average_1m"] = max(load)
-        section["load_average_1m_start_end"] = load
-        report[f"nodes_{nodes}"] = section
-        print(json.dumps({f"nodes_{nodes}": section}, indent=1))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
+    # one bar over every phase of the run (per cluster size: the control plane and nodes, then each round's
+    # plain and GPU phase per client limit), its total known before the first
+    bar = Bar(len(args.nodes) * (1 + args.repeats * 2 * len(limits)), "bench cluster", unit="phase")
+    with bar:
+        for nodes in args.nodes:
+            root = Path(args.keep) / f"nodes-{nodes}" if args.keep else Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+            if args.keep:
+                shutil.rmtree(root, ignore_errors=True)  # a fresh control plane each run (etcd's data included)
+            bench = _Run(root, nodes, args.heartbeat_s, args.api_accounting and f"{args.api_accounting}.{nodes}.json",
+                         args.verbs_access, args.floor)
+            previous = report.get(f"nodes_{nodes}", {})
+            section: dict[str, Any] = {**previous, "nodes": nodes, "pods": args.pods, "gpus_per_node": GPUS_PER_NODE,
+                                       "agent_heartbeat_s": args.heartbeat_s, "verbs_access": args.verbs_access,
+                                       "order": args.order, **({"floor": True} if args.floor else {})}
+            load = [round(os.getloadavg()[0], 2)]
+            try:
+                bench.setup()
+                bar.advance(note=f"{nodes} nodes up")
+                accounting = bench.accounting
+                rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
+                for rnd in range(args.repeats):
+                    suffix = f"-{rnd + 1}" if args.repeats > 1 else ""
+                    plain = {} if gpu_first else _phases(bench, limits, args.pods, suffix, gpu=False, bar=bar)
+                    if accounting is not None:  # the background without pods: no agents, as in the plain phases
+                        accounting.idle("idle-no-agents", max(w["seconds"] for w in accounting.windows.values()))
+                    bench.start_agents()
+                    profiled = args.profile and not rnd  # the first round's GPU phases
+                    spy = pyspy.record(bench.extender_pid, f"{args.profile}.{nodes}.txt") if profiled else None
+                    gpus = _phases(bench, limits, args.pods, suffix, gpu=True, bar=bar)
+                    if spy is not None:
+                        pyspy.stop(spy)
+                        spy = None
+                    if gpu_first or rnd + 1 < args.repeats:  # the plain phases run beside an idle extender
+                        bench.stop_agents()
+                    if gpu_first:
+                        plain = _phases(bench, limits, args.pods, suffix, gpu=False, bar=bar)
+                    rounds.append((plain, gpus))
+                command = (f"deepres bench cluster --nodes {nodes} --pods {args.pods} --limits {{}} "
+                           f"--verbs-access {args.verbs_access} --heartbeat-s {args.heartbeat_s:g}"
+                           + (" --order gpu-first" if gpu_first else "") + (" --floor" if args.floor else "")
+                           + f" --repeats {args.repeats}")
+                for name in limits:
+                    section[name] = rounds_figures.shown(
+                        [rounds_figures.figures(LIMITS[name], p[name], g[name]) for p, g in rounds],
+                        command.format(name))
+                if accounting is not None:  # the background of the GPU phases: agents reporting, no pods
+                    gpu_windows = [w["seconds"] for k, w in accounting.windows.items() if k.startswith("gpu-")]
+                    accounting.idle("idle-agents", max(gpu_windows))
+                    bench.node_status_round()
+                    _progress("API requests by client\n" + bench_api.table(accounting.write()))
+                if bench.agents is not None and bench.agents.refused:
+                    _progress(f"{len(bench.agents.refused)} reports refused, e.g. {bench.agents.refused[:3]}")
+                section["extender_rss_mib"] = readings.rss_mib(bench.extender_pid)  # after the last GPU phase
+                if args.with_floor:
+                    bench.floor_instead()
+                    floors = [bench.phase(f"floor-gpu-default-limits-{r + 1}", args.pods, LIMITS["default_limits"],
+                                          gpu=True) for r in range(args.repeats)]
+                    section.update(rounds_figures.floor(floors, command.format("default_limits") + " --with-floor"))
+                load.append(round(os.getloadavg()[0], 2))
+            finally:
+                bench.close()
+                if not args.keep:
+                    shutil.rmtree(root, ignore_errors=True)
+            if "default_limits" in section:
+                section["extender_cpu_ms_per_pod"] = section["default_limits"]["extender_cpu_ms_per_pod"]
+                section["extender_ms_per_call"] = section["default_limits"]["extender_ms_per_call"]
+            for name in ("default_limits", "high_qps"):  # pod created to bound, at the limit of the CPU figure
+                if "scheduling_latency_ms" in section.get(name, {}):
+                    section["scheduling_latency_ms"] = section[name]["scheduling_latency_ms"]
+                    break
+            for name in ("high_qps", "default_limits"):  # the client limit at which CPU, not the limit, sets the pace
+                if "cpu_ratio_gpu_over_plain" in section.get(name, {}):
+                    section["cpu_ratio_gpu_over_plain"] = section[name]["cpu_ratio_gpu_over_plain"]
+                    break
+            section["load_average_1m"] = max(load)
+            section["load_average_1m_start_end"] = load
+            report[f"nodes_{nodes}"] = section
+            say(json.dumps({f"nodes_{nodes}": section}, indent=1), stream=sys.stdout)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if all(rounds_figures.all_placed(report[f"nodes_{n}"].get(limit, {}))
                     for n in args.nodes for limit in limits) else 1

@@ -1,15 +1,21 @@
 """The simulated agents of `deepres bench cluster` (devtools/bench_cluster.py): every node's report,
-over lean kept-alive connections, once per heartbeat, spread evenly."""
+over lean kept-alive connections, once per heartbeat, spread evenly. As the agent does since issue
+#48 (extender/agent/reporter.py), once the extender has accepted a node's report and said it takes
+deltas, the next ones go as deltas against it: the simulated GPUs never change, so each heartbeat
+is a delta naming no GPU; a refused delta goes again whole at once."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
 
 GPU_MODEL, GPU_MEMORY_MIB, GPUS_PER_NODE = "NVIDIA A100-SXM4-80GB", 81920.0, 8
 AGENT_THREADS = 4
+#: The simulated agents' boot id (one per bench process: a delta is against a report of its boot).
+BOOT_ID = os.urandom(8).hex()
 
 
 def _report_body(node: str) -> bytes:
@@ -26,12 +32,19 @@ class _ReportTemplate:
                  "memory_total_mib": GPU_MEMORY_MIB, "memory_used_mib": 0.0, "utilization_gpu": 0.0}
                 for i in range(GPUS_PER_NODE)]
         head = json.dumps({"node": node})[:-1]
-        tail = json.dumps({"agent_version": "bench", "source": "simulated", "gpus": gpus, "pods": []})[1:]
+        fixed = {"agent_version": "bench", "source": "simulated", "boot_id": BOOT_ID, "pods": []}
+        tail = json.dumps({**fixed, "gpus": gpus})[1:]
         self.head, self.tail = f'{head}, "sequence": '.encode(), f", {tail}".encode()
+        self.delta_tail = f", {json.dumps({**fixed, 'gpus': []})[1:-1]}, \"base_sequence\": ".encode()
 
     def body(self, sequence: int, timestamp_s: float) -> bytes:
         return b"".join((self.head, str(sequence).encode(), b', "timestamp_s": ', repr(timestamp_s).encode(),
                          self.tail))
+
+    def delta(self, sequence: int, timestamp_s: float, base: int) -> bytes:
+        """A delta naming no GPU against the report `base` (nothing changed since)."""
+        return b"".join((self.head, str(sequence).encode(), b', "timestamp_s": ', repr(timestamp_s).encode(),
+                         self.delta_tail, str(base).encode(), b"}"))
 
 
 class _AgentConnection:
@@ -95,6 +108,7 @@ class _Agents:
     def __init__(self, port: int, tokens: dict[str, str], heartbeat_s: float) -> None:
         self.port, self.tokens, self.heartbeat_s = port, tokens, heartbeat_s
         self.sent = 0
+        self.deltas = 0  # deltas the extender accepted
         self.refused: list[str] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -118,17 +132,27 @@ class _Agents:
         templates = {node: _ReportTemplate(node) for node in nodes}
         step = self.heartbeat_s / len(nodes)
         due = time.monotonic() + step * (len(self._threads) / AGENT_THREADS)  # threads start staggered
+        base: dict[str, int] = {}  # per node, the last report the extender accepted, while it takes deltas
         i = 0
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             node = nodes[i % len(nodes)]
             i += 1
             due += step
             try:
-                status, text = conn.post("/v1/telemetry", self.tokens[node],
-                                         templates[node].body(time.time_ns() // 1000, time.time()))
+                sequence, last = time.time_ns() // 1000, base.pop(node, None)
+                template = templates[node]
+                status, text = conn.post("/v1/telemetry", self.tokens[node], template.body(sequence, time.time())
+                                         if last is None else template.delta(sequence, time.time(), last))
+                self.sent += 1
+                if status == 409 and last is not None:  # the delta did not apply: the same report, whole
+                    status, text = conn.post("/v1/telemetry", self.tokens[node], template.body(sequence, time.time()))
+                    self.sent += 1
+                elif status == 200 and last is not None:
+                    self.deltas += 1
                 if status != 200:
                     self.refused.append(f"{node}: {status} {text[:200]!r}")
-                self.sent += 1
+                elif b'"deltas":true' in text.replace(b" ", b""):
+                    base[node] = sequence
             except (OSError, ValueError) as err:
                 self.refused.append(f"{node}: {err}")
         conn.close()

@@ -27,6 +27,9 @@ def figures(qps: int, plain: dict[str, Any], gpu: dict[str, Any]) -> dict[str, A
         "gpu_latency_p50_s": gpu["latency_p50_s"], "gpu_latency_p99_s": gpu["latency_p99_s"],
         "plain_latency_p50_s": plain["latency_p50_s"],
         "plain_latency_p99_s": plain["latency_p99_s"],
+        # from the pod's creation to the watch showing it bound (issue #48's name for the above, in ms)
+        "scheduling_latency_ms": {kind: {"p50": phase["latency_p50_ms"], "p99": phase["latency_p99_ms"]}
+                                  for kind, phase in (("gpu", gpu), ("plain", plain))},
         "extender_cpu_ms_per_pod": gpu["cpu_ms_per_pod"]["extender"],
         "extender_ms_per_call": gpu["extender_ms_per_call"],
         "telemetry_reports_per_s": gpu["telemetry_reports_per_s"],
@@ -70,3 +73,14 @@ def shown(rounds: list[dict[str, Any]], command: str) -> dict[str, Any]:
 def all_placed(figures: dict[str, Any]) -> bool:
     """Every GPU pod of every round placed (the shown round's count, or the worst round's)."""
     return int(figures.get("worst_round", figures).get("gpu_pods_unplaced", 1)) == 0
+
+
+def floor(phases: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    """`--with-floor`: the floor extender's GPU phases (one per round, at the default limits) ->
+    `extender_cpu_ms_per_pod_floor` (their median) and each phase's figure, in the order they ran."""
+    each = [phase["cpu_ms_per_pod"]["extender"] for phase in phases]
+    return {"extender_cpu_ms_per_pod_floor": round(statistics.median(each), 2),
+            "floor_rounds": {"extender_cpu_ms_per_pod": each,
+                             "gpu_pods_per_s": [phase["pods_per_s"] for phase in phases],
+                             "gpu_pods_unplaced": [int(phase["gpu_pods_unplaced"]) for phase in phases],
+                             "provenance": stamp(command)}}

@@ -2,8 +2,14 @@
 
 A simulated 5,000-node cluster reports through `/v1/telemetry`, and 200 pods are filtered and
 bound first, so that the packing score works against a demand mix of recent admissions as it does
-in a running cluster; then, for each mode, 4 clients play kube-scheduler: per pod one `/filter`
-then one `/prioritize`, in `--repeats` rounds of the three modes (each figure: the median of the rounds).
+in a running cluster; then, for each mode, 4 clients play kube-scheduler's cycle: per pod one
+`/filter`, then, as kube-scheduler does, a `/prioritize` with what the filter passed only when it
+passed more than one node (one node: kube-scheduler binds there without asking), and a `/bind` to
+the best-scored node (none when no node passed), so the filter's and the prioritize's assumptions
+end in a bind as they do under kube-scheduler; each pod is new (its own name and uid). In
+`--repeats` rounds of the three modes (each figure: the median of the rounds; `prioritize_*` are
+null when no prioritize was sent). The pods bound stay bound (none ends here), so each mode of each
+round has a server of its own, loaded alike (the telemetry, the 200 warm-up binds) before its load.
 - names: 500 candidate node names (nodeCacheCapable: true; what kube-scheduler sends at 5,000 nodes)
 - nodes: 100 full Node objects (nodeCacheCapable: false)
 - under_telemetry: the names mode while agents post 500 reports/s
@@ -17,7 +23,8 @@ Writes `reports/bench-extender.json`.
 N nodes of 8 empty 80 GB GPUs (as `deepres bench cluster` has them), and per pod what
 kube-scheduler sends with `percentageOfNodesToScore: 100`: a `/filter` with every node's name (in
 a new order each time: its parallel filters collect them so), a `/prioritize` with the names the
-filter passed, in its order, and a `/bind` to the best; one pod at a time, with the nodes' agents
+filter passed, in its order, when it passed more than one (the `prioritize_*` figures are null when
+none was sent), and a `/bind` to the best; one pod at a time, with the nodes' agents
 reporting meanwhile at the chart's heartbeat (`--heartbeat-s`, a report per node per period, from
 a process of their own). Per verb the client's latency (p50/p99), and the server's CPU per pod
 (every verb, with the telemetry) and per report (agents alone). Writes
@@ -121,41 +128,55 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{'mode':<16}" + "".join(f"{k:>19}" for k in KEYS))
         for mode in ("names", "nodes", "under_telemetry"):
-            print(f"{mode:<16}" + "".join(f"{results[mode][k]:>19}" for k in KEYS))
+            print(f"{mode:<16}" + "".join(f"{results[mode][k]!s:>19}" for k in KEYS))
         print(f"server RSS {results['rss_mib']} MiB; written to {out}")
     return 0
 
 
 def _measure(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
-    """Start the server, load the cluster, run the rounds; the figures (medians over rounds)."""
-    with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
-        names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
-        cluster = _Cluster(names, rng)
-        _progress(f"posting telemetry for {args.nodes} nodes")
-        _post_many(server, [cluster.report(n) for n in names], threads=4)
-        _progress(f"binding {WARM_UP_BINDS} pods (the packing score's demand mix comes from admissions)")
-        _bind_pods(server, names, args.candidates, rng)
-        rounds: dict[str, list[dict[str, float]]] = {"names": [], "nodes": [], "under_telemetry": []}
-        achieved = []
-        for k in progress(range(args.repeats), "rounds", unit="round"):
-            _progress(f"round {k + 1}/{args.repeats}: names mode: {args.clients} clients, {args.candidates} names "
-                      f"per request, {args.duration_s:g} s")
-            rounds["names"].append(_scheduler_load(server, _names_bodies(names, args.candidates, rng), args))
-            _progress(f"round {k + 1}/{args.repeats}: nodes mode: {args.full_nodes} full Node objects per request")
-            rounds["nodes"].append(_scheduler_load(server, _node_bodies(names, args.full_nodes, rng), args))
-            _progress(f"round {k + 1}/{args.repeats}: names mode under {args.telemetry_rate:g} telemetry reports/s")
-            reporter = _Reporter(server, cluster, names, args.telemetry_rate)
-            reporter.start()
-            rounds["under_telemetry"].append(
-                _scheduler_load(server, _names_bodies(names, args.candidates, rng), args))
-            achieved.append(reporter.stop())
-        results: dict[str, Any] = {mode: {key: statistics.median(r[key] for r in runs) for key in KEYS}
-                                   for mode, runs in rounds.items()}
-        results["rss_mib"] = round(server.rss_mib(), 1)
-        results["cluster_nodes"] = args.nodes  # the cluster size the figures (RSS included) were measured at
+    """Per round and mode a server of its own, loaded alike (telemetry, the warm-up binds), then the
+    mode's load: the pods a load binds stay bound (no pod ends here), so each load starts from the
+    same cluster, not from one its forerunners filled. The figures: medians over rounds."""
+    names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
+    cluster = _Cluster(names, rng)
+    rounds: dict[str, list[dict[str, float | None]]] = {"names": [], "nodes": [], "under_telemetry": []}
+    achieved = []
+    rss = 0.0
+    for k in progress(range(args.repeats), "rounds", unit="round"):
+        for mode in rounds:
+            with tempfile.TemporaryDirectory(prefix="deepres-bench-") as tmp, _Server(Path(tmp), args) as server:
+                _progress(f"round {k + 1}/{args.repeats}, {mode}: telemetry for {args.nodes} nodes, "
+                          f"{WARM_UP_BINDS} pods bound (the packing score's demand mix comes from admissions)")
+                _post_many(server, [cluster.report(n) for n in names], threads=4)
+                _bind_pods(server, names, args.candidates, rng)
+                if mode == "nodes":
+                    _progress(f"  {args.full_nodes} full Node objects per request, {args.duration_s:g} s")
+                    rounds[mode].append(_scheduler_load(server, _node_bodies(names, args.full_nodes, rng), args,
+                                                        f"o{k}"))
+                    continue
+                reporter = _Reporter(server, cluster, names, args.telemetry_rate) if mode != "names" else None
+                _progress(f"  {args.clients} clients, {args.candidates} names per request, {args.duration_s:g} s"
+                          + (f", under {args.telemetry_rate:g} telemetry reports/s" if reporter else ""))
+                if reporter is not None:
+                    reporter.start()
+                rounds[mode].append(_scheduler_load(server, _names_bodies(names, args.candidates, rng), args,
+                                                    f"{mode[0]}{k}"))
+                if reporter is not None:
+                    achieved.append(reporter.stop())
+                rss = server.rss_mib()  # the last server's, after its load
+    results: dict[str, Any] = {mode: {key: _median(r[key] for r in runs) for key in KEYS}
+                               for mode, runs in rounds.items()}
+    results["rss_mib"] = round(rss, 1)
+    results["cluster_nodes"] = args.nodes  # the cluster size the figures (RSS included) were measured at
     _progress(f"telemetry achieved {statistics.median(achieved):.0f} reports/s; load average now "
               f"{os.getloadavg()[0]:.1f}; the reference loop now takes {_reference_loop_ms():.0f} ms")
     return results
+
+
+def _median(values: Any) -> float | None:
+    """The median of the rounds that have the figure (a round that sent no prioritize has none)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _reference_loop_ms() -> float:
@@ -297,6 +318,11 @@ def _bind_pods(server: _Server, names: list[str], candidates: int, rng: random.R
         raise RuntimeError(f"only {bound} of {WARM_UP_BINDS} warm-up pods could be bound")
 
 
+#: In the scheduler load's bodies, what each client replaces with a token of its own per pod, so
+#: every pod it sends is a new one (name and uid), as kube-scheduler's are.
+POD_TOKEN = "@@pod@@"
+
+
 def _pod(i: int, rng: random.Random, prefix: str = "bench") -> dict[str, Any]:
     job = JOBS[i % len(JOBS)]
     return {"apiVersion": "v1", "kind": "Pod",
@@ -307,8 +333,8 @@ def _pod(i: int, rng: random.Random, prefix: str = "bench") -> dict[str, Any]:
 
 
 def _names_bodies(names: list[str], candidates: int, rng: random.Random) -> list[bytes]:
-    return [json.dumps({"Pod": _pod(i, rng), "Nodes": None, "NodeNames": rng.sample(names, candidates)}).encode()
-            for i in range(128)]
+    return [json.dumps({"Pod": _pod(i, rng, prefix=POD_TOKEN), "Nodes": None,
+                        "NodeNames": rng.sample(names, candidates)}).encode() for i in range(128)]
 
 
 def _node_object(name: str) -> dict[str, Any]:
@@ -347,30 +373,34 @@ def _node_bodies(names: list[str], count: int, rng: random.Random) -> list[bytes
     bodies = []
     for i in range(32):
         items = [_node_object(n) for n in rng.sample(names, count)]
-        bodies.append(json.dumps({"Pod": _pod(i, rng), "NodeNames": None,
+        bodies.append(json.dumps({"Pod": _pod(i, rng, prefix=POD_TOKEN), "NodeNames": None,
                                   "Nodes": {"metadata": {}, "items": items}}).encode())
     return bodies
 
 
-def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespace) -> dict[str, float]:
+def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespace,
+                    tag: str) -> dict[str, float | None]:
     """Each client is a process of its own (as kube-scheduler is not a Python thread): a client
-    waiting for its interpreter lock would be counted as the extender's latency."""
+    waiting for its interpreter lock would be counted as the extender's latency. `tag`: this load's
+    own, so that its pods are new to the server (no pod is sent twice in a run)."""
     context = multiprocessing.get_context("fork")
     results: Any = context.Queue()
     deadline = time.monotonic() + args.duration_s  # CLOCK_MONOTONIC: the same clock in every process
     started = time.perf_counter()
     cpu_before = server.cpu_s()
-    pool = [context.Process(target=_client, args=(server, bodies, k, args.clients, deadline, results))
+    pool = [context.Process(target=_client, args=(server, bodies, k, args.clients, deadline, results, tag))
             for k in range(args.clients)]
     for process in pool:
         process.start()
     filter_ms: list[float] = []
     prioritize_ms: list[float] = []
+    bound = 0
     errors: list[str] = []
     for _ in pool:
-        mine_f, mine_p, error = results.get(timeout=args.duration_s + 120)
+        mine_f, mine_p, mine_bound, error = results.get(timeout=args.duration_s + 120)
         filter_ms.extend(mine_f)
         prioritize_ms.extend(mine_p)
+        bound += mine_bound
         if error:
             errors.append(error)
     for process in pool:
@@ -380,38 +410,77 @@ def _scheduler_load(server: _Server, bodies: list[bytes], args: argparse.Namespa
         raise RuntimeError(f"the extender answered with an error: {errors[0]}")
     pods = len(filter_ms)
     cpu_ms = (server.cpu_s() - cpu_before) * 1000.0 / max(pods, 1)
-    _progress(f"  {pods} pods in {elapsed:.1f} s; server CPU {cpu_ms:.2f} ms per pod "
-              f"(~{1000.0 / max(cpu_ms, 1e-9):.0f} pods/s per dedicated core)")
+    _progress(f"  {pods} pods in {elapsed:.1f} s ({len(prioritize_ms)} prioritized, {bound} bound); server CPU "
+              f"{cpu_ms:.2f} ms per pod (~{1000.0 / max(cpu_ms, 1e-9):.0f} pods/s per dedicated core)")
     return {
         "pods_per_s": round(pods / elapsed, 1),
         "filter_p50_ms": _percentile(filter_ms, 50), "filter_p99_ms": _percentile(filter_ms, 99),
-        "prioritize_p50_ms": _percentile(prioritize_ms, 50), "prioritize_p99_ms": _percentile(prioritize_ms, 99),
+        "prioritize_p50_ms": _percentile(prioritize_ms, 50) if prioritize_ms else None,
+        "prioritize_p99_ms": _percentile(prioritize_ms, 99) if prioritize_ms else None,
     }
 
 
-def _client(server: _Server, bodies: list[bytes], k: int, clients: int, deadline: float, results: Any) -> None:
-    """One scheduler client: per pod a filter then a prioritize, until the deadline."""
+def _passed(answer: bytes) -> tuple[list[str], list[Any] | None]:
+    """What a filter passed: the names (nodeCacheCapable) or the Node objects, from its answer."""
+    result = json.loads(answer)
+    nodes = result.get("Nodes")
+    if isinstance(nodes, dict) and nodes.get("items") is not None:
+        items = list(nodes["items"])
+        return [n["metadata"]["name"] for n in items], items
+    return list(result.get("NodeNames") or []), None
+
+
+def _client(server: _Server, bodies: list[bytes], k: int, clients: int, deadline: float, results: Any,
+            tag: str) -> None:
+    """One scheduler client, kube-scheduler's cycle per pod until the deadline: a filter; a
+    prioritize over what it passed when that is more than one node (kube-scheduler asks no
+    extender's prioritize for a single feasible node); a bind to the best-scored node."""
     headers = {"Content-Type": "application/json"}
     conn = server.connection()
     filter_ms: list[float] = []
     prioritize_ms: list[float] = []
+    bound = 0
     error = ""
     i = k
-    while time.monotonic() < deadline:
-        body = bodies[i % len(bodies)]
+    token = POD_TOKEN.encode()
+    while time.monotonic() < deadline and not error:
+        pod_id = f"{tag}-{i}"
+        body = bodies[i % len(bodies)].replace(token, pod_id.encode())
         i += clients
         t0 = time.perf_counter()
         status, text = _post(conn, "/filter", body, headers)
         t1 = time.perf_counter()
-        status2, _ = _post(conn, "/prioritize", body, headers)
-        t2 = time.perf_counter()
-        if status != 200 or status2 != 200 or b'"Error":""' not in text:
-            error = f"{status} {status2} {text[:200]!r}"
+        if status != 200 or b'"Error":""' not in text:
+            error = f"filter: {status} {text[:200]!r}"
             break
         filter_ms.append((t1 - t0) * 1000.0)
-        prioritize_ms.append((t2 - t1) * 1000.0)
+        names, items = _passed(text)
+        if not names:  # unschedulable: kube-scheduler neither prioritizes nor binds
+            continue
+        best = names[0]
+        if len(names) > 1:
+            request = json.loads(body)
+            request.update({"NodeNames": names, "Nodes": None} if items is None else
+                           {"NodeNames": None, "Nodes": {"metadata": {}, "items": items}})
+            t2 = time.perf_counter()
+            status, text = _post(conn, "/prioritize", json.dumps(request).encode(), headers)
+            t3 = time.perf_counter()
+            if status != 200:
+                error = f"prioritize: {status} {text[:200]!r}"
+                break
+            prioritize_ms.append((t3 - t2) * 1000.0)
+            scores = json.loads(text)
+            if scores:  # kube-scheduler: the highest score, the first of equals
+                best = max(scores, key=lambda entry: entry["Score"])["Host"]
+        meta = json.loads(body)["Pod"]["metadata"]
+        status, text = _post(conn, "/bind", json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                                        "PodUID": meta["uid"], "Node": best}).encode(), headers)
+        if status != 200:
+            error = f"bind: {status} {text[:200]!r}"
+            break
+        bound += json.loads(text).get("Error") == ""
     conn.close()
-    results.put((filter_ms, prioritize_ms, error))
+    results.put((filter_ms, prioritize_ms, bound, error))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -493,7 +562,8 @@ def run_cycle(args: argparse.Namespace) -> int:
             rounds = [cycle_round(server, names, fleet, args, k) for k in range(args.repeats)]
             section: dict[str, Any] = {"nodes": nodes, "pods_per_round": args.cycle_pods, "rounds": args.repeats,
                                        "heartbeat_s": args.heartbeat_s}
-            section.update({key: round(statistics.median(r[key] for r in rounds), 3) for key in CYCLE_KEYS})
+            section.update({key: None if (m := _median(r[key] for r in rounds)) is None else round(m, 3)
+                            for key in CYCLE_KEYS})
             section["rss_mib"] = round(server.rss_mib(), 1)
         section["load_average_1m"] = round(os.getloadavg()[0], 2)
         results[f"nodes_{nodes}"] = section
@@ -505,7 +575,7 @@ def run_cycle(args: argparse.Namespace) -> int:
 
 
 def cycle_round(server: _Server, names: list[str], fleet: _Fleet, args: argparse.Namespace,
-                k: int) -> dict[str, float]:
+                k: int) -> dict[str, float | None]:
     """A report from each of (at most 1,000) nodes as fast as they go (CPU per report), then
     `--cycle-pods` pods one at a time while the agents report at the heartbeat's rate."""
     burst = names[: min(len(names), 1000)]
@@ -530,11 +600,14 @@ def cycle_round(server: _Server, names: list[str], fleet: _Fleet, args: argparse
         passed = json.loads(answer).get("NodeNames") or [] if status == 200 else []
         if not passed:
             raise RuntimeError(f"the filter passed no node: {status} {answer[:200]!r}")
-        body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
-        t2 = time.perf_counter()
-        status, answer = _post(conn, "/prioritize", body, headers)
-        t3 = time.perf_counter()
-        best = max(json.loads(answer), key=lambda entry: entry["Score"])["Host"]
+        best = passed[0]
+        if len(passed) > 1:  # kube-scheduler asks no prioritize of a single feasible node
+            body = json.dumps({"Pod": pod, "NodeNames": passed}).encode()
+            t2 = time.perf_counter()
+            status, answer = _post(conn, "/prioritize", body, headers)
+            t3 = time.perf_counter()
+            best = max(json.loads(answer), key=lambda entry: entry["Score"])["Host"]
+            verbs["prioritize"].append((t3 - t2) * 1000.0)
         meta = pod["metadata"]
         body = json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
                            "Node": best}).encode()
@@ -543,12 +616,12 @@ def cycle_round(server: _Server, names: list[str], fleet: _Fleet, args: argparse
         t5 = time.perf_counter()
         if status != 200 or json.loads(answer).get("Error"):
             raise RuntimeError(f"bind failed: {status} {answer[:200]!r}")
-        for verb, ms in (("filter", t1 - t0), ("prioritize", t3 - t2), ("bind", t5 - t4)):
+        for verb, ms in (("filter", t1 - t0), ("bind", t5 - t4)):
             verbs[verb].append(ms * 1000.0)
     cpu_ms = (server.cpu_s() - cpu_start) * 1000.0
     reports_per_s = agents.stop()
     conn.close()
-    figures = {f"{verb}_{q}_ms": _percentile(values, p) for verb, values in verbs.items()
+    figures = {f"{verb}_{q}_ms": _percentile(values, p) if values else None for verb, values in verbs.items()
                for q, p in (("p50", 50), ("p99", 99))}
     figures.update(server_cpu_ms_per_pod=round(cpu_ms / args.cycle_pods, 3),
                    server_cpu_ms_per_report=round(per_report_ms, 3), reports_per_s=round(reports_per_s, 1))

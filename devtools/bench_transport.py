@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devtools.bench_cluster import _cpu_s
+from devtools.bench_cluster_readings import cpu_s as _cpu_s
 from devtools.localcluster import REPO, free_port
 from extender.server import podcerts
 

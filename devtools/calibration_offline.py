@@ -85,10 +85,15 @@ def run(candidates: list[Row], held: list[Row] | None, path: str, pods: int) -> 
         shifts = cal.learn(observed)
     scored = held if held is not None else [row for i, row in enumerate(candidates) if i not in seen]
     answers = []
+    by: dict[str, list[tuple[float, float, float]]] = {}
     for row in scored:
         fixed = cal.corrected(row.point_mib, row.upper_mib, shifts, key, row.regime)
         answers.append((fixed.memory_mib, fixed.memory_mib_upper, row.peak_mib))
-    return {**figures(answers), "observed": len(observed), "scored": len(answers)}
+        by.setdefault(row.regime, []).append(answers[-1])
+    out: dict[str, float] = {**figures(answers), "observed": len(observed), "scored": len(answers)}
+    for r, found in by.items():  # per batch regime: `<regime>.<figure>`
+        out.update({f"{r}.{k}": v for k, v in figures(found).items()})
+    return out
 
 
 def bound_side(rows: list[Row], path: str, pods: int, draw: int) -> dict[str, float]:
@@ -102,7 +107,12 @@ def bound_side(rows: list[Row], path: str, pods: int, draw: int) -> dict[str, fl
 def summary(runs: list[dict[str, float]], path: str) -> dict[str, Any]:
     limit = 1.3 if path == "exact" else 1.5  # issue 30's targets
     keys = ("median_abs_rel_err", "under_rate", "median_bound_ratio")
-    return {"median": {k: round(statistics.median(r[k] for r in runs), 4) for k in keys},
+    regimes = {k.split(".")[0] for r in runs for k in r if "." in k}
+    by_regime = {f"{g}.{k}": {"median": round(statistics.median(r[f"{g}.{k}"] for r in runs if f"{g}.{k}" in r), 4),
+                              "mean": round(statistics.fmean(r[f"{g}.{k}"] for r in runs if f"{g}.{k}" in r), 4),
+                              "max": max(r[f"{g}.{k}"] for r in runs if f"{g}.{k}" in r)}
+                 for g in sorted(regimes) for k in keys}
+    return {"by_regime": by_regime, "median": {k: round(statistics.median(r[k] for r in runs), 4) for k in keys},
             "mean": {k: round(statistics.fmean(r[k] for r in runs), 4) for k in keys},
             "worst_under_rate": max(r["under_rate"] for r in runs),
             "share_of_seeds": {"median_abs_rel_err<=0.05": round(sum(r["median_abs_rel_err"] <= 0.05 for r in runs)
@@ -113,6 +123,22 @@ def summary(runs: list[dict[str, float]], path: str) -> dict[str, Any]:
             "seed_0": {k: runs[0][k] for k in keys}}
 
 
+def fit_cost(pods: int = 200, repeats: int = 20) -> dict[str, float]:
+    """CPU ms of one `learn` over a key of `pods` observed rows (the learner's cost per key and round)."""
+    import time
+
+    rows = rows_by_seed(range(1))[0]["exact"][:pods]
+    observed = [cal.Observation(f"pod-{i}", f"node-{i % NODES}", GPU, "bench", "exact", row.point_mib, row.peak_mib,
+                                float(i), row.upper_mib, row.regime) for i, row in enumerate(rows)]
+    cal.learn(observed)  # (warm)
+    took = []
+    for _ in range(repeats):
+        began = time.process_time()
+        cal.learn(observed)
+        took.append((time.process_time() - began) * 1000.0)
+    return {"pods": len(observed), "learn_cpu_ms_median": round(statistics.median(took), 2)}
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's arguments (docs/calibration.md names them: tests/unit/test_docs_generated.py)."""
     parser = argparse.ArgumentParser(prog="python -m devtools.calibration_offline", description=__doc__.splitlines()[0])
@@ -121,11 +147,21 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--bound-side", type=int, default=0, metavar="DRAWS",
                         help="score on seed 0's bound-side rows only (DRAWS seeded draws of --pods observed, the "
                              "rest of the 200 scored): for choosing a rule without looking at the held-out rows")
+    parser.add_argument("--fit-cost", action="store_true",
+                        help="print the CPU time of one `learn` over a full key (the first 200 rows of seed 0's exact "
+                             "path, 8 nodes), median of 20, and exit")
+    parser.add_argument("--no-recentre", action="store_true",
+                        help="the kept offline bound not re-centred per batch regime (the rule before issue 45 row 5)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.no_recentre:
+        cal.RECENTRED_PATHS = ()
+    if args.fit_cost:
+        print(json.dumps(fit_cost()))
+        return 0
     if args.bound_side:
         data = rows_by_seed(range(1))
         out = {f"{path}.pods_{pods}.bound_side": summary([bound_side(data[0][path], path, pods, draw)

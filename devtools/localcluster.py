@@ -13,7 +13,8 @@ kube-controller-manager runs with only the controllers a workload here needs: se
 `default` ServiceAccounts pods are admitted against), daemonset and deployment/replicaset (the
 chart's agent and scheduler pods exist as real API objects, so their bound tokens carry the node
 the extender checks), root-ca-cert-publisher (the kube-root-ca.crt every pod's API volume holds),
-namespace and garbagecollector (namespaces and `helm uninstall` finish).
+namespace and garbagecollector (namespaces and `helm uninstall` finish), and job (the Job examples of
+deploy/examples/, tests/cluster/test_examples.py).
 
 kwok manages every node but a real one: where the machine can run containers, `up` also joins a real
 node (devtools/realnode.py: containerd + runc + the kubelet built here), which is why the API server
@@ -61,7 +62,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 #: the label of a real node (devtools/realnode.py): kwok leaves such nodes to their kubelet
 REAL_NODE_LABEL = "deepres.io/real-node"
-CONTROLLERS = "serviceaccount,root-ca-cert-publisher,namespace,garbagecollector,daemonset,deployment,replicaset"
+CONTROLLERS = "serviceaccount,root-ca-cert-publisher,namespace,garbagecollector,daemonset,deployment,replicaset,job"
 
 
 class ClusterError(RuntimeError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from devtools import plotsource
 from predictor.progress import progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,6 +176,8 @@ def draw_all(reports: Path = REPORTS, img: Path = IMG) -> dict[str, str]:
     for name, draw in progress(jobs, desc="plots", unit="plot"):
         try:
             done[name] = draw(img / name)
+            # what it was drawn from, in the PNG: tests/unit/test_plot_sources.py catches a plot older than it
+            plotsource.stamp(img / name, plotsource.SOURCES[name](reports))
         except (FileNotFoundError, KeyError, ValueError) as err:
             done[name] = 'skipped: ' + re.sub(r'\s+', ' ', str(err))
     return done

@@ -33,7 +33,6 @@ from typing import Any
 
 from extender.policy import calibration as cal
 from extender.policy.duty import admission_duty
-from extender.policy.sharing import wait_for_empty_s
 from extender.simulate import capacity, capworld, compute, replay
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.interference import COLOCATION, build_report, load
@@ -52,20 +51,13 @@ class PointAdmission(replay.DeepRes):
 
 
 class SizedWait(replay.DeepRes):
-    """Diagnosis: the wait for an empty GPU counts only GPUs that can hold the pod's admission."""
+    """Diagnosis: the wait for an empty GPU counts only GPUs that can hold the pod's admission (since
+    issue 46 the policy's own rule, `sharing.can_hold`: this name stays for the probe's command line)."""
 
     name = "deepres-sized"
 
-    def wait_s(self, job: Job, rows: Sequence[int], now: float) -> float:
-        k, best = max(job.pod.num_gpu, 1), math.inf
-        for i in rows:
-            waits = sorted(wait_for_empty_s(now, [[(self.jobs[j].start, self.jobs[j].predicted_s)
-                                                   for j in self.c.jobs_on[i][g]]])
-                           for g in range(self.c.cap.shape[1])
-                           if self.c.present[i, g] and self.c.cap[i, g] >= job.admission_mib)
-            if len(waits) >= k:
-                best = min(best, waits[k - 1])
-        return best
+    def wait_s(self, job: Job, rows: Sequence[int], now: float, need_mib: float = 0.0) -> float:
+        return super().wait_s(job, rows, now, max(need_mib, job.admission_mib))
 
 
 SLICE_CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "deepres-point": PointAdmission,

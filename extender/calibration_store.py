@@ -11,7 +11,9 @@ Learning is off the request path: a background thread (`start`) learns the keys 
 at most every LEARN_EVERY_S, only from pods of nodes that report GPUs now (`nodes`, given by the
 ledger: a pod of a node never seen, as a forged file may hold, is no observation), and publishes an
 immutable snapshot that `shifts()` returns without a lock. No verb, no /metrics scrape and no
-telemetry report waits on a fit; `observe` only records the reading.
+telemetry report waits on a fit; `observe` only records the reading. The learner shares the verbs'
+interpreter (the GIL), so it spreads its work: after each key's fit it waits LEARN_PAUSE times the
+fit's CPU time, and it encodes the file ENCODE_CHUNK pods at a time, letting the verbs run between.
 
 Kept across restarts:
 - local mode: a JSON file (`path`: `<state file>.calibration.json`) with the sha256 of its pods
@@ -67,6 +69,12 @@ LEARN_EVERY_S = 1.0
 #: fit of a full key is ~25-50 ms of CPU, taken from the verbs' interpreter while it runs).
 GROWN_EVERY_S = 5.0
 RELEARN_EVERY_S = LEARN_EVERY_S  # the name before
+#: After each key's fit the learner waits this many times the fit's CPU time (at most LEARN_PAUSE_MAX_S):
+#: it holds the interpreter (the GIL) at most a fifth of the time, and a verb arriving during a round
+#: waits on one fit at most (10 keys fitted back to back held it for ~100 ms: measured, /filter's p99
+#: then rose by tens of ms on a busy 2-CPU machine).
+LEARN_PAUSE = 4.0
+LEARN_PAUSE_MAX_S = 0.25
 #: The learner looks at which nodes report GPUs (and with what software) at least this often; a node
 #: reporting for the first time wakes it at once.
 NODES_EVERY_S = 10.0
@@ -250,11 +258,14 @@ class CalibrationStore:
                         uid, p.node, p.gpu_model, p.software, p.path, p.point_mib, p.peak_mib, p.order, p.upper_mib,
                         p.regime, p.tenant, p.owner, p.settled))
             for key in keys:
+                began = time.thread_time()
                 learned = learn(by_key.get(key, ()), nodes_of=nodes[1] if nodes is not None else None)
                 shifts = {k: v for k, v in self._shifts.items() if k != key}
                 shifts.update(learned)
                 self._shifts = MappingProxyType(shifts)  # one reference replaced: readers see old or new whole
-                time.sleep(0.001)  # let the verbs' threads have the interpreter between two fits
+                # the verbs' threads have the interpreter between two fits, for LEARN_PAUSE x the fit's CPU:
+                # the keys of a round are spread out, a request waits on one fit at most, never a burst
+                self._stop.wait(min(max(LEARN_PAUSE * (time.thread_time() - began), 0.001), LEARN_PAUSE_MAX_S))
             self.learnings += 1
 
     # ---- writes ----
@@ -508,10 +519,23 @@ def _learner(ref: weakref.ReferenceType[CalibrationStore]) -> None:
         del store
 
 
+#: Pods encoded between two yields of the interpreter while the file is written (one json.dumps of
+#: 2,000 pods held the GIL ~6 ms, of 20,000 ~60 ms: a verb waited that long).
+ENCODE_CHUNK = 250
+
+
 def canonical(pods: list[tuple[str, Placed]]) -> bytes:
-    """The checksummed payload: the pods by uid, as JSON with sorted keys and no spaces."""
-    return json.dumps({uid: dict(vars(p)) for uid, p in pods}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=True).encode()
+    """The checksummed payload: the pods by uid, as JSON with sorted keys and no spaces (the bytes of
+    one json.dumps of them with sort_keys, made pod by pod: the learner's thread lets the verbs' threads
+    run every ENCODE_CHUNK pods)."""
+    parts = []
+    by_uid = dict(pods)
+    for n, uid in enumerate(sorted(by_uid)):
+        if n and n % ENCODE_CHUNK == 0:
+            time.sleep(0)  # (releases the GIL: a waiting verb takes it)
+        parts.append(json.dumps(uid, ensure_ascii=True) + ":" + json.dumps(
+            vars(by_uid[uid]), sort_keys=True, separators=(",", ":"), ensure_ascii=True))
+    return ("{" + ",".join(parts) + "}").encode()
 
 
 def encode(pods: list[tuple[str, Placed]]) -> bytes:

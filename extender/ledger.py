@@ -32,7 +32,7 @@ from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
-from extender.policy.sharing import sharing_view, wait_for_empty_s
+from extender.policy.sharing import can_hold, sharing_view, wait_for_empty_s
 from extender.policy.types import EMPTY_SLACK_MIB, GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
 from extender.telemetry import GpuReport, NodeReport
@@ -148,24 +148,23 @@ class Ledger:
         with self._lock:
             return self._peaks.get(signature)
 
-    def learned_duty(self, signature: str) -> float | None:
-        """The GPU duty the signature's pods showed (alone, the largest of its last pods), or None."""
+    def learned_duty(self, signature: str) -> float | None:  # the duty its pods showed alone (largest of the last)
         with self._lock:
             return self._duties.get(signature) if signature else None
 
-    def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None) -> float:
-        """The predicted wait until `gpus` GPUs of one node (of `names`, default all) are empty, from
-        the bind times and predicted run times (`PriorityInputs.gpu_seconds`) of the pods holding them
-        (`sharing.wait_for_empty_s`); the sharing rule's W."""
+    def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None, need_mib: float = 0.0
+                         ) -> float:
+        """The sharing rule's W: the predicted wait until `gpus` GPUs that can hold `need_mib` each
+        (`sharing.can_hold`) of one node of `names` (the pod's; default all) are empty (`sharing.wait_for_empty_s`)."""
         with self._lock:
-            return self._wait_for_empty_s(gpus, now_s, names)
+            return self._wait_for_empty_s(gpus, now_s, names, need_mib)
 
-    def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None) -> float:
-        k = max(gpus, 1)
-        if names is None and self._spare_holds(k):
+    def _wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None, need_mib: float) -> float:
+        k, allowed = max(gpus, 1), None if names is None else set(names)
+        if self._spare_holds(k, need_mib, allowed):
             return 0.0
         best = float("inf")
-        for name in (self._views if names is None else names):
+        for name in (self._views if allowed is None else allowed):
             view = self._views.get(name)
             if view is None:
                 continue
@@ -176,26 +175,26 @@ class Ledger:
                     for uuid in res.gpu_uuids:
                         if uuid in held:
                             held[uuid].append((res.bound_s, res.priority_inputs.gpu_seconds))
-            # a GPU holding memory deepres did not place (another scheduler's pod, a process of the node)
-            # empties at no time deepres can predict: it is no GPU to wait for (0 would say it is empty now)
+            # a GPU holding memory deepres did not place empties at no time deepres can predict: never (not 0)
             waits = sorted(math.inf if g.foreign_mib > EMPTY_SLACK_MIB or (not held[g.uuid] and not g.empty)
-                           else wait_for_empty_s(now_s, [held[g.uuid]]) for g in view.healthy)
+                           else wait_for_empty_s(now_s, [held[g.uuid]]) for g in view.healthy
+                           if can_hold(g.capacity_mib, need_mib))
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
                 if best <= 0.0:  # no wait is shorter
                     return 0.0
         return best
 
-    def _spare_holds(self, k: int) -> bool:
-        """Whether a node without any reservation has `k` empty GPUs (lock held; healthy, nothing on them,
-        ours or not): then the wait is 0, and no node need be looked at. Asked of a few of the nodes
-        nobody placed on or that emptied (candidates only: each is checked), so that the filter and
-        the bind, which both ask for the wait over every node, do not go through every node's GPUs
-        and reservations (O(cluster) per pod: ~40% of the extender's CPU per GPU pod at 300 nodes)."""
+    def _spare_holds(self, k: int, need_mib: float = 0.0, allowed: set[str] | None = None) -> bool:
+        """Whether a node (of `allowed`) without any reservation has `k` empty GPUs of `need_mib` free (lock
+        held): then the wait is 0, and no node need be looked at. Asked of a few of the nodes nobody placed
+        on or that emptied (candidates only: each is checked), so that the filter and the bind do not go
+        through every node's GPUs (O(cluster) per pod: ~40% of the extender's CPU per GPU pod at 300 nodes)."""
         for spare in (self._unplaced, self._emptied):
             for name in islice(reversed(spare), SPARES_CHECKED):
                 view = self._views.get(name)
-                if view is not None and len(view.empty_free_desc) >= k and not self._by_node.get(name):
+                if view is not None and len(view.empty_free_desc) >= k and not self._by_node.get(name) \
+                        and view.empty_free_desc[k - 1] >= need_mib and (allowed is None or name in allowed):
                     return True  # k GPUs empty now (not merely without a reservation of ours)
         return False
 
@@ -411,16 +410,15 @@ class Ledger:
 
     # ---- reservations ----
     def reserve_on(self, pod: PodRequest, template: Reservation, now_s: float, *,
-                   packing: bool = False) -> Reserved | str:
-        """Choose `pod`'s GPUs on `template.node` and reserve them atomically, by the rule that
-        scored the node: for a packing pod (`packing`) the fragmentation-aware choice against the
-        demand mix of recent admissions (when there is one), else `choose_gpus`.
+                   packing: bool = False, wait_s: float | None = None) -> Reserved | str:
+        """Choose `pod`'s GPUs on `template.node` and reserve them atomically, by the rule that scored the
+        node: for a packing pod (`packing`) the fragmentation-aware choice against the demand mix of recent
+        admissions (when there is one), else `choose_gpus`; the sharing rule with W `wait_s` (the filter's, over
+        the pod's nodes; None: over every node).
 
-        `template` is the reservation to record, its `gpu_uuids` left to this choice. Returns the
-        recorded reservation, or the reason it was refused. An existing reservation of the same pod
-        on the same node is returned as is, marked existing (a retried bind); one on another node
-        refuses the bind and is left untouched.
-        """
+        `template` is the reservation to record, its `gpu_uuids` left to this choice. Returns the recorded
+        reservation, or the reason it was refused. An existing reservation of the same pod on the same node is
+        returned as is, marked existing (a retried bind); one on another node refuses the bind, left untouched."""
         node = template.node
         with self._lock:
             existing = self._reservations.get(pod.uid)
@@ -433,7 +431,8 @@ class Ledger:
                 return f"pod {pod.key} is already bound to {bound}"
             view = self._views.get(node)
             if view is not None and self.params.sharing and pod.gpu_job:  # the sharing rule, as the filter
-                view = sharing_view(pod, view, self.params, self._wait_for_empty_s(pod.gpus, now_s, None))
+                wait = self._wait_for_empty_s(pod.gpus, now_s, None, pod.admission_mib) if wait_s is None else wait_s
+                view = sharing_view(pod, view, self.params, wait)
             failure = node_failure(pod, view, now_s, self.params)
             chosen = None
             if view is not None and failure is None:

@@ -162,6 +162,12 @@ class NodeReport:
     #: agents, simulated GPUs): with the GPU model they key the online calibration (docs/calibration.md)
     driver_version: Annotated[str, msgspec.Meta(max_length=MAX_SOFTWARE)] = ""
     cuda_version: Annotated[str, msgspec.Meta(max_length=MAX_SOFTWARE)] = ""
+    #: set: a delta report. `gpus` then lists only the GPUs whose readings changed since the report of
+    #: this `boot_id` with this sequence, which must be the node's last one the extender accepted; the
+    #: node's other GPUs read as there (the node's GPUs are the same ones: a GPU added or gone goes in a
+    #: full report). `pods` is whole as in any report. None: a full report (every GPU), what agents
+    #: send first, after a refusal, and to an extender that does not answer `"deltas": true`.
+    base_sequence: Annotated[int, msgspec.Meta(ge=0, le=MAX_WHOLE)] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (lists, not tuples), the inverse of `parse_report`."""
@@ -223,6 +229,44 @@ def _duties_clamped(pods: Any) -> dict[str, Any]:
             changed = True
         out.append(pod)
     return {"pods": out} if changed else {}
+
+
+#: The outcome (and the answer's `outcome`) of a delta report the extender cannot apply: the agent
+#: sends the same report whole at once.
+FULL_REPORT_NEEDED = "full_report_needed"
+
+
+def delta_of(report: NodeReport, base: NodeReport) -> NodeReport:
+    """The delta of `report` against `base` (the last report the extender accepted of this boot):
+    only the GPUs whose readings differ; the full `report` when the node's GPUs are not the same
+    ones (or it restarted). `apply_delta(delta, base)` gives `report` back."""
+    if report.boot_id != base.boot_id or not report.boot_id or \
+            [g.uuid for g in report.gpus] != [g.uuid for g in base.gpus]:
+        return report
+    changed = tuple(g for g, b in zip(report.gpus, base.gpus, strict=True) if g != b)
+    return replace(report, gpus=changed, base_sequence=base.sequence)
+
+
+def apply_delta(delta: NodeReport, base: NodeReport | None) -> NodeReport:
+    """The full report a delta stands for, over `base` (the node's last accepted report, None when
+    none is held); raises ReportError (path `report.base_sequence`) when it does not apply: no base
+    held (an extender restarted, a node forgotten), another boot or sequence (a report lost or
+    refused between), a GPU the base does not have. O(the node's GPUs): never the cluster's size."""
+    assert delta.base_sequence is not None
+    if not delta.boot_id:
+        raise ReportError("report.boot_id", "a delta report (base_sequence set) needs the agent's boot_id")
+    if base is None:
+        raise ReportError("report.base_sequence", f"no report of node {delta.node} is held here (the extender "
+                                                  "restarted or forgot the node): send a full report")
+    if base.boot_id != delta.boot_id or base.sequence != delta.base_sequence:
+        raise ReportError("report.base_sequence",
+                          f"is {delta.base_sequence} of boot {delta.boot_id!r}, but the last report held of node "
+                          f"{delta.node} is {base.sequence} of boot {base.boot_id!r}: send a full report")
+    by_uuid = {g.uuid: g for g in delta.gpus}
+    if len(by_uuid) != len(delta.gpus) or not by_uuid.keys() <= {g.uuid for g in base.gpus}:
+        raise ReportError("report.gpus", "a delta report names a GPU twice or one its base report does not "
+                                         "have: send a full report")
+    return replace(delta, gpus=tuple(by_uuid.get(g.uuid, g) for g in base.gpus), base_sequence=None)
 
 
 def checked(report: NodeReport) -> NodeReport:

@@ -5,17 +5,34 @@ estimate of the time left on stderr when stderr is a terminal; nothing at all wh
 CI, a pipe) or when the command was asked for `--json` (`deepres` calls `silence()` then), so machine
 output stays machine output. Lives in the predictor, which imports nothing from the extender, so that
 every command can use it.
+
+Log lines go through `say()`: above the bars while any is drawn (tqdm.write), plain stderr lines
+otherwise (a log file keeps every line). Work in other processes sends its lines to the parent, which
+says them (a child's own write to stderr would tear the bar).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator, Sized
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
 _silenced = False
+_open = 0  # bars drawn now in this process
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """One log line on stderr (or `stream`: stdout for a command's output), above the bars while any is drawn."""
+    out = stream or sys.stderr
+    if _open:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=out)
+        out.flush()
+    else:
+        print(line, file=out, flush=True)
 
 
 def silence(value: bool = True) -> None:
@@ -37,10 +54,16 @@ def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str 
         return
     from tqdm import tqdm
 
+    global _open
     if total is None and isinstance(items, Sized):
         total = len(items)
-    with tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
-        yield from bar
+    _open += 1
+    try:
+        with tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                  leave=False) as bar:
+            yield from bar
+    finally:
+        _open -= 1
 
 
 class Bar:
@@ -56,11 +79,13 @@ class Bar:
 
     def open(self) -> Bar:
         """Start drawing (where a bar is shown); `close()` ends it (or use `with`)."""
+        global _open
         if shown() and self._bar is None:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr,
                              dynamic_ncols=True, leave=False)
+            _open += 1
         return self
 
     def advance(self, steps: int = 1, note: str = "") -> None:
@@ -74,9 +99,11 @@ class Bar:
         return self._bar is not None
 
     def close(self) -> None:
+        global _open
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+            _open -= 1
 
     def __exit__(self, *exc: object) -> None:
         self.close()

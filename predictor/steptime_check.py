@@ -14,7 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-COLOCATION = Path(__file__).resolve().parents[2] / "shared" / "data" / "colocation" / "h100-2026-11-27.json"
+from predictor import datapaths
+
+COLOCATION = datapaths.COLOCATION / "h100-2026-11-27.json"
 
 #: The rate file's jobs as annotations (`JobSpec.parse`), from its own descriptions. Hand-written nets:
 #: params counted from the layers it lists (conv 3x3 64-128-256-512-512 + Linear(512,10): 3.9 M;

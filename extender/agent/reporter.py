@@ -5,6 +5,14 @@ thread posts to `<extender>/v1/telemetry`. A report is a full snapshot (pod peak
 several wait, only the newest is sent and the older ones are counted as superseded: after an outage
 the extender gets the current state at once and sequence numbers reach it in increasing order.
 
+Deltas (issue #48): once the extender answers an accepted report with `"deltas": true`, each next
+report goes as a delta against the last one it accepted: only the GPUs whose readings changed (an
+idle node's heartbeat carries none), `base_sequence` naming that report; the node's GPUs changing, a
+restart (a new boot id), or any refusal sends a full report. A delta the extender cannot apply (it
+restarted, forgot the node, or lost the base) is refused with `full_report_needed`, and the same
+report goes again whole at once, without backoff. An extender that never says `"deltas": true`
+(older ones) gets full reports only.
+
 Failures: connection errors, timeouts and 5xx are retried with exponential backoff and jitter
 (`backoff_s`); 401/403 also (the token may just have rotated: it is re-read). Any other 4xx, or a
 200 saying `{"accepted": false}`, is the extender refusing this report (e.g. a stale sequence
@@ -30,7 +38,7 @@ from pathlib import Path
 from typing import Protocol
 
 from extender.agent import AGENT_VERSION
-from extender.telemetry import NodeReport, ReportError, checked
+from extender.telemetry import NodeReport, ReportError, checked, delta_of
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +91,8 @@ class Delivery:
     result: str
     status: int = 0
     detail: str = ""
+    #: the extender said it takes delta reports (`"deltas": true` in its answer)
+    deltas: bool = False
 
 
 Poster = Callable[[bytes, str | None], Delivery]
@@ -111,10 +121,10 @@ class HttpPoster:
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
-                answer = response.read()
-                if _refused(answer):  # 200 with {"accepted": false}: e.g. an old sequence number
-                    return Delivery("rejected", response.status, _short(answer))
-                return Delivery("ok", response.status)
+                answer = _decoded(response.read())
+                if answer.get("accepted") is False:  # 200 with {"accepted": false}: e.g. an old sequence number
+                    return Delivery("rejected", response.status, _short(json.dumps(answer).encode()))
+                return Delivery("ok", response.status, deltas=answer.get("deltas") is True)
         except urllib.error.HTTPError as err:
             detail = _short(err.read())
             if err.code in (401, 403):
@@ -126,12 +136,13 @@ class HttpPoster:
             return Delivery("error", 0, str(getattr(err, "reason", err)))
 
 
-def _refused(answer: bytes) -> bool:
+def _decoded(answer: bytes) -> dict[str, object]:
+    """The extender's JSON answer as a dict ({} when it is none)."""
     try:
         decoded = json.loads(answer) if answer else None
     except ValueError:
-        return False
-    return isinstance(decoded, dict) and decoded.get("accepted") is False
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
 
 
 def _short(raw: bytes, limit: int = 300) -> str:
@@ -143,7 +154,11 @@ def encode_report(report: NodeReport) -> bytes:
     """The wire body: compact JSON of the shared schema, as the extender will read it (`checked`: a
     GPU with a bad reading goes as unhealthy, never as a NaN that would make the whole body invalid
     JSON). Raises ReportError when the extender would refuse the whole report."""
-    return json.dumps(checked(report).to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _json_body(checked(report))
+
+
+def _json_body(report: NodeReport) -> bytes:
+    return json.dumps(report.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class ReportSink(Protocol):
@@ -177,6 +192,8 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name="deepres-reporter", daemon=True)
         self.last_delivery: Delivery | None = None
         self.delivered_sequence = -1
+        #: the last report the extender accepted, as it read it, while it takes deltas; None: send whole
+        self._base: NodeReport | None = None
         self._delivered_listeners: list[Callable[[int], None]] = []
 
     def on_delivered(self, listener: Callable[[int], None]) -> None:
@@ -223,13 +240,26 @@ class Reporter:
             report = self._next()
             if report is None:
                 return
+            full: NodeReport | None = None
+            sent = report
             try:
-                body = encode_report(report)
+                full = checked(report)
+                sent = delta_of(full, self._base) if self._base is not None else full
+                body = _json_body(sent)
             except ReportError as err:  # a bug in sampling: say so (health, log); the next round may do better
                 delivery = Delivery("rejected", 0, f"invalid report, not sent: {err}")
             else:
                 delivery = self._post(body, self._token.get())
             self.last_delivery = delivery
+            if delivery.result != "error":  # accepted with deltas taken: the next goes as one; else whole
+                self._base = full if delivery.result == "ok" and delivery.deltas else None
+            if delivery.result == "rejected" and sent.base_sequence is not None:
+                log.info("extender could not apply delta report seq=%d (%s): sending it whole", report.sequence,
+                         delivery.detail)
+                with self._cond:
+                    if not self._queue:  # nothing newer arrived: this one again, whole
+                        self._queue.append(report)
+                continue
             self._on_result(delivery.result)
             if delivery.result in ("ok", "rejected"):
                 if delivery.result == "ok":

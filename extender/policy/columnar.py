@@ -337,7 +337,7 @@ def filter_matrix(
             matrix.remember(passed_all, looked)  # the list kube-scheduler sends to prioritize next
         return FilterResult(passed_all, {}, {}, {PASSED: len(passed_all)})
     if pod.fallback and not ok.any():  # before wording any failure: the fallback's answer replaces it
-        whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus))
+        whole = whole_gpu_for(pod, largest_gpu_rows(matrix, names, pod.gpus), params)
         if whole is not None:
             return replace(filter_matrix(whole, names, matrix, nodes, now_s, params), request=whole)
     failed: dict[str, str] = {}

@@ -7,7 +7,10 @@ GPUs) are "unresolvable", which also keeps kube-scheduler from preempting there 
 
 When no candidate passes because the predictor's bound exceeds every candidate GPU while its point
 estimate fits one, the pod asks for a whole GPU instead (`whole_gpu_request`, the whole-GPU
-fallback): refusing it everywhere would leave it Pending forever although it would run.
+fallback): refusing it everywhere would leave it Pending forever although it would run. What such a
+pod gets is the admin's (`PolicyParams.bound_beyond_gpus`): `whole-gpu` (the default: an empty GPU,
+reserved whole, shared with nothing), `point` (admitted at its point estimate x `usage_margin`, sharing
+like any pod; the usage rule follows its observed peak) or `wait` (refused, with the reason saying so).
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ STALE = "stale"
 TOO_FEW_GPUS = "too_few_gpus"
 TOO_LARGE = "too_large"
 MEMORY = "memory"
+
+# What a predictor-admitted pod whose bound fits no candidate GPU while its point does gets
+# (`PolicyParams.bound_beyond_gpus`, the setting `policy.bound_beyond_gpus`).
+BEYOND_WHOLE_GPU = "whole-gpu"
+BEYOND_POINT = "point"
+BEYOND_WAIT = "wait"
+BOUND_BEYOND_GPUS = (BEYOND_WHOLE_GPU, BEYOND_POINT, BEYOND_WAIT)
 
 
 def gib(mib: float) -> str:
@@ -59,7 +69,8 @@ def largest_gpu_mib(nodes: Iterable[NodeView | None], gpus: int) -> float:
                default=0.0)
 
 
-def whole_gpu_request(pod: PodRequest, nodes: Iterable[NodeView | None]) -> PodRequest | None:
+def whole_gpu_request(pod: PodRequest, nodes: Iterable[NodeView | None],
+                      params: PolicyParams | None = None) -> PodRequest | None:
     """THE whole-GPU fallback: the request to place instead of `pod` when its admission (per GPU)
     exceeds every GPU it could be given on `nodes` while its point estimate (`predicted_mib`) fits the
     largest of them, L (`largest_gpu_mib`): the same pod asking for empty GPUs of that size
@@ -78,19 +89,27 @@ def whole_gpu_request(pod: PodRequest, nodes: Iterable[NodeView | None]) -> PodR
     out for a moment (its CPU full) lets the pod take a whole smaller GPU now rather than wait; its
     point estimate fits that GPU, and the usage rule follows what it really uses. Bind, which sees
     one node, decides with that node alone, which agrees with the filter for every node the filter
-    passed (a node passed under the fallback is one whose GPUs are all below the bound)."""
+    passed (a node passed under the fallback is one whose GPUs are all below the bound).
+
+    `params.bound_beyond_gpus` (None: the default, `whole-gpu`) chooses the request: `point` gives the
+    same pod admitted at its point estimate x `usage_margin` (at most L - EMPTY_SLACK_MIB), not whole:
+    it shares GPUs like any pod and the usage rule follows its observed peak; `wait` gives None (the
+    pod is refused with the reason `node_failure` words, until a GPU holds its bound)."""
     if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
         return None
-    return whole_gpu_for(pod, largest_gpu_mib(nodes, pod.gpus))
+    return whole_gpu_for(pod, largest_gpu_mib(nodes, pod.gpus), params)
 
 
-def whole_gpu_for(pod: PodRequest, largest_mib: float) -> PodRequest | None:
+def whole_gpu_for(pod: PodRequest, largest_mib: float, params: PolicyParams | None = None) -> PodRequest | None:
     """`whole_gpu_request` with the candidates' `largest_gpu_mib` already known (the columnar path
     reads it from its matrix: `columnar.largest_gpu_rows`)."""
-    if not (pod.fallback and pod.gpu_job) or pod.whole_gpu:
+    mode = params.bound_beyond_gpus if params is not None else BEYOND_WHOLE_GPU
+    if not (pod.fallback and pod.gpu_job) or pod.whole_gpu or mode == BEYOND_WAIT:
         return None
     if largest_mib <= EMPTY_SLACK_MIB or pod.admission_mib <= largest_mib or pod.predicted_mib > largest_mib:
         return None
+    if mode == BEYOND_POINT and params is not None:
+        return replace(pod, admission_mib=min(pod.predicted_mib * params.usage_margin, largest_mib - EMPTY_SLACK_MIB))
     return replace(pod, admission_mib=largest_mib - EMPTY_SLACK_MIB, whole_gpu=True)
 
 
@@ -139,6 +158,10 @@ def node_failure(
         if pod.fallback and pod.predicted_mib > size:
             return TOO_LARGE, f"predicted {gib(pod.predicted_mib)} per GPU (upper bound {gib(need)}), larger " \
                               f"than this node's GPUs ({largest})", True
+        if pod.fallback and params.bound_beyond_gpus == BEYOND_WAIT:
+            return TOO_LARGE, f"upper bound {gib(need)} per GPU exceeds this node's GPUs ({largest}) while the " \
+                              f"prediction {gib(pod.predicted_mib)} fits: it waits for a GPU that holds the bound " \
+                              f"(policy.bound_beyond_gpus: wait; whole-gpu or point would admit it)", True
         return TOO_LARGE, f"needs {gib(need)} per GPU, larger than this node's GPUs ({largest})", True
     return MEMORY, _memory_reason(pod, node), False
 
@@ -161,7 +184,7 @@ def filter_nodes(
     result = _filter_once(pod, names, nodes, now_s, params)
     if result.passed or not pod.fallback:
         return result
-    whole = whole_gpu_request(pod, map(nodes.get, names))
+    whole = whole_gpu_request(pod, map(nodes.get, names), params)
     if whole is None:
         return result
     return replace(_filter_once(whole, names, nodes, now_s, params), request=whole)

@@ -73,7 +73,8 @@ class Binder(Part):
             return binding_result(f"cannot bind {key} to {args.node}: {held}")
         assumed = self.planner.take_assumed(req, args.node, mono)  # its prioritize reserved these GPUs
         outcome = Reserved(assumed, False) if assumed is not None else self.ledger.reserve_on(
-            req, self.planner.reservation(plan, req, args.node, mono, raw), mono, packing=self.planner.packs(req))
+            req, self.planner.reservation(plan, req, args.node, mono, raw), mono, packing=self.planner.packs(req),
+            wait_s=self.planner.wait_of(req.uid, mono))
         if isinstance(outcome, str):
             self.metrics.overcommit_refused.inc()
             self.metrics.binds.labels("refused").inc()

@@ -24,7 +24,7 @@ from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, sett
 from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
-from extender.telemetry import NodeReport, ReportError, parse_report
+from extender.telemetry import FULL_REPORT_NEEDED, NodeReport, ReportError, apply_delta, parse_report
 from predictor.parsing import read_number
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,12 @@ class Intake(Part):
         if self.local:
             self._expire_local(mono)
         before = self.ledger.telemetry(report.node)
+        if report.base_sequence is not None:  # a delta: over the node's last report (O(its GPUs))
+            try:
+                report = apply_delta(report, before.report if before is not None else None)
+            except ReportError as err:
+                self.metrics.telemetry_reports.labels(FULL_REPORT_NEEDED).inc()
+                return 409, {"error": str(err), "accepted": False, "outcome": FULL_REPORT_NEEDED}
         outcome = self.ledger.apply_report(report, mono)
         if outcome in (ACCEPTED, GPU_CONFLICT) and self._unsettled:  # restored pods of the node: checked now
             self._settle(report.node)
@@ -96,7 +102,9 @@ class Intake(Part):
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
             self._nudge(report.node, mono)
-        return 200, {"accepted": outcome == ACCEPTED, "outcome": outcome}
+        if outcome != ACCEPTED:
+            return 200, {"accepted": False, "outcome": outcome}
+        return 200, {"accepted": True, "outcome": outcome, "deltas": True}  # the agent may send deltas next
 
     def _conflict(self, report: NodeReport, contested: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """409 to an agent that listed GPUs another node owns (issue 34 row 3): accepted without them,

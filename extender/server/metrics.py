@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from extender.ledger import Ledger as ClusterState
 from extender.policy.columnar import FragmentationMemo
 
-VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict")
+VERBS = ("filter", "prioritize", "bind", "preempt", "telemetry", "predict", "mutate")
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MEMORY_BUCKETS_MIB = (512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 81920, 163840)
 
@@ -53,7 +53,8 @@ class ExtenderMetrics:
                                    "admitted otherwise; expired: no bind came).", ["outcome"], registry=r)
         self.telemetry_reports = Counter("deepres_extender_telemetry_reports_total",
                                          "Telemetry reports by outcome (accepted, old_sequence, invalid, "
-                                         "unauthorized, unknown_node).", ["outcome"], registry=r)
+                                         "unauthorized, unknown_node, gpu_conflict, full_report_needed: a "
+                                         "delta that did not apply).", ["outcome"], registry=r)
         self.binds = Counter("deepres_extender_binds_total", "Binds by outcome (bound, refused, failed).",
                              ["outcome"], registry=r)
         self.allocations = Counter("deepres_extender_allocations_total",

@@ -69,7 +69,9 @@ class Placer(Part):
             result = merged([filter_matrix(req, names, self.ledger.matrix, self.ledger.views, mono, self.params)
                              for req, names in groups], args.node_names)
         if plan.request.gpu_job and self.params.sharing and result.passed:  # compute: policy/sharing.py
-            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono)  # over every node, as bind's
+            need = (result.request or plan.request).admission_mib  # W over the GPUs that hold it, on its nodes
+            wait = self.ledger.wait_for_empty_s(plan.request.gpus, mono, args.node_names, need)
+            planner.keep_wait(plan.request.uid, wait, mono)  # its prioritize's assumption and bind judge with it
             waiting = planner.waiting_priority(plan.request.uid, mono) if self.params.drain else -math.inf
             result = sharing_matrix(plan.request, result, self.ledger.matrix, self.ledger.views, self.params, wait,
                                     waiting)

@@ -116,6 +116,7 @@ class Planner:
         self.predictor_error = ""
         self._filter_plans: OrderedDict[str, tuple[float, PodInfo, Plan]] = OrderedDict()  # uid -> (when, pod, plan)
         self._shortlists: OrderedDict[str, Shortlist] = OrderedDict()  # uid -> its filter's shortlist
+        self._waits: OrderedDict[str, tuple[float, float]] = OrderedDict()  # uid -> (when (mono), its filter's W)
         # node -> (pod uid, its priority, until (mono)): room the extender's own eviction freed for a pod
         self._holds: dict[str, tuple[str, float, float]] = {}
         self._waiting: OrderedDict[str, tuple[float, float]] = OrderedDict()  # uid -> (priority, until (mono))
@@ -245,8 +246,8 @@ class Planner:
         if not req.fallback:
             return req
         if few:
-            return whole_gpu_request(req, map(self.ledger.views.get, names)) or req
-        return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus)) or req
+            return whole_gpu_request(req, map(self.ledger.views.get, names), self.params) or req
+        return whole_gpu_for(req, largest_gpu_rows(self.ledger.matrix, names, req.gpus), self.params) or req
 
     def scores(self, req: PodRequest, names: tuple[str, ...]) -> Scores:
         """THE prioritize score of `req` on each of `names` (the filter's shortlist ranks by it too)."""
@@ -341,6 +342,21 @@ class Planner:
             self._filter_plans.move_to_end(pod.uid)
             while len(self._filter_plans) > FILTER_PLANS_MAX:
                 self._filter_plans.popitem(last=False)
+
+    def keep_wait(self, uid: str, wait_s: float, mono: float) -> None:
+        """The sharing rule's W the pod's filter found over its nodes (kube-scheduler's node list), for its
+        prioritize's assumption and its bind, which see one node: the same W, the same answer."""
+        with self._lock:
+            self._waits[uid] = (mono, wait_s)
+            self._waits.move_to_end(uid)
+            while len(self._waits) > FILTER_PLANS_MAX:
+                self._waits.popitem(last=False)
+
+    def wait_of(self, uid: str, mono: float) -> float | None:
+        """The W `keep_wait` kept for the pod less than ASSUME_S ago (None: no filter of it computed one)."""
+        with self._lock:
+            kept = self._waits.get(uid)
+        return kept[1] if kept is not None and 0.0 <= mono - kept[0] < ASSUME_S else None
 
     def filter_plan(self, pod: PodInfo, now: float) -> Plan | None:
         """The plan the pod's filter made less than PLAN_REUSE_S ago, if the pod is unchanged: its
@@ -441,7 +457,7 @@ class Planner:
         if not req.gpu_job or not req.uid:
             return False
         outcome = self.ledger.reserve_on(req, self.reservation(plan, req, node, mono, raw_pod, assumed=True), mono,
-                                         packing=self.packs(req))
+                                         packing=self.packs(req), wait_s=self.wait_of(req.uid, mono))
         if isinstance(outcome, str) or outcome.existing:
             return False
         with self._lock:

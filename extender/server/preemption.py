@@ -77,7 +77,10 @@ class Preemptor(Part):
         """The pod's predicted wait for empty GPUs without preempting (`sharing.wait_for_empty_s`, as the
         filter's sharing rule and the replay): what preempting must gain (`preemption_pays`); None
         (not judged) without the sharing rule."""
-        return self.ledger.wait_for_empty_s(req.gpus, mono) if self.params.sharing else None
+        if not self.params.sharing:
+            return None
+        kept = self.planner.wait_of(req.uid, mono)  # its filter's, over its nodes; else every node's GPUs that hold it
+        return kept if kept is not None else self.ledger.wait_for_empty_s(req.gpus, mono, None, req.admission_mib)
 
     def request_preemption(self, pod: PodInfo, nodes: list[str], mono: float) -> bool:
         """Ask the worker to preempt for `pod` (at most once per `preemption_grace_s`): the filter

@@ -36,12 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from predictor import datapaths
 from predictor.dataset.tracing import MIB, trace_training_step
 
 log = logging.getLogger(__name__)
 
 CONSTANTS_PATH = Path(__file__).with_name("calibration.json")
-SOURCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpumem"
+SOURCE_DIR = datapaths.GPUMEM  # not in data/: no licence to copy it (data/README.md)
 SOURCE_FILES = ("gpumemnet_mlp_data_step1.csv", "gpumemnet_mlp_data_step2.csv")
 WORK_DIR = Path(__file__).with_name("_work")
 CACHE_PATH = WORK_DIR / "calibration_traces.csv"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.dataset.paths import DATA_DIR
+from predictor.progress import progress, say
 from predictor.tasks import HEAD_CLASSES, SEQUENCE_LABELS, TARGET_LENGTHS, TOKEN_LABELS, tasks_of
 
 TASKS_OUT = DATA_DIR / "exact_tasks.json"
@@ -178,15 +179,15 @@ def main(argv: list[str] | None = None) -> int:
                 if f"{u[0].name}|{u[1]}|{u[2]}" not in done or (args.retry_errors and done[
                     f"{u[0].name}|{u[1]}|{u[2]}"]["error"])]
         started = time.monotonic()
-        with args.work.open("a") as handle:
-            for n, (arch, key, input_dim, target_len) in enumerate(todo, 1):
+        with args.work.open("a") as handle:  # a bar with the time left; each unit's line above it
+            for n, (arch, key, input_dim, target_len) in enumerate(progress(todo, "heads", unit="unit"), 1):
                 record = trace_unit(arch, key, input_dim, target_len)
                 handle.write(json.dumps(record, separators=(",", ":")) + "\n")
                 handle.flush()
                 done[_key(record)] = record
                 rate = n / max(1e-9, time.monotonic() - started)
-                print(f"[{n}/{len(todo)}] {_key(record)} {record['seconds']:.1f}s {record['error'][:80]} "
-                      f"eta={(len(todo) - n) / rate / 60:.0f} min", file=sys.stderr, flush=True)
+                say(f"[{n}/{len(todo)}] {_key(record)} {record['seconds']:.1f}s {record['error'][:80]} "
+                    f"eta={(len(todo) - n) / rate / 60:.0f} min")
     print(json.dumps(write_table(done, args.out)), file=sys.stderr)
     return 0
 

@@ -17,7 +17,6 @@ giving some without the count fell into combinations the network had not seen.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from predictor.dataset import archs as A
 from predictor.dataset.tracing import _SkipInit
+from predictor.progress import progress
 
 SHAPES_FILE = "real_shapes.json"
 
@@ -77,13 +77,11 @@ def write_table(path: Path, sources: tuple[str, ...] = ("timm", "torchvision", "
     table: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     arch_list = A.all_archs(sources)
-    for i, arch in enumerate(arch_list):
+    for arch in progress(arch_list, "shapes", unit="arch"):
         try:
             table[arch.name] = shapes_of(arch)
         except Exception as err:  # a model that does not build is recorded, not fatal
             errors[arch.name] = f"{type(err).__name__}: {err}"[:200]
-        if i % 100 == 0:
-            print(f"shapes: {i}/{len(arch_list)} {arch.name}", file=sys.stderr, flush=True)
     path.write_text(render_table(table, errors))
     return {"architectures": len(table), "with_count": sum("activations_millions" in v for v in table.values()),
             "errors": len(errors)}

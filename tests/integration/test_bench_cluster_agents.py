@@ -1,6 +1,7 @@
 """`deepres bench cluster`'s simulated agents (its own lean HTTP client) against a real `deepres serve`:
 their reports are accepted as the production agent's are, each node's sequence rises, and an
-answer other than 200 is counted as refused, never silently."""
+answer other than 200 is counted as refused, never silently; after a node's first report its
+heartbeats go as deltas naming no GPU, and the extender still has every GPU of the node."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def test_simulated_agents_report_over_keep_alive_and_refusals_are_counted(tmp_pa
         time.sleep(1.0)
         agents.stop()
         assert agents.sent >= 8
+        assert agents.deltas >= 3  # after each node's first report, its heartbeats went as deltas (issue #48)
         refused = [r for r in agents.refused if r.startswith("bad: 401")]
         assert refused and len(refused) == len(agents.refused)  # only the bad token's reports
         status, out = post(server.url + "/filter", extender_args(pod("p", {"deepres.io/gpu-memory": "30Gi"}),

@@ -186,7 +186,7 @@ def test_without_a_file_a_restart_relearns_from_the_pods_still_running() -> None
         def relearned() -> Any:
             fleet.report_all()  # the agents keep reporting the running pods' peaks
             answer = predict(url, probe, GPU)
-            return answer["calibrated"] and answer
+            return answer["calibrated"] and answer["pods"] == 16 and answer  # (the learner's rounds: all 16)
         again = wait_for(relearned)
         assert again and again["pods"] == 16
         assert again["memory_mib"] == pytest.approx(learned["memory_mib"], rel=0.001)

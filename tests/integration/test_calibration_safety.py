@@ -9,6 +9,7 @@ of the code under test.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,15 +44,18 @@ def truth(point_mib: float) -> float:
 
 
 @contextmanager
-def serving(state_file: Path | None = None, settle_s: float = 0.0) -> Iterator[tuple[str, Any]]:
-    """The extender in-process on a loopback port, and its Flask app."""
+def serving(state_file: Path | None = None, settle_s: float = 0.0,
+            predictor: Any = None) -> Iterator[tuple[str, Any]]:
+    """The extender in-process on a loopback port, and its Flask app (`predictor`: the formula's by
+    default)."""
     settings = Settings()
     settings.kube.no_kube = True
     settings.kube.state_file = str(state_file or "")
     settings.telemetry.telemetry_token = TOKEN
     settings.server.predict_rate_per_s = 0.0
     settings.policy.calibration_settle_s = settle_s
-    app = create_app(settings, predictor=FormulaPredictor(), cluster=InMemoryCluster(state_file=str(state_file or "")))
+    app = create_app(settings, predictor=predictor or FormulaPredictor(),
+                     cluster=InMemoryCluster(state_file=str(state_file or "")))
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -392,3 +396,69 @@ def test_predict_with_a_gpu_costs_the_same_with_20000_remembered_pods() -> None:
         time.sleep(2.5)  # (the learner learns at most every second)
         after = median_ms()
         assert after < before + 3.0, (before, after)
+
+
+# ---- row 5: the bound follows the batch ----
+
+class ExactFormula(FormulaPredictor):
+    """The formula's Demand, answered as the exact path answers (a named architecture): the per-batch
+    re-centring applies to that path."""
+
+    version = "test-double-1+exact"
+
+    def predict(self, spec: Any) -> Any:
+        return dataclasses.replace(super().predict(spec), model_version=self.version)
+
+
+def batch_job(i: int, batch: int) -> dict[str, str]:
+    return {"deepres.io/model-type": "cnn", "deepres.io/params-millions": str(30 + 23 * (i % 13)),
+            "deepres.io/batch-size": str(batch), "deepres.io/input-dim": "224"}
+
+
+def batch_truth(point_mib: float, batch: int, u: float) -> float:
+    """What the test GPU shows: small batches well under the offline bound (1.1 x the point, the
+    formula predictor's), large ones close to it, `u` in [0, 1) spreading them: above the offline
+    bound for u > 5/6 (a sixth of large-batch pods)."""
+    return point_mib * (0.95 + 0.03 * u if batch <= 16 else 1.05 + 0.06 * u)
+
+
+def spread(i: int) -> float:
+    """A deterministic, evenly spread u in [0, 1) (the golden-ratio sequence)."""
+    return (0.1 + 0.618034 * i) % 1.0
+
+
+def test_the_bound_follows_the_batch() -> None:
+    """20 pods, half at batch 8 and half at batch 128, their peaks reported (one of the 20 above the
+    offline bound: it is kept); then pods never placed are scored on /v1/predict with `gpu`: at most 5%
+    of the large-batch ones above their bound, and the bound at most 1.3x the peak at the median. Before:
+    the kept offline bound was the same width for every batch, and a sixth of the large-batch pods
+    went above it (issue 45, row 5)."""
+    with serving(predictor=ExactFormula()) as (url, _):
+        fleet = Fleet(url, TOKEN, GPU, nodes=4, gpus=8, capacity_mib=81920.0)
+        fleet.report_all()
+        above = 0
+        for i in range(20):
+            batch = 8 if i % 2 else 128
+            annotations = batch_job(i, batch)
+            node = fleet.names[i % 4]
+            uid = fleet.place(f"batch-{i}", annotations, node, namespace="team-a", owner=f"job-batch-{i}")
+            assert uid, f"pod {i} was not bound"
+            offline = predict(url, annotations, GPU)
+            assert offline["path"] == "exact"
+            peak = batch_truth(offline["offline_mib"], batch, spread(i))
+            above += peak > offline["offline_upper_mib"]
+            fleet.observe(node, uid, peak)
+        assert above == 1, "the pods must leave the offline bound standing (one above it of 20)"
+        assert calibrated(url, batch_job(0, 128), 20)
+        ratios, large_above, large = [], 0, 0
+        for i in range(100, 160):
+            batch = 8 if i % 2 else 128
+            answer = predict(url, batch_job(i, batch), GPU)
+            peak = batch_truth(answer["offline_mib"], batch, spread(i))
+            assert answer["calibrated"] is True
+            ratios.append(answer["memory_mib_upper"] / peak)
+            if batch > 16:
+                large += 1
+                large_above += peak > answer["memory_mib_upper"]
+        assert large_above / large <= 0.05, f"{large_above} of {large} large-batch pods above their bound"
+        assert statistics.median(ratios) <= 1.3, statistics.median(ratios)

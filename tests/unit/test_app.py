@@ -394,7 +394,7 @@ def test_telemetry_auth_validation_and_sequence() -> None:
     assert client.post("/v1/telemetry", json=body).status_code == 401
     assert client.post("/v1/telemetry", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
     ok = client.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert ok.status_code == 200 and ok.get_json() == {"accepted": True, "outcome": "accepted"}
+    assert ok.status_code == 200 and ok.get_json() == {"accepted": True, "outcome": "accepted", "deltas": True}
     again = client.post("/v1/telemetry", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert again.get_json() == {"accepted": False, "outcome": "old sequence"}
     bad = client.post("/v1/telemetry", json={**body, "gpus": "x"}, headers={"Authorization": f"Bearer {TOKEN}"})

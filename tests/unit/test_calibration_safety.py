@@ -73,3 +73,33 @@ def test_small_clusters_need_only_their_nodes() -> None:
     assert KEY not in cal.learn(pods)  # without the cluster's size: 3 nodes needed
     assert KEY in cal.learn(pods, nodes_of={KEY[:2]: 1})
     assert KEY not in cal.learn(pods, nodes_of={KEY[:2]: 4})  # 4 nodes of the model: 3 must agree
+
+
+def test_one_pod_of_a_regime_moves_the_kept_offline_bound_by_a_quarter_at_most() -> None:
+    """19 small-batch pods far under their offline bound, one large-batch pod right at it: the large
+    regime's bound is widened, by 25% at most (not by the whole distance one pod says)."""
+    pods = [cal.Observation(f"p{i}", f"n{i % 4}", *KEY, 10_000.0 + 100 * i, 6_000.0 + 60 * i, float(i),
+                            11_000.0 + 110 * i, "small", "a") for i in range(19)]
+    pods.append(cal.Observation("big", "n3", *KEY, 10_000.0, 11_000.0, 19.0, 11_000.0, "large", "a"))
+    shift = cal.learn(pods)[KEY]
+    assert shift.offline_holds
+    assert shift.bound(10_000.0, 11_000.0, "large") == pytest.approx(11_000.0 * 1.25, rel=1e-3)
+    assert shift.bound(10_000.0, 11_000.0, "small") <= 11_000.0
+
+
+def test_the_file_is_one_canonical_json_of_the_pods() -> None:
+    """The pods encoded piece by piece (the learner yields between pieces) are byte for byte one
+    json.dumps of them with sorted keys and no spaces, the form the checksum is verified on."""
+    import hashlib
+    import json
+
+    from extender.calibration_store import Placed, encode
+
+    pods = [(f"uid-{i:04d}-é" if i % 7 == 0 else f"uid-{(i * 37) % 601}", Placed(
+        f"node-{i % 5}", "NVIDIA Tëst 80GB", "580.1/13.0", "exact", 1_000.0 + i / 3, float(i), 1_234.5 + i, 1_500.0,
+        "large", "team", "owner/j", i % 2 == 0)) for i in range(600)]
+    whole = json.dumps({uid: dict(vars(p)) for uid, p in pods}, sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=True)
+    written = json.loads(encode(pods))
+    assert json.dumps(written["pods"], sort_keys=True, separators=(",", ":"), ensure_ascii=True) == whole
+    assert written["sha256"] == hashlib.sha256(whole.encode()).hexdigest()

@@ -27,9 +27,30 @@ def load(path: Path) -> dict[str, Any]:
     return pod
 
 
+def pod_of(path: Path) -> dict[str, Any]:
+    """The pod an example runs: a bare Pod, or a Job's pod template (metadata and spec)."""
+    doc = load(path)
+    if doc["kind"] == "Job":
+        template: dict[str, Any] = doc["spec"]["template"]
+        return template
+    assert doc["kind"] == "Pod", f"{path.name}: kind {doc['kind']}"
+    return doc
+
+
 def test_the_four_kinds_of_job_are_there() -> None:
     names = {p.stem for p in EXAMPLES}
     assert {"cnn-small", "transformer-large", "too-large", "deadline-critical"} <= names
+
+
+def test_beside_the_bare_pods_a_job_with_retries_and_a_sweep() -> None:
+    """A bare Pod that fails stays Failed (docs/device-plugin.md): the Job retries, the sweep runs several pods."""
+    retries, sweep = load(REPO / "deploy" / "examples" / "job-with-retries.yaml"), \
+        load(REPO / "deploy" / "examples" / "sweep-indexed.yaml")
+    assert retries["kind"] == sweep["kind"] == "Job"
+    assert retries["spec"]["backoffLimit"] >= 1
+    assert retries["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert sweep["spec"]["completionMode"] == "Indexed" and sweep["spec"]["completions"] > 1
+    assert sweep["spec"]["parallelism"] > 1 and sweep["spec"]["backoffLimitPerIndex"] >= 1
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -47,7 +68,7 @@ def test_example_carries_annotations_only(path: Path) -> None:
     """The chart's MutatingAdmissionPolicy adds schedulerName and the deepres.io/gpu request to pods with a
     job annotation (tests/cluster/test_admission.py shows it in the API server), and its validating
     policy refuses containers that set NVIDIA_VISIBLE_DEVICES themselves: an example needs neither."""
-    pod = load(path)
+    pod = pod_of(path)
     assert "schedulerName" not in pod["spec"], f"{path.name}: the admission policy sets schedulerName"
     assert set(pod["metadata"]["annotations"]) & set(MUTATION_KEYS), f"{path.name}: the mutation would not match it"
     for c in pod["spec"]["containers"]:
@@ -62,7 +83,7 @@ def test_example_carries_annotations_only(path: Path) -> None:
 def test_example_annotations_are_accepted_by_the_extender(path: Path) -> None:
     from extender.annotations import parse_job
 
-    annotations = load(path)["metadata"]["annotations"]
+    annotations = pod_of(path)["metadata"]["annotations"]
     job = parse_job(annotations, created_s=0.0, now_s=0.0)
     assert job.gpu_job, f"{path.name} would be treated as a non-GPU pod"
 

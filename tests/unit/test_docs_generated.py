@@ -31,6 +31,8 @@ FOREIGN_FLAGS = {
     "--runtime-config", "--no-cache-dir", "--no-compile", "--no-deps", "--no-index", "--only-binary", "--platform",
     "--python-version", "--implementation", "--target", "--upgrade",
     "--zygote",  # devtools/trial_jobs.py's job starter, which docs/trial.md describes
+    "--dry-run",  # helm's, and deploy/push-images.sh's (docs/getting-started.md, docs/admin.md)
+    "--api-versions",  # helm template's (docs/device-plugin.md, docs/values.md: the webhook or the policy)
 }
 
 

@@ -150,6 +150,8 @@ def test_the_examples_family_fields_lie_inside_the_rows_of_their_family(repo_roo
 
     import yaml
 
+    from predictor.predict_cli import pod_annotations
+
     ranges: dict[str, dict[str, list[float]]] = {}
     with gzip.open(R.JOBS_OUT, "rt") as handle:
         for row in csv.DictReader(handle):
@@ -160,7 +162,7 @@ def test_the_examples_family_fields_lie_inside_the_rows_of_their_family(repo_roo
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], value), max(lo_hi[1], value)
     checked = 0
     for path in sorted((repo_root / "deploy" / "examples").glob("*.yaml")):
-        notes = yaml.safe_load(path.read_text())["metadata"]["annotations"]
+        notes = pod_annotations(yaml.safe_load(path.read_text()), path.name)  # a Pod, or a Job's template
         family = notes["deepres.io/model-type"]
         for key in ("batch_size", "input_dim", "num_layers", "params_millions"):
             value = float(notes["deepres.io/" + key.replace("_", "-")])
