@@ -11,7 +11,8 @@ place (memory without a duty) counts as one GPU-bound job. The pod may join only
 2. joining beats waiting for an empty GPU: with R the pod's *predicted* run time alone (the
    predictor's estimate, never the true one) and W the predicted wait until an empty GPU frees
    (`wait_for_empty_s`, from the predicted run times of the jobs holding GPUs; a job past its
-   predicted end is expected to run half its attained time again), its predicted
+   predicted end is expected to run half its attained time again; counted only over the GPUs that
+   can hold the pod's admission, `can_hold`, on the nodes the pod may go to), its predicted
    completion shared, R x slowdown, is below W + R. With an empty GPU free now (W = 0) a pod never
    joins a busy one: it takes the empty GPU. A pod with no run time estimate (R = 0) joins on the
    bound alone, and so does a pod of priority below `pack_below_priority` (off by default: see
@@ -124,6 +125,15 @@ def expected_end_s(now_s: float, start_s: float, run_s: float) -> float:
     `now_s`: its predicted end, or for an overdue job now + OVERDUE_SHARE x its attained time."""
     end = start_s + max(run_s, 0.0)
     return end if end >= now_s else now_s + OVERDUE_SHARE * (now_s - start_s)
+
+
+def can_hold(capacity_mib: float, need_mib: float) -> bool:
+    """Whether a GPU of `capacity_mib`, once empty, holds an admission of `need_mib` per GPU. W counts
+    only such GPUs (issue 46): an empty GPU too small for the pod is no GPU it waits for (counted, it
+    made W 0, so a high-priority pod refused to share for a GPU that would never hold it). The nodes
+    are the pod's own (the filter's node list: kube-scheduler's selectors, affinity and taints
+    applied; the replay's `base_mask`)."""
+    return capacity_mib >= need_mib
 
 
 def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]) -> float:

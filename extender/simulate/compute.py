@@ -55,7 +55,7 @@ from extender.simulate import replay
 from extender.simulate.adapters import GPU_MEMORY_GB
 from extender.simulate.jobs import REPO, PoolJob, load_predictor
 from extender.simulate.traces import MILLI, Node, Pod, node_list_path, pod_list_path, read_nodes, read_pods
-from predictor.progress import progress
+from predictor.progress import progress, say
 
 MEASURED = REPO / "predictor" / "data" / "measured"
 DUTY_BETA = (2.0, 1.85)
@@ -271,7 +271,7 @@ def aggregate(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def run(out_dir: Path, data: Path, seeds: Sequence[int], quick: bool = False,
-        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Any]:
+        log: Callable[[str], None] = say) -> dict[str, Any]:
     """Every experiment of the module docstring; merges the result into out_dir/simulation.json as
     its "replay" key (the "packing" key is left as it is) and returns it."""
     started = time.monotonic()

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from extender.policy.interference import busy_shares, standalone_duties, step_rate_fractions
+from predictor import datapaths
 
 REPO = Path(__file__).resolve().parents[2]
-COLOCATION = REPO.parent / "shared" / "data" / "colocation"
+COLOCATION = datapaths.COLOCATION  # data/colocation (predictor/datapaths.py: the one home of the data paths)
 #: The rate file's job each role of an NVML file ran (from the file's `about`: two resnet50 batch-64
 #: amp processes, one with a 40 ms wait after each step).
 NVML_JOBS: dict[str, dict[str, str]] = {

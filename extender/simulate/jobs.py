@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from predictor import features
+from predictor import datapaths, features
 from predictor.spec import Demand, JobSpec, SpecError
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-GPUMEM = REPO.parent / "shared" / "data" / "gpumem"
+GPUMEM = datapaths.GPUMEM
 
 @dataclass(frozen=True)
 class PoolJob:

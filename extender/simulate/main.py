@@ -8,7 +8,7 @@
     deepres simulate --experiment capacity --seeds 5 # capacity at equal service: reports/simulation.json "capacity"
     deepres simulate --via-http --trace-limit 200  # the live server decides the same as the simulator
 
-Data come from ../shared/data/openb (or --data). Long runs print progress on stderr.
+Data come from data/openb in the repository (or --data). Long runs show progress on stderr.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default="all")
     parser.add_argument("--colocation-data", type=Path, default=None,
                         help="--experiment interference or capacity: directory of co-location measurements "
-                             "(default ../shared/data/colocation)")
+                             "(default data/colocation)")
     parser.add_argument("--traces", type=_csv, default=None, help="packing traces (default: FGD's 17)")
     parser.add_argument("--policies", type=_csv, default=None,
                         help="packing policies (default: random,bestfit,fgd,deepres,deepres-nofrag)")
@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="", help="--via-http: URL of a running server (default: start one)")
     parser.add_argument("--trace-limit", type=int, default=150, help="--via-http: pods to replay")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--world", choices=("capworld", "measured-harsh", "measured-kind"), default="capworld",
+                        help="--experiment capacity: the world the jobs run in (issue 33's capworld, or issue 46's "
+                             "measured one, light-beside-heavy both ways: extender/simulate/measuredworld.py)")
     parser.add_argument("--quick", action="store_true",
                         help="--experiment compute or capacity: a small load, nothing written (a smoke run)")
 
@@ -92,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
         cache = None if args.no_cache else args.cache.with_name("simulate-capacity.jsonl")
         result = run_capacity(args.out, args.data, args.seeds or list(range(42, 47)), quick=args.quick,
-                              workers=args.jobs or 2, cache=cache, colocation=args.colocation_data)
+                              workers=args.jobs or 2, cache=cache, colocation=args.colocation_data,
+                              world=args.world)
         shown = ("deepres_vs_static", "deepres_vs_static_sjf", "deepres", "capacity_by_seed")
         print(json.dumps({d: {k: result[d].get(k) for k in shown} for d in ("pai", "philly") if d in result}
                          | {"never_worse_than_static_sjf": result["never_worse_than_static_sjf"]}, indent=2))

@@ -32,9 +32,9 @@ from extender.policy import (
     score_nodes_fragaware,
 )
 from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty
-from extender.policy.filtering import reserved_per_gpu
+from extender.policy.filtering import reserved_per_gpu, whole_gpu_request
 from extender.policy.preemption import arrival_kind
-from extender.policy.sharing import sharing_view, wait_for_empty_s
+from extender.policy.sharing import can_hold, sharing_view, wait_for_empty_s
 from extender.settings import KubeSettings, PolicySettings
 from extender.simulate.traces import MILLI
 from extender.simulate.world import CRITICALITY, SAMPLE_EVERY_S, Cluster, Job
@@ -231,18 +231,20 @@ class DeepRes(Strategy):
         res = self.jobs[j].reservation
         return res.duty if res is not None else self.jobs[j].admission_duty
 
-    def wait_s(self, job: Job, rows: Sequence[int], now: float) -> float:
-        """The predicted wait until `job.pod.num_gpu` GPUs of one of `rows` are empty, from the
-        predicted run times of the jobs on them (`sharing.wait_for_empty_s` per GPU)."""
+    def wait_s(self, job: Job, rows: Sequence[int], now: float, need_mib: float = 0.0) -> float:
+        """The predicted wait until `job.pod.num_gpu` GPUs of one of `rows` (the nodes the pod may go to)
+        that can hold `need_mib` each (`sharing.can_hold`) are empty, from the predicted run times of
+        the jobs on them (`sharing.wait_for_empty_s` per GPU), as the live ledger's."""
         k = max(job.pod.num_gpu, 1)
-        key = (now, k, tuple(rows), int(self.c.version.sum()))
+        key = (now, k, tuple(rows), int(self.c.version.sum()), need_mib)
         if self._wait is not None and self._wait[0] == key:
             return self._wait[1]
         best = math.inf
         for i in rows:
             waits = sorted(wait_for_empty_s(now, [[(self.jobs[j].start, self.jobs[j].predicted_s)
                                                    for j in self.c.jobs_on[i][g]]])
-                           for g in range(self.c.cap.shape[1]) if self.c.present[i, g])
+                           for g in range(self.c.cap.shape[1])
+                           if self.c.present[i, g] and can_hold(float(self.c.cap[i, g]), need_mib))
             if len(waits) >= k:
                 best = min(best, waits[k - 1])
         self._wait = (key, best)
@@ -263,7 +265,8 @@ class DeepRes(Strategy):
         rows = np.flatnonzero(self.c.base_mask(job.pod)).tolist()
         views = {self.c.names[i]: self.view(i, now) for i in rows}
         if self.params.sharing:
-            wait = self.wait_s(job, rows, now)
+            need = (whole_gpu_request(pod, views.values()) or pod).admission_mib  # what the filter will admit
+            wait = self.wait_s(job, rows, now, need)
             views = {name: sharing_view(pod, v, self.params, wait, waiting) for name, v in views.items()}
         result = filter_nodes(pod, list(views), views, 0.0, self.params)
         answer = (result.request or pod, views, list(result.passed), list(result.failed))
@@ -337,8 +340,8 @@ class DeepRes(Strategy):
             residents = sorted({j for g in range(self.c.cap.shape[1]) for j in self.c.jobs_on[i][g]})
             candidates.append((views[name], [r for j in residents if (r := self.jobs[j].reservation) is not None]))
         # the rule's own estimate of what preempting gains: the predicted wait for empty GPUs without it
-        wait = self.wait_s(job, np.flatnonzero(self.c.base_mask(job.pod)).tolist(), now) if self.params.sharing \
-            else None
+        wait = self.wait_s(job, np.flatnonzero(self.c.base_mask(job.pod)).tolist(), now, pod.admission_mib) \
+            if self.params.sharing else None
         found = choose_preemption(pod, candidates, now, self.params, wait_s=wait)
         if found is None:
             self._preempting.pop(job.idx, None)

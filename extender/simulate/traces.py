@@ -1,6 +1,6 @@
 """Reading the openb trace files into plain arrays, and building FGD's workloads from them.
 
-The trace CSVs live outside the repository (../shared/data/openb by default); nothing here is
+The trace CSVs are data/openb by default (data/README.md: their source and licence); nothing here is
 needed by the product at run time.
 """
 
@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from extender.simulate.gorand import GoRand
+from predictor import datapaths
 
 #: GPU capacity unit of the trace: one GPU is 1000 milli.
 MILLI = 1000
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
-FGD_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "fgd"
+DEFAULT_DATA = datapaths.OPENB  # data/openb (predictor/datapaths.py: the one home of the data paths)
+FGD_DATA = datapaths.FGD
 
 #: The 17 traces FGD reports (file names after `openb_pod_list_`).
 FGD_TRACES: tuple[str, ...] = (

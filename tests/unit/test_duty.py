@@ -16,10 +16,11 @@ from extender.ledger import Ledger
 from extender.policy import PodRequest, PolicyParams, PriorityInputs, Reservation
 from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty, prior_duty
 from extender.telemetry import GpuReport, NodeReport, PodUsage
+from predictor import datapaths
 
 P = PolicyParams(usage_warmup_s=60.0, sharing=False)  # two GPU-bound pods share a GPU here (learning only)
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "nvml-process-utilization-h100-580.json"
-COLOCATION = Path(__file__).resolve().parents[3] / "shared" / "data" / "colocation" / "h100-2026-11-27.json"
+COLOCATION = datapaths.COLOCATION / "h100-2026-11-27.json"  # in the repository (data/README.md)
 
 
 def res(duty: float = 1.0, bound_s: float = 0.0, uid: str = "a", signature: str = "sig") -> Reservation:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +13,11 @@ import pytest
 from extender.policy import GpuView, NodeView, PodRequest, PolicyParams, PriorityInputs, Reservation, filter_nodes
 from extender.policy.preemption import evictable, plan_victims, progress_lost_s
 from extender.policy.sharing import may_join, predicted_join, sharing_view, wait_for_empty_s
+from predictor import datapaths
 
 GIB = 1024.0
 P = PolicyParams()
-COLOCATION = Path(__file__).resolve().parents[3] / "shared" / "data" / "colocation" / "h100-2026-11-27.json"
+COLOCATION = datapaths.COLOCATION / "h100-2026-11-27.json"  # in the repository (data/README.md)
 
 
 def pod(duty: float = 1.0, run_s: float = 3600.0, priority: float = 10.0, need: float = 8 * GIB) -> PodRequest:

@@ -13,8 +13,9 @@ import pytest
 from extender.policy import PolicyParams
 from extender.simulate import replay
 from extender.simulate.traces import Node, Pod
+from predictor import datapaths
 
-COLOCATION = Path(__file__).resolve().parents[3] / "shared" / "data" / "colocation" / "h100-2026-11-27.json"
+COLOCATION = datapaths.COLOCATION / "h100-2026-11-27.json"  # in the repository (data/README.md)
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "simulation.json"
 P = PolicyParams()
 
