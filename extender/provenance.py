@@ -30,9 +30,18 @@ def predictor_version(metadata: Path = PREDICTOR_METADATA) -> str:
         return "none"
 
 
+#: PolicyParams fields added after reports were stamped, with the value that does what the policy did before the
+#: field existed: left out of the hash while they hold it, so a stamp made before them still names the same
+#: defaults (a field set to anything else changes the hash). `bound_beyond_gpus`: the whole-GPU fallback was the
+#: only behaviour before the setting (issue 47).
+ADDED_AT_PRIOR_BEHAVIOUR: dict[str, object] = {"bound_beyond_gpus": "whole-gpu"}
+
+
 def params_hash(params: Any) -> str:
-    """A short hash of a PolicyParams (every field)."""
-    return hashlib.sha256(json.dumps(asdict(params), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A short hash of a PolicyParams (every field, less those at their prior behaviour: ADDED_AT_PRIOR_BEHAVIOUR)."""
+    fields = {k: v for k, v in asdict(params).items()
+              if not (k in ADDED_AT_PRIOR_BEHAVIOUR and v == ADDED_AT_PRIOR_BEHAVIOUR[k])}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def policy_hash() -> str:

@@ -94,3 +94,16 @@ def test_a_tree_is_dirty_for_its_code_not_for_the_reports_being_written(tmp_path
     assert provenance.stamp("c")["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert provenance.stamp("c")["dirty"] is True
+
+
+def test_a_field_added_at_the_prior_behaviour_keeps_the_hash_and_any_other_value_changes_it() -> None:
+    from dataclasses import replace
+
+    from extender.provenance import ADDED_AT_PRIOR_BEHAVIOUR, params_hash
+    from extender.settings import PolicySettings
+
+    live = PolicySettings().params()
+    for name, prior in ADDED_AT_PRIOR_BEHAVIOUR.items():
+        assert getattr(live, name) == prior, f"{name}'s default is no longer its prior behaviour: drop it from the list"
+        assert params_hash(replace(live, **{name: "wait"})) != params_hash(live)
+    assert params_hash(replace(live, max_slowdown=live.max_slowdown + 0.1)) != params_hash(live)
