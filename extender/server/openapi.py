@@ -103,7 +103,7 @@ _ON_GPU: dict[str, Any] = {"type": "object", "nullable": True, "description": (
         "calibrated": {"type": "boolean", "description": "the live calibration applied"},
         "pods": {"type": "integer", "description": "pods the calibration was learned from"},
         "admission_mib": {"type": "number", "description": "what the filter admits the pod at on this model"},
-        "regime": {"type": "string", "enum": ["small", "large"],
+        "regime": {"type": "string", "enum": ["small", "medium", "large"],
                    "description": "the batch regime whose scale the calibrated bound is taken at"}}}
 
 RESPONSE_SCHEMAS: dict[str, Any] = {
