@@ -297,86 +297,25 @@ def phase_burst() -> dict[str, Any]:
 
 
 def foreign_bodies(ns: str) -> list[tuple[str, dict[str, Any]]]:
-    def base_meta(n: str) -> dict[str, Any]:
-        return {"name": n, "labels": {LABEL: RUN_ID, "phase": "foreign"}}
-
+    """The pods deepres did not bind, as a tenant would write them: (name, body)."""
+    tolerations = {"tolerations": PLACEMENT["tolerations"]}
+    kinds: list[tuple[str, dict[str, Any], int | None]] = [
+        # 1. the default scheduler, a deepres.io/gpu limit and the node's placement
+        ("defsched", {"schedulerName": "default-scheduler", **PLACEMENT}, 1),
+        # 2. spec.nodeName with a deepres.io/gpu limit (skips every scheduler)
+        ("nodename", {"nodeName": NODE, **tolerations}, 1),
+        # 3. schedulerName deepres-scheduler with spec.nodeName and a limit (claims the scheduler, skips it)
+        ("nodename-ds", {"schedulerName": "deepres-scheduler", "nodeName": NODE, **tolerations}, 1),
+        # 4. a plain pod with no GPU request on the node (must see no device at all)
+        ("plain", dict(PLACEMENT), None),
+    ]
     out: list[tuple[str, dict[str, Any]]] = []
-    # 1. the default scheduler, a deepres.io/gpu limit and the node's placement
-    n = f"chk-{RUN_ID}-f-defsched"
-    out.append(
-        (
-            n,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": base_meta(n),
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "schedulerName": "default-scheduler",
-                    "containers": [container(1)],
-                    **PLACEMENT,
-                },
-            },
-        )
-    )
-    # 2. spec.nodeName with a deepres.io/gpu limit (skips every scheduler)
-    n = f"chk-{RUN_ID}-f-nodename"
-    out.append(
-        (
-            n,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": base_meta(n),
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "nodeName": NODE,
-                    "containers": [container(1)],
-                    "tolerations": PLACEMENT["tolerations"],
-                },
-            },
-        )
-    )
-    # 3. schedulerName deepres-scheduler with spec.nodeName and a limit (claims the scheduler, skips it)
-    n = f"chk-{RUN_ID}-f-nodename-ds"
-    out.append(
-        (
-            n,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": base_meta(n),
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "schedulerName": "deepres-scheduler",
-                    "nodeName": NODE,
-                    "containers": [container(1)],
-                    "tolerations": PLACEMENT["tolerations"],
-                },
-            },
-        )
-    )
-    # 4. a plain pod with no GPU request on the node (must see no device at all)
-    n = f"chk-{RUN_ID}-f-plain"
-    out.append(
-        (
-            n,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": base_meta(n),
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [container(None)],
-                    **PLACEMENT,
-                },
-            },
-        )
-    )
+    for suffix, placement, gpus in kinds:
+        name = f"chk-{RUN_ID}-f-{suffix}"
+        out.append((name, {"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": name, "labels": {LABEL: RUN_ID, "phase": "foreign"}},
+                           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                                    "containers": [container(gpus)], **placement}}))
     return out
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from devtools import freshness
 from extender.provenance import policy_hash, predictor_version, stamp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,24 +28,13 @@ STAMPED = {
 }
 
 
-def _stamps(doc: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every `provenance` object in a report, at any depth ("(top)", "section", "section.sub")."""
-    if not isinstance(doc, dict):
-        return
-    if isinstance(doc.get("provenance"), dict):
-        yield where or "(top)", doc["provenance"]
-    for key, value in doc.items():
-        if key != "provenance":
-            yield from _stamps(value, f"{where}.{key}" if where else key)
-
-
 @pytest.mark.parametrize("path", CITED)
 def test_a_cited_reports_stamp_matches_the_shipped_predictor_and_policy(path: str) -> None:
     file = ROOT / path
     if not file.is_file():
         pytest.skip(f"{path} is cited but not committed")
     doc = json.loads(file.read_text(encoding="utf-8"))
-    stamps = dict(_stamps(doc))
+    stamps = dict(freshness.stamps(doc))
     for section in STAMPED.get(path, ()):
         assert section in stamps, f"{path} `{section}` has no provenance: regenerate it"
     for section, prov in stamps.items():
