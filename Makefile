@@ -45,7 +45,7 @@ test: lint imports typecheck docs unit
 
 # The extender in local mode (no cluster) with the embedded predictor, on 127.0.0.1:8888. Serving needs
 # no torch and no training extras: `make run` installs deepres alone (`pip install -e .`, numpy
-# runtime) into its own environment, .venv-serve (~290 MB, under a minute from a fresh clone), while
+# runtime) into its own environment, .venv-serve (~260 MB, under a minute from a fresh clone), while
 # `make test` keeps the full development install in .venv. --no-compile: pip would byte-compile every
 # module of every package (the kubernetes client's thousands: half the install's time); Python
 # compiles what it imports on first use instead. Agents authenticate with the token in
