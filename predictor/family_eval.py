@@ -12,9 +12,11 @@ the traced table read without the job's own group (`predictor.family_table`, `ex
   predictor/data/measured/), each point read on the H100 line of traced peaks fitted on the measured
   rows of the *other* groups (per precision).
 
-Candidates for the point: `network` (the blended learner, today's family point), `table` (the traced
-architectures of the same family and size), `blend` (their geometric mean where the table has the
-family). The bound: `shipped` is the Demand's own bound; `earned` multiplies the point by a factor per
+Candidates for the point: `network` (the blended learner, the family point before issue 47's), `table`
+(the traced architectures of the same family and size), `blend` (their geometric mean where the table has
+the family), `text_table` (the table's for the text families, the network's for the others:
+`predictor.family_table.served_point`, served since it won here). The bound: `shipped` is the Demand's
+own bound; `earned` multiplies the point by a factor per
 (family, batch regime) taken from the held-out residuals of *other* held-out groups (leave one group
 out inside the held-out side, every group weighted alike), so no job's bound saw its own group.
 
@@ -83,7 +85,7 @@ def points(rows: list[dict[str, Any]], artifact: Path) -> dict[str, np.ndarray]:
     demands = predictor.predict_many([s for s in specs if s is not None])
     n = len(rows)
     out: dict[str, np.ndarray] = {"network": np.full(n, np.nan), "network_bound": np.full(n, np.nan),
-                                  "table": np.full(n, np.nan)}
+                                  "table": np.full(n, np.nan), "text_table": np.full(n, np.nan)}
     family = np.full(n, "", dtype=object)
     for i, d in zip(keep, demands, strict=True):
         spec = specs[i]
@@ -93,6 +95,8 @@ def points(rows: list[dict[str, Any]], artifact: Path) -> dict[str, np.ndarray]:
         tp = family_table.point_of(spec, exclude_group=str(rows[i]["group"]))
         if tp is not None:
             out["table"][i] = tp.memory_mib
+        served = family_table.served_point(spec, exclude_group=str(rows[i]["group"]))
+        out["text_table"][i] = d.memory_mib if served is None else served.memory_mib
     design = np.zeros((n, len(family_point.NAMES)))
     for i in keep:
         spec = specs[i]
@@ -218,10 +222,10 @@ def evaluate_seed(seed: int, artifact: Path, level: float) -> dict[str, Any]:
     fixed = a100_fixed(p["fixed_traced"][ok])
     X, y = p["design"][ok], np.log(truth / p["network"][ok])
     stacked_point = p["network"][ok] * np.exp(stacked(X, y, grp, X, grp))
-    out["traced"] = score_all(truth, {**{k: p[k][ok] for k in ("network", "table", "blend")},
+    out["traced"] = score_all(truth, {**{k: p[k][ok] for k in ("network", "table", "blend", "text_table")},
                                       "stacked": stacked_point}, p["network_bound"][ok], fam, reg, grp, level, fixed)
     out["_needs"] = {"family": fam, "regime": reg, "group": grp, "X": X, "y": y}
-    for name, point in (("network", p["network"][ok]), ("stacked", stacked_point)):
+    for name, point in (("network", p["network"][ok]), ("stacked", stacked_point), ("text_table", p["text_table"][ok])):
         act = np.maximum(point - fixed, 1e-3 * point)
         out["_needs"][name] = np.log(np.maximum(truth - fixed, 1e-3 * truth) / act)
     # the real H100's peaks
@@ -248,7 +252,7 @@ def evaluate_seed(seed: int, artifact: Path, level: float) -> dict[str, Any]:
                                                                 [r for r, k in zip(mrows, ok, strict=True) if k],
                                                                 strict=True)])
     h_stacked = mp["network"][ok] * np.exp(stacked(X, y, out["_needs"]["group"], mp["design"][ok], grp))
-    out["h100"] = score_all(truth, {**{k: on_h100(mp[k][ok]) for k in ("network", "table", "blend")},
+    out["h100"] = score_all(truth, {**{k: on_h100(mp[k][ok]) for k in ("network", "table", "blend", "text_table")},
                                     "stacked": on_h100(h_stacked)}, shipped, fam, reg, grp, level,
                             on_fixed(mp["fixed_traced"][ok]))
     return out
@@ -377,9 +381,10 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--write", action="store_true",
                      help="write predictor/data/family_bounds.json and merge family_path into the report")
     out.add_argument("--report", type=Path, default=REPORT)
-    out.add_argument("--point", choices=("network",), default="network",
-                     help="the family point served and whose residuals earn the margins (the network's: the "
-                          "`stacked` correction, predictor.family_point, is measured beside it and did not win)")
+    out.add_argument("--point", choices=("network", "text_table"), default="text_table",
+                     help="the family point served and whose residuals earn the margins: `text_table` the traced "
+                          "table's neighbours for the text families (predictor.family_table.served_point), the "
+                          "network's for the others; `network` the network's for all (as before issue 47's point)")
     return out
 
 
@@ -444,6 +449,7 @@ def report_section(results: list[dict[str, Any]], args: argparse.Namespace) -> d
                 "stacked_point": {f: v["median_abs_rel_err"] for f, v in e["stacked"].items()},
                 "table_point": {f: v["median_abs_rel_err"] for f, v in e["table"].items()},
                 "blend_point": {f: v["median_abs_rel_err"] for f, v in e["blend"].items()},
+                "text_table_point": {f: v["median_abs_rel_err"] for f, v in e["text_table"].items()},
             }
         across: dict[str, Any] = {}
         for which in ("previous", "earned", "served"):
@@ -459,10 +465,13 @@ def report_section(results: list[dict[str, Any]], args: argparse.Namespace) -> d
                      f"(<= {SMALL_BATCH} or above; at least {MIN_GROUPS} groups, else the family's, else all); "
                      "`previous`: the artifact's margin (traced) / the H100 family line (h100); `table_point`, "
                      "`blend_point`: median errors of the traced-table neighbours' point (predictor.family_table) "
-                     "and its geometric mean with the network's (not kept); `served`: the point served "
-                     f"(`{args.point}`: `stacked` is the network x predictor.family_point's ridge correction, fitted "
-                     "on the other held-out groups of the seed, penalty by inner group folds) with the earned bound "
-                     "on its learned term; `stacked_point`: that point's median errors")
+                     "and its geometric mean with the network's (not kept); `earned`: the network's point with the "
+                     "earned bound (the family path served before the point changed); `served`: the point served "
+                     f"(`{args.point}`; `text_table`: the table's point for transformer and gpt, the network's for "
+                     "the others, predictor.family_table.served_point) with the earned bound on its learned term; "
+                     "`text_table_point`, `stacked_point`: median errors of those points (`stacked`: the network x "
+                     "predictor.family_point's ridge correction, fitted on the other held-out groups of the seed, "
+                     "penalty by inner group folds; not kept)")
     out["point"] = args.point
     out["command"] = (f"python -m predictor.family_eval --artifacts DIR --seeds {args.seeds} --level {args.level} "
                       f"--point {args.point} --write")

@@ -4,7 +4,7 @@ and the traced table's reading of the family (`predictor.family_table`; `design`
 group weighted alike. `predictor.family_eval` fits it on the *other* held-out groups of each seed
 (`family_eval.stacked`, its penalty chosen by inner group folds) and scores it as `stacked` beside the
 network's point: it did not win (docs/predictor.md, "The family path on held-out groups"), so the
-network's point is served."""
+network's point is served (the traced table's for the text families: `predictor.family_table.served_point`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,11 @@ exact) already holds real architectures of that family near that size. This read
   dataset's nvidia-smi calibration of that traced peak, as every other label.
 
 Families the table does not hold (the torch.nn recurrent stacks, MLPs) get None: the network stays
-their point. Pure Python + numpy over the already-loaded table (no torch): `Predictor` serves it.
+their point. The text families (TABLE_POINT_FAMILIES: `transformer`, `gpt`) are *served* this point
+(`served_point`, called by `predictor.runtime` on the bare family path): on architecture groups held out
+by the grouped split it erred less than the network's over each seed's held-out text jobs, though not
+on every group (docs/predictor.md, "The family path on held-out groups"); the image families keep the
+network's, which erred less there. Pure Python + numpy over the already-loaded table (no torch).
 `exclude_group` leaves an architecture group out, so the held-out evaluation
 (`predictor.family_eval`) never reads a job off its own architecture or its close variants.
 """
@@ -147,6 +151,19 @@ def _weighted_median(values: list[float], weights: list[float]) -> float:
         if acc >= total / 2:
             return values[j]
     return values[order[-1]]
+
+
+#: The families whose bare family-path point is the table's (issue 47): one home for the server and
+#: the held-out evaluation (`predictor.family_eval`, candidate `text_table`).
+TABLE_POINT_FAMILIES = ("transformer", "gpt")
+
+
+def served_point(spec: Any, exclude_group: str | None = None) -> TablePoint | None:
+    """The table's point where the family path serves it (a bare job of a TABLE_POINT_FAMILIES family the
+    table holds), else None: the network's point stays."""
+    if spec.model_type not in TABLE_POINT_FAMILIES or spec.activations_millions > 0:
+        return None
+    return point_of(spec, exclude_group)
 
 
 def point_of(spec: Any, exclude_group: str | None = None, k: int = K) -> TablePoint | None:

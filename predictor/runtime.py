@@ -13,7 +13,9 @@ The admission bound is the model's point (or upper quantile) with its learned te
 calibrated on architectures held out by group (`predictor.train.set_margins`: one for all families,
 or per family where that reserves less on nested folds); a job on the bare family path (no
 architecture, no traced peak, no activation count) takes its family's margin earned on held-out
-groups per batch regime instead, where one was earned (`family_bound`, `predictor.family_bounds`).
+groups per batch regime instead, where one was earned (`family_bound`, `predictor.family_bounds`);
+where those margins were earned on the table's point (`family_bounds.served_point`), a bare text job's
+point is the traced table's nearest architectures (`predictor.family_table.served_point`).
 A JobSpec outside the sizes the model was trained on for its family gets a wider bound and a warning
 in its Demand.
 """
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from predictor import exact, family_bounds, family_heads, steptime
+from predictor import exact, family_bounds, family_heads, family_table, steptime
 from predictor import features as feats
 from predictor.inference import NumpyEstimator
 from predictor.spec import Demand, JobSpec, estimate_gpu_seconds
@@ -283,9 +285,14 @@ class Predictor:
         # the margin and the out-of-range factor widen the learned term only: the fixed bytes are exact
         bound = np.maximum(terms.memory(base * widen), memory)
         fixed = terms.memory(np.zeros(len(specs)))
+        table_point = (self.family_bounds_path is not None
+                       and family_bounds.served_point(self.family_bounds_path) == "text_table")
         for i, spec in enumerate(specs):  # the bare family path: the bound earned per family and batch regime
             if (not spec.model and spec.traced_peak_mib <= 0 and spec.activations_millions <= 0
                     and self._bare_margins.point_base):
+                read = family_table.served_point(spec) if table_point else None
+                if read is not None:  # a text family: the traced table's nearest architectures (issue 47)
+                    memory[i] = read.memory_mib
                 bound[i] = family_bound(spec, float(memory[i]), float(fixed[i]), math.log(widen[i] / checked[i][0]),
                                         checked[i][0], self.family_bounds_path)
         return [
