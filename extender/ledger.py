@@ -28,13 +28,14 @@ from itertools import islice
 from extender.calibration_store import CalibrationStore
 from extender.model_keys import ModelKey, ModelKeys, nodes_per_model
 from extender.policy.columnar import FragmentationMemo, NodeMatrix
-from extender.policy.duty import DutyStore, alone_duties, follow_duty, pod_alone_duty
+from extender.policy.duty import DutyStore
 from extender.policy.filtering import node_failure, reserved_per_gpu
 from extender.policy.fragmentation import DemandMix, DemandWindow
 from extender.policy.placement import choose_gpus_for
 from extender.policy.sharing import can_hold, sharing_view, wait_for_empty_s
 from extender.policy.types import EMPTY_SLACK_MIB, GpuView, NodeView, PodRequest, PolicyParams, Reservation
 from extender.policy.usage import Correction, PeakStore, observe_usage, observed_peak
+from extender.sharing_watch import Move, SharingWatch, follow_duties
 from extender.telemetry import GpuReport, NodeReport
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Ledger:
         self.matrix = NodeMatrix()  # the same views, columnar, for the verbs' vectorised policy
         self._peaks = PeakStore(peak_store_size)
         self._duties = DutyStore(peak_store_size)  # observed GPU duties per job signature (`policy.duty`)
+        self.sharing = SharingWatch(peak_store_size)  # sharing's feedback (`policy.feedback`), moves to make
         self._demand = DemandWindow()  # recent admissions: the demand mix of the packing score
         self.merits = FragmentationMemo(self._lock)  # packing merits per node row, reused while rows hold
         self.overcommits_refused = 0
@@ -151,6 +153,14 @@ class Ledger:
     def learned_duty(self, signature: str) -> float | None:  # the duty its pods showed alone (largest of the last)
         with self._lock:
             return self._duties.get(signature) if signature else None
+
+    def slowdown_margin(self, signature: str) -> float:  # its forecast's learned error (`feedback.margin`)
+        with self._lock:
+            return self.sharing.feedback.margin(signature)
+
+    def take_moves(self) -> list[Move]:  # the pods sharing's feedback asks to move (`policy.feedback`)
+        with self._lock:
+            return self.sharing.take_moves()
 
     def wait_for_empty_s(self, gpus: int, now_s: float, names: Iterable[str] | None = None, need_mib: float = 0.0
                          ) -> float:
@@ -274,6 +284,9 @@ class Ledger:
             self._telemetry.move_to_end(report.node)
             self._heard(report.node, last is None)
             self._follow_usage(report, now_s)
+            if self.params.sharing and self.params.sharing_feedback:
+                self.sharing.on_report(report, self._reservations, self._by_node.get(report.node, ()), now_s,
+                                       self.params, lambda g: self._foreign_mib(report.node, g))
             self._rebuild(report.node)
             if len(kept.gpus) < len(report.gpus):
                 self.uuid_conflicts += 1
@@ -534,6 +547,7 @@ class Ledger:
     def _drop(self, res: Reservation) -> None:
         """The books after `res` left `_reservations` (lock held)."""
         self._seen.pop(res.pod_uid, None)
+        self.sharing.forget(res.pod_uid)
         self._by_node.get(res.node, set()).discard(res.pod_uid)
         self._shift(res, -res.memory_mib)
         self._emptied_now(res.node)
@@ -598,30 +612,8 @@ class Ledger:
         self._follow_duties(report, now_s)
 
     def _follow_duties(self, report: NodeReport, now_s: float) -> None:
-        """The usage rule for compute (`policy.duty`): the busy shares of the pods seen together on
-        each GPU, turned into alone duties; each reserved pod's duty follows the busiest of its GPUs
-        after the warm-up, and is recorded for its job signature. Pods without a duty are no
-        observation."""
-        on_gpu: dict[str, dict[str, float | None]] = {}
-        for usage in report.pods:
-            if usage.gpu_duty is None:
-                continue
-            for uuid in usage.gpu_uuids:
-                on_gpu.setdefault(uuid, {})[usage.pod_uid] = usage.gpu_duty
-        per_pod: dict[str, list[float]] = {}
-        for busy in on_gpu.values():
-            for uid, duty in alone_duties(busy).items():
-                per_pod.setdefault(uid, []).append(duty)
-        for uid, duties in per_pod.items():
-            res = self._reservations.get(uid)
-            alone = pod_alone_duty(duties)
-            if res is None or res.node != report.node or alone is None:
-                continue
-            updated = follow_duty(res, alone, now_s, self.params)
-            if now_s - res.bound_s >= self.params.usage_warmup_s and res.signature:
-                self._duties.record(res.signature, alone, uid)
-            if updated is not res:
-                self._reservations[uid] = updated
+        """The usage rule for compute (`policy.duty`, applied by `sharing_watch.follow_duties`)."""
+        self._reservations.update(follow_duties(report, self._reservations, self._duties, now_s, self.params))
 
     def _foreign_mib(self, node: str, gpu: GpuReport) -> float:
         """Memory of the GPU's processes that belong to no pod holding a reservation on it."""
@@ -667,12 +659,11 @@ class Ledger:
             return
         pending = self._pending_mib(node, telemetry.received_s)
         blocked = self._regrown_gpus(node)
-        duties: dict[str, list[float]] = {}
+        on: dict[str, list[Reservation]] = {}
         for uid in self._by_node.get(node, ()):
-            held = self._reservations.get(uid)
-            if held is not None:
+            if (held := self._reservations.get(uid)) is not None:
                 for uuid in held.gpu_uuids:
-                    duties.setdefault(uuid, []).append(held.duty)
+                    on.setdefault(uuid, []).append(held)
         old = self._views.get(node)
         previous = {g.uuid: g for g in old.gpus} if old is not None else {}
         gpus = []
@@ -680,7 +671,9 @@ class Ledger:
             reserved = self._shown_reserved_mib(node, g, blocked)
             foreign = self._foreign_mib(node, g) if g.processes else 0.0
             waiting = 0.0 if g.processes else pending.get(g.uuid, 0.0)
-            shares = tuple(sorted(duties.get(g.uuid, ())))
+            shares = tuple(sorted(r.duty for r in on.get(g.uuid, ())))
+            over = self.sharing.feedback.is_over(g.uuid)
+            margin = self.sharing.resident_margin(on.get(g.uuid, ()), g.model)
             last = previous.get(g.uuid)
             # a GPU whose inputs did not change keeps its view (frozen): a reservation or a release
             # changes one GPU of the node, and building the other views again was most of the rebuild
@@ -688,12 +681,13 @@ class Ledger:
                     and last.used_mib == g.memory_used_mib and last.reserved_mib == reserved
                     and last.utilization == g.utilization_gpu and last.healthy == g.healthy
                     and last.foreign_mib == foreign and last.pending_mib == waiting and last.duties == shares
-                    and not last.strict and not last.compute_full):
+                    and last.over_bound == over and last.resident_margin == margin and not last.compute_full):
                 gpus.append(last)
                 continue
             gpus.append(GpuView(uuid=g.uuid, index=g.index, capacity_mib=g.memory_total_mib, used_mib=g.memory_used_mib,
                                 reserved_mib=reserved, utilization=g.utilization_gpu, healthy=g.healthy,
-                                foreign_mib=foreign, pending_mib=waiting, duties=shares))
+                                foreign_mib=foreign, pending_mib=waiting, duties=shares, over_bound=over,
+                                resident_margin=margin))
         view = NodeView(name=node, gpus=tuple(gpus), received_s=telemetry.received_s)
         self._views[node] = view
         self.matrix.put(view)

@@ -33,8 +33,10 @@ def predictor_version(metadata: Path = PREDICTOR_METADATA) -> str:
 #: PolicyParams fields added after reports were stamped, with the value that does what the policy did before the
 #: field existed: left out of the hash while they hold it, so a stamp made before them still names the same
 #: defaults (a field set to anything else changes the hash). `bound_beyond_gpus`: the whole-GPU fallback was the
-#: only behaviour before the setting (issue 47).
-ADDED_AT_PRIOR_BEHAVIOUR: dict[str, object] = {"bound_beyond_gpus": "whole-gpu"}
+#: only behaviour before the setting (issue 47). `sharing_feedback` off: the forecast alone decided joins, and
+#: `sharing_move_after_s` does nothing without it (issue 46).
+ADDED_AT_PRIOR_BEHAVIOUR: dict[str, object] = {"bound_beyond_gpus": "whole-gpu", "sharing_feedback": False,
+                                               "sharing_move_after_s": 600.0}
 
 
 def params_hash(params: Any) -> str:

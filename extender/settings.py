@@ -185,6 +185,15 @@ class PolicySettings:
     slowdown_error_exponent: float = 1.0
     """The interference model's error margin in the join check: a predicted slowdown s is judged as
     s ** this (`PolicyParams.slowdown_error_exponent`; 1.0: the forecast as is)."""
+    sharing_feedback: bool = False
+    """Sharing's promise kept by feedback (`policy.feedback`, docs/rules.md): from the agents' per-process
+    samples, a GPU whose shared jobs run slower than their bound takes no joiner, its newest joiner is
+    moved (evicted) after `sharing_move_after_s`, and each job signature's forecast error widens the
+    margin of its later joins. Off by default until the reports that cite the policy are made again
+    with it on (docs/capacity.md, "Feedback"): False, the forecast alone decides (as before issue 46)."""
+    sharing_move_after_s: float = 600.0
+    """How long a GPU may stay over its slowdown bound, taking no joiner, before its newest joiner is
+    moved; a negative value is refused, a very large one never moves."""
     share_memory_margin: float = 0.0
     """A pod joins a GPU that runs work only with (1 + this) x its admission free there."""
     bound_beyond_gpus: str = "whole-gpu"
@@ -234,6 +243,7 @@ class PolicySettings:
             sharing=self.sharing,
             max_slowdown=self.max_slowdown,
             max_slowdown_high=self.max_slowdown_high,
+            sharing_feedback=self.sharing_feedback, sharing_move_after_s=self.sharing_move_after_s,
             slowdown_error_exponent=self.slowdown_error_exponent,
             share_memory_margin=self.share_memory_margin,
             drain=self.drain,
@@ -425,6 +435,8 @@ class Settings:
             p.append(f"policy.fragmentation_weight must be in [0, 1], got {pol.fragmentation_weight}")
         if pol.filter_shortlist < 0:
             p.append(f"policy.filter_shortlist must be >= 0 (0: off), got {pol.filter_shortlist}")
+        if not pol.sharing_move_after_s >= 0:  # NaN fails too
+            p.append(f"policy.sharing_move_after_s must be >= 0, got {pol.sharing_move_after_s}")
         if pol.usage_warmup_s < 0:
             p.append(f"policy.usage_warmup_s must be >= 0, got {pol.usage_warmup_s}")
         if pol.usage_plateau_s < 0:

@@ -18,6 +18,9 @@ place (memory without a duty) counts as one GPU-bound job. The pod may join only
    bound alone, and so does a pod of priority below `pack_below_priority` (off by default: see
    PolicyParams), which would pack within the bound even when an empty GPU is free.
 
+3. the GPU is not over its bound and each forecast carries its signature's learned margin
+   (`policy.feedback`: what the shared jobs really did corrects the joins).
+
 Otherwise the pod takes an empty GPU or waits. `sharing_view` applies the rule to a node: the GPUs
 the pod may not join are shown to it as full, so the filter, the score and bind (and the replay,
 which calls the same functions) never place it there; the filter's reason then says "compute".
@@ -85,9 +88,13 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float,
         return True
     if draining(pod, params, waiting_priority):
         return False
+    if gpu.over_bound and params.sharing_feedback:  # its jobs already run slower than promised (`feedback`)
+        return False
     if gpu.free_mib < pod.admission_mib * (1.0 + params.share_memory_margin):
         return False
     own, others = predicted_join(pod, gpu)
+    if params.sharing_feedback:  # each forecast x its signatures' learned error (`feedback.margin`)
+        own, others = own * max(pod.slowdown_margin, 1.0), others * max(gpu.resident_margin, 1.0)
     own, others = judged_slowdown(own, params), judged_slowdown(others, params)
     if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
         return False
@@ -107,8 +114,7 @@ def sharing_view(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
     for g in node.gpus:  # a GPU the pod does not fit by memory is out anyway: no need to ask
         if g.healthy and not g.empty and g.free_mib >= pod.admission_mib and not may_join(pod, g, params, wait_s,
                                                                                        waiting_priority):
-            gpus.append(GpuView(g.uuid, g.index, g.capacity_mib, g.used_mib, max(g.capacity_mib, g.reserved_mib),
-                                g.utilization, g.healthy, g.foreign_mib, g.pending_mib, g.duties, g.strict, True))
+            gpus.append(replace(g, reserved_mib=max(g.capacity_mib, g.reserved_mib), compute_full=True))
             changed = True
         else:
             gpus.append(g)
@@ -150,12 +156,12 @@ def wait_for_empty_s(now_s: float, gpus: Iterable[Iterable[tuple[float, float]]]
 
 
 def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: float,
-                 joins: dict[tuple[tuple[float, ...], bool, bool, float], bool],
+                 joins: dict[tuple[tuple[float, ...], bool, bool, float, bool, float], bool],
                  waiting_priority: float = -math.inf) -> bool:
     """`gpus_fit` over `sharing_view(pod, node, ...)`'s free memory without building the view: a GPU
     shown full has what sharing_view leaves it (none), any other its own. A filter asks this of every
     node that fits, and building the views was most of its time once many GPUs were busy (issue 31).
-    `joins` memoises `may_join` by the only fields of a GPU it reads (its duties, whether it is empty,
+    `joins` memoises `may_join` by the only fields of a GPU it reads (its duties, over_bound, margin, empty,
     strict, and its free memory where `share_memory_margin` makes it count): one answer for the GPUs of
     one filter that run the same jobs."""
     need, want, refused = pod.admission_mib, max(pod.gpus, 1), False
@@ -170,7 +176,8 @@ def _fits_shared(pod: PodRequest, node: NodeView, params: PolicyParams, wait_s: 
         free = g.free_mib
         if free < need:
             continue
-        key = (g.duties, g.empty, g.strict, free if params.share_memory_margin else 0.0)
+        key = (g.duties, g.empty, g.strict, free if params.share_memory_margin else 0.0, g.over_bound,
+               g.resident_margin)
         joined = joins.get(key)
         if joined is None:
             joined = joins[key] = may_join(pod, g, params, wait_s, waiting_priority)
@@ -196,7 +203,7 @@ def apply_sharing(pod: PodRequest, result: FilterResult, nodes: Mapping[str, Nod
     passed: list[str] = []
     failed = dict(result.failed)
     kinds = dict(result.kinds)
-    joins: dict[tuple[tuple[float, ...], bool, bool, float], bool] = {}  # may_join by what it reads of a GPU
+    joins: dict[tuple[tuple[float, ...], bool, bool, float, bool, float], bool] = {}  # may_join by what it reads
     for name in result.passed:
         node = nodes.get(name)
         if node is None or not node.busy_count or _fits_shared(request, node, params, wait_s, joins,

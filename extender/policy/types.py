@@ -8,6 +8,7 @@ snapshots) without re-deriving per-GPU figures on every call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from extender.policy.memory import effective_free_mib, occupied_mib
@@ -47,6 +48,8 @@ class GpuView:
     duties: tuple[float, ...] = ()  # the GPU duties (alone, 0..1) of the pods placed on it (`policy.duty`)
     strict: bool = False  # a high or critical pod runs on it: the tighter slowdown bound (`policy.sharing`)
     compute_full: bool = False  # shown full to a pod that may not join it (`sharing.sharing_view`)
+    over_bound: bool = False  # its shared jobs run slower than their bound: no joiner (`policy.feedback`)
+    resident_margin: float = 1.0  # the largest forecast margin of its jobs' signatures (`policy.feedback`)
     free_mib: float = field(init=False, default=0.0)
     empty: bool = field(init=False, default=False)
     partly: bool = field(init=False, default=False)
@@ -142,6 +145,7 @@ class PodRequest:
     duty: float = 1.0  # its GPU duty (`duty.admission_duty`): 1.0 GPU-bound
     predicted_run_s: float = 0.0  # the predictor's run time estimate (0: unknown), for the sharing rule
     kind: str = ""  # the kind of arrival it is, for preemption's churn rule (`preemption.arrival_kind`)
+    slowdown_margin: float = 1.0  # its signature's forecast margin learned from outcomes (`policy.feedback`)
 
     @property
     def key(self) -> str:
@@ -239,6 +243,14 @@ class PolicyParams:
     """The interference model's error margin in the join check: a predicted slowdown s is judged as
     s ** this against the bound (1.0: the forecast as is). A held-out error of the model raises the
     true slowdown to s ** k (`simulate.capworld`); the live default is chosen from those residuals."""
+    sharing_feedback: bool = False
+    """The promise kept by feedback (`policy.feedback`): a GPU whose shared jobs run slower than their
+    bound (observed from the agent's per-process samples) takes no joiner, its newest joiner is moved
+    after `sharing_move_after_s`, and each signature's forecast error widens its later joins' margin.
+    Off by default (the policy the cited reports were made with); the replay measures it side by side."""
+    sharing_move_after_s: float = 600.0
+    """How long a GPU may stay over its bound (no joiner taken) before its newest joiner is moved; 0
+    moves at the second report over the bound. Moves are evictions: `inf` never moves."""
     share_memory_margin: float = 0.0
     """A pod joins a GPU that runs work only when its free memory is at least (1 + this) x the pod's
     admission: headroom for co-located jobs whose memory is only predicted."""
@@ -274,7 +286,7 @@ class FilterResult:
     (`filtering.whole_gpu_request`; prioritize and bind then place that), else None."""
 
     passed: tuple[str, ...]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
+    failed: Mapping[str, str]  # a Mapping: the columnar filter words its failures when read (`columnar.Reasons`)
+    unresolvable: Mapping[str, str]
     kinds: dict[str, int]
     request: PodRequest | None = None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -24,6 +25,8 @@ from extender.policy.restoring import OVERBOOKED, claimed_gpus, overbooked, sett
 from extender.protocol import PodInfo, ProtocolError, parse_pod
 from extender.server.parts import Part, Parts
 from extender.server.planner import PredictorUnavailable
+from extender.server.trust import confirmed_pod
+from extender.sharing_watch import Move
 from extender.telemetry import FULL_REPORT_NEEDED, NodeReport, ReportError, apply_delta, parse_report
 from predictor.parsing import read_number
 
@@ -98,6 +101,7 @@ class Intake(Part):
             return 400, {"error": f"node {report.node} {why}"}
         if outcome == ACCEPTED:
             self.planner.place_restored(report.node)
+            self._move_sharers()
         label = "accepted" if outcome == ACCEPTED else "old_sequence"
         self.metrics.telemetry_reports.labels(label).inc()
         if outcome == ACCEPTED and (before is None or mono - before.received_s > self.params.telemetry_ttl_s):
@@ -105,6 +109,34 @@ class Intake(Part):
         if outcome != ACCEPTED:
             return 200, {"accepted": False, "outcome": outcome}
         return 200, {"accepted": True, "outcome": outcome, "deltas": True}  # the agent may send deltas next
+
+    def _move_sharers(self) -> None:
+        """Sharing's feedback asked to move the newest joiner of GPUs that stayed over their slowdown bound
+        (`policy.feedback`): each is evicted on the worker, off the request, once the API server confirms it
+        (ours, that uid, still on that node); its controller makes it again and it is placed anew."""
+        for move in self.ledger.take_moves():
+            self.worker.submit(f"move/{move.uid}", functools.partial(self._move, move))
+
+    def _move(self, move: Move) -> None:
+        key = f"{move.namespace}/{move.name}"
+        confirmed = confirmed_pod(self.cluster, self.settings.kube.scheduler_name, move.namespace, move.name,
+                                  move.uid)
+        if isinstance(confirmed, str) or confirmed[1].node_name != move.node:
+            self.metrics.sharing_moves.labels("skipped").inc()
+            log.info("sharing move of pod=%s skipped: %s", key, confirmed if isinstance(confirmed, str) else
+                     "no longer on node " + move.node)
+            return
+        try:
+            self.cluster.evict(move.namespace, move.name, move.uid)
+        except ClusterError as err:
+            self.metrics.sharing_moves.labels("failed").inc()
+            log.warning("sharing move of pod=%s failed: %s", key, err)
+            return
+        self.metrics.sharing_moves.labels("moved").inc()
+        message = (f"moved by deepres: its GPU {move.gpu} on {move.node} ran its shared jobs {move.worst:.2f}x slower "
+                   f"than alone, beyond the bound (sharing.maxSlowdown), and it joined last")
+        self.cluster.event(confirmed[0], "SharingMoved", message, warning=True)
+        log.warning("sharing move: pod=%s %s", key, message)
 
     def _conflict(self, report: NodeReport, contested: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """409 to an agent that listed GPUs another node owns (issue 34 row 3): accepted without them,

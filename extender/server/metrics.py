@@ -64,6 +64,11 @@ class ExtenderMetrics:
                                        "Pods bound to whole GPUs by the whole-GPU fallback (their upper bound "
                                        "exceeded every GPU they could be given, their point estimate fit).",
                                        registry=r)
+        self.sharing_moves = Counter("deepres_extender_sharing_moves_total",
+                                     "Pods sharing's feedback asked to move (the newest joiner of a GPU whose shared "
+                                     "jobs ran slower than their bound for sharing.moveAfterSeconds), by outcome "
+                                     "(moved: evicted; skipped: no longer ours or on that node; failed: the "
+                                     "eviction was refused, e.g. by a PodDisruptionBudget).", ["outcome"], registry=r)
         self.preemptions = Counter("deepres_extender_preemption_victims_total",
                                    "Victims returned by preempt.", registry=r)
         self.restore_unparsable = Counter(

@@ -118,10 +118,21 @@ class OracleDeepRes(LiveDeepRes):
         return False
 
 
+class FeedbackDeepRes(LiveDeepRes):
+    """DeepRes as the live default with sharing's feedback on (`policy.feedback`, `PolicySettings.sharing_feedback`):
+    a GPU whose shared jobs run slower than their bound (from the world's samples) takes no joiner, its newest
+    joiner is moved after `sharing_move_after_s`, and each signature's forecast error widens its later joins."""
+
+    name = "deepres-feedback"
+
+    def __init__(self, cluster: replay.Cluster, jobs: list[replay.Job], params: PolicyParams) -> None:
+        super().__init__(cluster, jobs, replace(params, sharing_feedback=True))
+
+
 #: The policies as this experiment runs them.
 CLASSES: dict[str, type[replay.Strategy]] = {**compute.CLASSES, "static-priority": replay.StaticPriority,
                                              "deepres": LiveDeepRes, "deepres-one-class": OneClassDeepRes,
-                                             "deepres-oracle": OracleDeepRes}
+                                             "deepres-oracle": OracleDeepRes, "deepres-feedback": FeedbackDeepRes}
 
 
 def capacity_params() -> PolicyParams:
@@ -170,7 +181,7 @@ def _jobs(ctx: dict[str, Any], dist: str, seed: int, scale: float) -> tuple[list
 KEEP = ("mean_wait_s", "p95_wait_s", "p95_wait_s_ls", "p95_wait_s_be", "mean_jct_all_s", "median_jct_all_s",
         "zero_wait_mean_jct_s", "zero_wait_median_jct_s", "mean_bounded_slowdown", "zero_wait_mean_bounded_slowdown",
         "shared_slowdown_p95", "shared_jobs", "oom_rate", "failure_rate", "gpu_held", "gpu_busy", "preemptions",
-        "lost_gpu_hours", "restarts")
+        "lost_gpu_hours", "restarts", "sharing_moves")
 
 
 #: where run_task sends each run's line: ("run", line); set by `run` before its worker processes fork

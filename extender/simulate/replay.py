@@ -149,6 +149,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         push(each.arrival, "arrive", each.idx)
     pending: list[int] = []
     ooms = 0
+    moved = 0
     series_busy: list[float] = []
     series_held: list[float] = []
     n_gpus = max(int(cluster.present.sum()), 1)
@@ -250,12 +251,26 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
             world.lose(job, now)
             job.queued_at = now
         cluster.release(job)
+        strat.on_stop(job)
         doomed.discard(job.idx)
         shared_now.discard(job.idx)
         job.run_id += 1
         job.finish_token += 1
         job.reservation = None
         refresh(node, gpus, now)
+
+    def apply_moves(now: float) -> bool:
+        """Sharing's feedback asked to move the newest joiner of a GPU over its bound: stopped, its work
+        since the checkpoint lost, back to the queue (as an eviction)."""
+        nonlocal moved
+        taken = False
+        for m in strat.take_moves():
+            if jobs[m].node >= 0:
+                stop(jobs[m], now, lost=True)
+                moved += 1
+                taken = True
+                push(now, "arrive", m)
+        return taken
 
     while events:
         now = events[0][0]
@@ -287,6 +302,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 continue  # stale event of an earlier run (preempted or killed)
             elif kind == "usage":
                 freed |= strat.on_usage(job, now, samples(job) if world is not None else None)
+                freed |= apply_moves(now)
             elif kind == "tick":
                 assert world is not None
                 for k in residents(job.node, job.gpus):
@@ -295,6 +311,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
                 refresh(job.node, job.gpus, now)
                 freed |= strat.on_sample(job, samples(job), now)
                 push(now + world.tick_s, "tick", j, run)
+                freed |= apply_moves(now)
             elif kind == "oom":
                 stop(job, now, lost=True)
                 freed = True
@@ -373,6 +390,7 @@ def simulate(strategy_cls: type[Strategy], jobs_template: Sequence[Job], nodes: 
         "gpu_busy": round(statistics.fmean(series_busy), 4) if series_busy else math.nan,
         "gpu_held": round(statistics.fmean(series_held), 4) if series_held else math.nan,
         "interference": float(interference),
+        "sharing_moves": float(moved),
     })
     for q, members in out.per_qos.items():
         times = sorted(j.completion - j.arrival for j in done if j.qos == q)

@@ -32,6 +32,7 @@ from extender.policy import (
     score_nodes_fragaware,
 )
 from extender.policy.duty import DutyStore, admission_duty, alone_duties, follow_duty
+from extender.policy.feedback import Sharer, SharingFeedback, gpu_bound
 from extender.policy.filtering import reserved_per_gpu, whole_gpu_request
 from extender.policy.preemption import arrival_kind
 from extender.policy.sharing import can_hold, sharing_view, wait_for_empty_s
@@ -82,6 +83,13 @@ class Strategy:
     def on_sample(self, job: Job, busy: dict[str, float], now: float) -> bool:
         """A later sample of the pods on the job's GPU (the capacity world's periodic report)."""
         return False
+
+    def take_moves(self) -> list[int]:
+        """Jobs the policy asks to move (stopped, their work since the last checkpoint lost, queued again)."""
+        return []
+
+    def on_stop(self, job: Job) -> None:
+        """`job` left its GPUs (finished, preempted, killed or moved)."""
 
     def kind(self, job: Job) -> str:
         """The kind of arrival `job` is for preemption's churn rule ("": the policy does not preempt)."""
@@ -174,6 +182,8 @@ class DeepRes(Strategy):
         self._wait: tuple[tuple[Any, ...], float] | None = None  # wait_s's last answer, by its inputs
         self._filtered: tuple[tuple[Any, ...], Any] | None = None  # filtered's last answer, by its inputs
         self._blocked: set[int] = set()  # jobs the filter passed no node for, until they bind (draining rule)
+        self.feedback = SharingFeedback(PolicySettings().peak_store_size)  # sharing's feedback (`policy.feedback`)
+        self.moves: list[int] = []  # jobs the feedback asked to move, taken by the replay (`take_moves`)
 
     def admission(self, job: Job) -> float:
         job.admission_duty = admission_duty(job.declared_share, self.duties.get(job.spec_key), self.share_floor)
@@ -200,7 +210,8 @@ class DeepRes(Strategy):
         return PodRequest(uid=str(job.idx), namespace="openb", name=job.pod.name, gpus=job.pod.num_gpu,
                           admission_mib=job.admission_mib, predicted_mib=job.predicted_mib,
                           priority=priority_of(self.inputs(job), now, self.params), fallback=True,
-                          duty=job.admission_duty, predicted_run_s=job.predicted_s, kind=self.kind(job))
+                          duty=job.admission_duty, predicted_run_s=job.predicted_s, kind=self.kind(job),
+                          slowdown_margin=self.feedback.margin(job.spec_key) if self.params.sharing_feedback else 1.0)
 
     def kind(self, job: Job) -> str:
         return arrival_kind(CRITICALITY.get(job.qos, 1), job.pod.num_gpu)
@@ -214,7 +225,10 @@ class DeepRes(Strategy):
                              used_mib=float(used[g]), reserved_mib=float(res[g]),
                              utilization=min(1.0, len(self.c.jobs_on[i][g]) / 2.0),
                              duties=tuple(sorted(self._duty_of(j) for j in self.c.jobs_on[i][g])),
-                             strict=any(CRITICALITY.get(self.jobs[j].qos, 1) >= 2 for j in self.c.jobs_on[i][g]))
+                             strict=any(CRITICALITY.get(self.jobs[j].qos, 1) >= 2 for j in self.c.jobs_on[i][g]),
+                             over_bound=self.feedback.is_over(f"{self.c.names[i]}-gpu{g}"),
+                             resident_margin=max((self.feedback.margin(self.jobs[j].spec_key, "")
+                                                  for j in self.c.jobs_on[i][g]), default=1.0))
                      for g in range(len(cap)) if self.c.present[i, g])
         nv = NodeView(name=self.c.names[i], gpus=gpus, received_s=0.0)
         self._views[i] = (int(self.c.version[i]), nv)
@@ -312,6 +326,10 @@ class DeepRes(Strategy):
         # the sharing rule reads the residents' duties and strictness: nodes differing there differ
         duties = np.array([[sum(self._duty_of(j) + 10.0 * (CRITICALITY.get(self.jobs[j].qos, 1) >= 2) for j in g)
                             for g in self.c.jobs_on[i]] for i in rows.tolist()], dtype=float)
+        if self.params.sharing_feedback:  # and what the feedback says of each GPU (over its bound, margins)
+            duties = duties + np.array([[100.0 * self.feedback.is_over(f"{self.c.names[i]}-gpu{k}")
+                                         + sum(self.feedback.margin(self.jobs[j].spec_key, "") for j in g)
+                                         for k, g in enumerate(self.c.jobs_on[i])] for i in rows.tolist()])
         state = np.hstack([self.c.cap[rows], self.c.used[rows], self.c.reserved[rows], jobs, duties,
                            self.c.cpu_left[rows, None].astype(float)])
         _, first = np.unique(state, axis=0, return_index=True)
@@ -366,7 +384,34 @@ class DeepRes(Strategy):
 
     def on_sample(self, job: Job, busy: dict[str, float], now: float) -> bool:
         self._follow_duty(job, busy, now)
+        if self.params.sharing and self.params.sharing_feedback and job.node >= 0 and job.gpus:
+            self._feedback(job.node, job.gpus[0], busy, now)
         return False
+
+    def _feedback(self, node: int, gpu: int, busy: dict[str, float], now: float) -> None:
+        """Sharing's feedback (`policy.feedback`) on one GPU from the agent's samples, as the live ledger's
+        (`sharing_watch.SharingWatch.on_report`): a GPU over its bound shows so to the filter, a move is kept
+        for the replay (`take_moves`)."""
+        on = list(self.c.jobs_on[node][gpu])
+        bound = gpu_bound((CRITICALITY.get(self.jobs[j].qos, 1) for j in on), self.params)
+        sharers = [Sharer(uid=str(j), signature=self.jobs[j].spec_key, busy=busy.get(str(j)), duty=self._duty_of(j),
+                          bound_s=self.jobs[j].start, bound=bound,
+                          warm=now - self.jobs[j].start >= self.params.usage_warmup_s) for j in on]
+        uuid = f"{self.c.names[node]}-gpu{gpu}"
+        was = self.feedback.is_over(uuid)
+        verdict = self.feedback.observe(uuid, "", sharers, False, now, self.params.sharing_move_after_s)
+        if verdict.over_bound != was or verdict.move is not None:
+            self.c.version[node] += 1
+        if verdict.move is not None:
+            self.moves.append(int(verdict.move))
+
+    def on_stop(self, job: Job) -> None:
+        self.feedback.forget_pod(str(job.idx))
+
+    def take_moves(self) -> list[int]:
+        """The jobs the feedback asked to move since the last call (the replay stops and queues them again)."""
+        moves, self.moves = self.moves, []
+        return moves
 
     def _follow_duty(self, job: Job, busy: dict[str, float] | None, now: float) -> None:
         """The duty usage rule: the agent's busy shares of the pods on the job's GPU, corrected for
@@ -387,6 +432,8 @@ class DeepRes(Strategy):
         if job.reservation is None:
             return False
         self._follow_duty(job, busy, now)
+        if busy is not None and self.params.sharing and self.params.sharing_feedback and job.gpus:
+            self._feedback(job.node, job.gpus[0], busy, now)
         updated = observe_usage(job.reservation, job.true_mib, now, self.params, self.peaks)
         if updated.memory_mib == job.reservation.memory_mib:
             job.reservation = updated  # what the rule saw (`Reservation.track`), the memory as it was
