@@ -21,9 +21,10 @@ bad join. This module is the correction, from the agent's per-process samples al
    makes it again, and it is placed with what was learned), the replay stops it and queues it again; its
    lost work is counted. At most one move per GPU per period; a lone pod is never moved.
 5. **Learn the forecast's error.** For each shared pod with a known solo duty, the ratio of its observed
-   slowdown to the model's forecast for the GPU's jobs (`interference.slowdowns`) is kept per job
+   slowdown's excess (slowdown - 1) to the excess the model forecast for the GPU's jobs
+   (`interference.slowdowns`; at least `MIN_EXCESS`) is kept per job
    signature and GPU model (its latest per pod; the last `ERROR_PODS` pods), and per GPU model over every
-   signature (the last `MODEL_PODS` pods). A later join multiplies the forecast of each job by its margin
+   signature (the last `MODEL_PODS` pods). A later join multiplies the forecast excess of each job by its margin
    (`margin`: the largest of its signature's kept ratios and the `MODEL_QUANTILE` quantile of its GPU
    model's, at least 1, at most `MAX_MARGIN`): the signatures the model flatters carry their own margin,
    and a systematic error of the forecast on a GPU model is carried by signatures never seen sharing.
@@ -67,8 +68,10 @@ MODEL_PODS = 64
 #: The model-wide margin: this quantile of the GPU model's kept error ratios (a systematic error of the
 #: forecast, e.g. light jobs beside heavy ones, carried by signatures never seen sharing).
 MODEL_QUANTILE = 0.5
-#: The widest margin a signature carries (a forecast x this).
-MAX_MARGIN = 3.0
+#: The smallest forecast excess (slowdown - 1) an error ratio is taken over (a near-1 forecast divides noise).
+MIN_EXCESS = 0.05
+#: The widest margin a signature carries (a forecast's excess x this).
+MAX_MARGIN = 4.0
 #: The criticality index from which a pod is high or critical (`policy.priority` CRITICALITIES).
 HIGH_CRITICALITY = 2
 #: Entries kept per map (pods, signatures, GPUs): the oldest forgotten first.
@@ -108,6 +111,11 @@ def observed_slowdown(solo_duty: float | None, busy: float | None) -> float | No
     if busy < MIN_BUSY or solo_duty < MIN_SOLO:
         return None
     return min(max(solo_duty / busy, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+
+
+def judged(forecast: float, margin: float) -> float:
+    """A forecast slowdown with its learned margin on the interference (the excess over 1)."""
+    return 1.0 + max(forecast - 1.0, 0.0) * max(margin, 1.0)
 
 
 def gpu_bound(criticalities: Iterable[int], params: PolicyParams) -> float:
@@ -155,8 +163,9 @@ class SharingFeedback:
         return statistics.median(pods.values()) if pods else None
 
     def margin(self, signature: str, model: str | None = None) -> float:
-        """Rule 5: the factor on the forecast of a job of `signature` on a GPU of `model` (None: the
-        largest over the models seen): its largest kept error ratio, between 1 and MAX_MARGIN."""
+        """Rule 5: the factor on the forecast excess (slowdown - 1) of a job of `signature` on a GPU of
+        `model` (None: the largest over the models seen): its largest kept error ratio, between 1 and
+        MAX_MARGIN (`judged`)."""
         if model is not None:
             keys = [_key(signature, model)] if signature else []
             models = [_key(ANY, model)]
@@ -209,7 +218,7 @@ class SharingFeedback:
                 continue
             worst = max(worst, smooth)
             breached |= smooth > s.bound + 1e-9
-            ratio = smooth / max(predicted, 1.0)
+            ratio = (smooth - 1.0) / max(predicted - 1.0, MIN_EXCESS)  # the interference's error, not the base
             if s.signature:
                 self._record_error(_key(s.signature, model), s.uid, ratio, ERROR_PODS)
             self._record_error(_key(ANY, model), s.uid, ratio, MODEL_PODS)

@@ -33,6 +33,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from extender.policy.feedback import judged
 from extender.policy.filtering import PASSED
 from extender.policy.interference import slowdowns
 from extender.policy.types import FilterResult, GpuView, NodeView, PodRequest, PolicyParams
@@ -94,7 +95,7 @@ def may_join(pod: PodRequest, gpu: GpuView, params: PolicyParams, wait_s: float,
         return False
     own, others = predicted_join(pod, gpu)
     if params.sharing_feedback:  # each forecast x its signatures' learned error (`feedback.margin`)
-        own, others = own * max(pod.slowdown_margin, 1.0), others * max(gpu.resident_margin, 1.0)
+        own, others = judged(own, pod.slowdown_margin), judged(others, gpu.resident_margin)
     own, others = judged_slowdown(own, params), judged_slowdown(others, params)
     if max(own, others) > slowdown_bound(pod, gpu, params) + 1e-9:
         return False

@@ -65,18 +65,25 @@ def _scenario(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return first, second
 
 
-def test_a_gpu_over_its_bound_takes_no_joiner_and_its_newest_joiner_is_moved(tmp_path: Path) -> None:
-    with running_server(tmp_path, env={**ENV, "DEEPRES_SHARING_FEEDBACK": "true"}, use_real_predictor=False) as url:
+def test_a_gpu_over_its_bound_takes_no_joiner(tmp_path: Path) -> None:
+    env = {**ENV, "DEEPRES_SHARING_FEEDBACK": "true", "DEEPRES_SHARING_MOVE_AFTER_S": "1000000"}
+    with running_server(tmp_path, env=env, use_real_predictor=False) as url:
         _scenario(url)
         third = pod("third", LIGHT)
         status, out = post(url + "/filter", extender_args(third, names=["y"]))
         assert status == 200 and out["NodeNames"] in ([], None), out
         assert "compute" in str(out["FailedNodes"].get("y", "")), out
+        assert _moves(url) == 0.0  # not yet: the GPU has not stayed over its bound long enough
+
+
+def test_the_newest_joiner_of_a_gpu_that_stays_over_its_bound_is_moved(tmp_path: Path) -> None:
+    with running_server(tmp_path, env={**ENV, "DEEPRES_SHARING_FEEDBACK": "true"}, use_real_predictor=False) as url:
+        _scenario(url)
         deadline = time.monotonic() + 30.0
         while _moves(url) < 1.0:  # the worker evicts off the request: wait for the state, not a time
             assert time.monotonic() < deadline, "the newest joiner was never moved"
             time.sleep(0.1)
-        assert _moves(url) == 1.0  # one move: the newest joiner, not both
+        assert _moves(url) == 1.0  # one move (the newest joiner: tests/unit/test_feedback.py), not both
 
 
 def test_with_the_feedback_off_the_same_reports_change_nothing(tmp_path: Path) -> None:
