@@ -8,15 +8,14 @@ fails if the wiring falls back to it."""
 
 from __future__ import annotations
 
+import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from predictor import exact, family_bounds, family_table
 from predictor.runtime import DEFAULT_ARTIFACT, Predictor
 from predictor.spec import JobSpec
-from tests.fixtures.kube.server import post, running_server
 
 #: (architecture, its family fields as a data scientist writes them: model-type, params (M), layers), read off
 #: the architecture's card (Hugging Face config): OPT-350m and GPT-2 are `gpt`, BERT-large a `transformer`.
@@ -41,12 +40,25 @@ def network_only(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
     return predictor
 
 
+@pytest.fixture(scope="module")
+def table_served(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
+    """The shipped predictor with margins marked as earned on the table's point: the opt-in wiring. The shipped
+    file says `network` (the table point stranded a real 406M-parameter transformer in the capacity replay: its
+    point 91 GB on an 80 GB GPU, its measured peak 45.5 GB; docs/predictor.md)."""
+    bounds = json.loads(family_bounds.BOUNDS_PATH.read_text(encoding="utf-8"))
+    bounds["point"] = "text_table"
+    path = tmp_path_factory.mktemp("bounds") / "family_bounds.json"
+    path.write_text(json.dumps(bounds), encoding="utf-8")
+    shipped = Predictor.load(cache_size=0)
+    return Predictor(shipped._estimator, shipped.metadata, 0, str(path))
+
+
 @pytest.mark.parametrize(("name", "family", "params", "layers", "seq", "batch"), TEXT_JOBS)
 def test_a_bare_text_job_is_read_off_the_traced_architecture_it_describes(
-        name: str, family: str, params: float, layers: int, seq: int, batch: int, network_only: Predictor) -> None:
-    assert family_bounds.served_point() == "text_table"
+        name: str, family: str, params: float, layers: int, seq: int, batch: int, network_only: Predictor,
+        table_served: Predictor) -> None:
     truth = exact.estimate(name, batch, seq, "fp32", "adamw").memory_mib
-    served = Predictor.load(cache_size=0).predict(_spec(family, params, layers, seq, batch))
+    served = table_served.predict(_spec(family, params, layers, seq, batch))
     network = network_only.predict(_spec(family, params, layers, seq, batch))
     assert abs(served.memory_mib / truth - 1) <= CLOSE, (served.memory_mib, truth)
     assert abs(network.memory_mib / truth - 1) > abs(served.memory_mib / truth - 1), (network.memory_mib, truth)
@@ -54,9 +66,9 @@ def test_a_bare_text_job_is_read_off_the_traced_architecture_it_describes(
     assert served.model_version == network.model_version  # the family path still: no "+exact"
 
 
-def test_bf16_mixed_takes_the_larger_of_its_two_readings() -> None:
+def test_bf16_mixed_takes_the_larger_of_its_two_readings(table_served: Predictor) -> None:
     name, family, params, layers, seq, batch = TEXT_JOBS[0]
-    served = Predictor.load(cache_size=0).predict(_spec(family, params, layers, seq, batch, "bf16-mixed"))
+    served = table_served.predict(_spec(family, params, layers, seq, batch, "bf16-mixed"))
     amp = exact.estimate(name, batch, seq, "amp", "adamw").memory_mib
     bf16 = exact.estimate(name, batch, seq, "bf16", "adamw").memory_mib
     assert abs(served.memory_mib / max(amp, bf16) - 1) <= CLOSE, (served.memory_mib, amp, bf16)
@@ -86,22 +98,9 @@ def test_the_held_out_reading_never_reads_the_jobs_own_group() -> None:
     assert held is not None and not opt & set(held.neighbours)
 
 
-def test_the_live_server_admits_a_bare_text_pod_at_the_traced_architectures_peak(tmp_path: Path) -> None:
-    """Real HTTP on loopback, the real server and the shipped predictor: /v1/predict of a pod annotated with
-    OPT-350m's family fields only."""
-    name, family, params, layers, seq, batch = TEXT_JOBS[0]
-    annotations = {"deepres.io/model-type": family, "deepres.io/params-millions": str(params),
-                   "deepres.io/num-layers": str(layers), "deepres.io/input-dim": str(seq),
-                   "deepres.io/batch-size": str(batch), "deepres.io/precision": "fp32",
-                   "deepres.io/optimizer": "adamw"}
-    truth = exact.estimate(name, batch, seq, "fp32", "adamw").memory_mib
-    with running_server(tmp_path, env={"DEEPRES_SELF_PREEMPTION": "false"}, use_real_predictor=True) as url:
-        status, answer = post(url + "/v1/predict", {"annotations": annotations})
-        bad_status, bad = post(url + "/v1/predict", {"annotations": {**annotations, "deepres.io/model-type": "gptx"}})
-    assert status == 200, answer
-    assert abs(answer["demand"]["memory_mib"] / truth - 1) <= CLOSE, (answer["demand"], truth)
-    assert answer["demand"]["memory_mib_upper"] > answer["demand"]["memory_mib"]
-    assert bad_status == 400 and "model-type" in bad["error"], bad
+def test_the_shipped_predictor_serves_the_networks_point() -> None:
+    """Until the table point is judged on the capacity replay's real jobs too, the shipped file keeps the network's."""
+    assert family_bounds.served_point() == "network"
 
 
 def test_the_held_out_evaluation_scores_the_served_rule() -> None:
