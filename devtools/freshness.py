@@ -38,9 +38,15 @@ MEASURES: dict[tuple[str, str], tuple[str, ...]] = {
                                                  "devtools/localcluster.py", "cluster/go.mod", *_SERVING),
     ("reports/bench-extender.json", "(top)"): ("devtools/bench_extender.py", *_SERVING),
     ("reports/bench-intake.json", "(top)"): ("devtools/bench_intake.py", *_SERVING),
+    # the serving install's size and first start (scripts/measure-make-run.sh): what pip installs for `make run`
+    ("reports/make-run.json", "(top)"): ("pyproject.toml", "constraints.txt"),
     ("reports/predictor.json", "live_calibration*"): ("devtools/bench_calibration.py", "extender/server/gpu_demand.py",
                                                       "extender/calibration_store.py", "extender/policy",
                                                       "predictor/gpucal.py", "predictor/artifacts"),
+    ("reports/calibration-check.json", "(top)"): ("devtools/check_calibration.py", "extender/server/gpu_demand.py",
+                                                  "extender/calibration_store.py", "extender/policy",
+                                                  "predictor/gpucal.py", "predictor/artifacts",
+                                                  "predictor/data/measured"),
 }
 
 

