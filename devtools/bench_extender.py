@@ -29,6 +29,10 @@ reporting meanwhile at the chart's heartbeat (`--heartbeat-s`, a report per node
 a process of their own). Per verb the client's latency (p50/p99), and the server's CPU per pod
 (every verb, with the telemetry) and per report (agents alone). Writes
 `reports/bench-extender-cycle.json` (`nodes_<N>` sections).
+
+`--per-nodes 1000 5000` measures the extender's CPU per cycle against the cluster's size, in process,
+the placement code as it is beside `--baseline-ref`'s (devtools/bench_pernodes.py): the report's
+`per_nodes` section.
 """
 
 from __future__ import annotations
@@ -89,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cycle", type=int, nargs="+", default=[], metavar="NODES",
                         help="measure kube-scheduler's serial cycle at these cluster sizes instead (e.g. 1000 5000)")
     parser.add_argument("--cycle-pods", type=int, default=200, help="pods per cycle round (default 200)")
+    parser.add_argument("--per-nodes", type=int, nargs="+", default=[], metavar="NODES",
+                        help="measure the extender's CPU per cycle at these cluster sizes, in process, the code "
+                             "as it is and at --baseline-ref side by side (e.g. 1000 5000): the report's per_nodes")
+    parser.add_argument("--baseline-ref", default="HEAD",
+                        help="git ref of the placement modules --per-nodes compares with (default HEAD)")
     parser.add_argument("--heartbeat-s", type=float, default=15.0,
                         help="each node's report period during the cycle (default 15: the chart's "
                              "agent.heartbeatSeconds)")
@@ -101,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
                          "--repeats >= 1")
     if args.cycle:
         return run_cycle(args)
+    if args.per_nodes:
+        from devtools.bench_pernodes import run_per_nodes
+
+        return run_per_nodes(args)
     rng = random.Random(args.seed)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     args.server_cpus = set(cpus[:1]) if len(cpus) >= 2 and not args.no_pin else set()
@@ -121,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         f"--clients {args.clients} --duration-s {args.duration_s:g} --repeats {args.repeats} "
         f"--telemetry-rate {args.telemetry_rate:g} --seed {args.seed}" + (" --no-pin" if args.no_pin else ""))
     out = Path(args.out)
+    kept = json.loads(out.read_text()).get("per_nodes") if out.exists() else None
+    if kept is not None:  # `--per-nodes`' section, measured apart: kept as it is
+        results["per_nodes"] = kept
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     if args.json:

@@ -37,6 +37,7 @@ MEASURES: dict[tuple[str, str], tuple[str, ...]] = {
                                                  "devtools/bench_cluster_rounds.py", "devtools/floor_extender.py",
                                                  "devtools/localcluster.py", "cluster/go.mod", *_SERVING),
     ("reports/bench-extender.json", "(top)"): ("devtools/bench_extender.py", *_SERVING),
+    ("reports/bench-extender.json", "per_nodes"): ("devtools/bench_pernodes.py", *_SERVING),
     ("reports/bench-intake.json", "(top)"): ("devtools/bench_intake.py", *_SERVING),
     # the serving install's size and first start (scripts/measure-make-run.sh): what pip installs for `make run`
     ("reports/make-run.json", "(top)"): ("pyproject.toml", "constraints.txt"),

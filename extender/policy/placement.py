@@ -48,6 +48,12 @@ def shortlist(scores: npt.ArrayLike, keep: int) -> npt.NDArray[np.int64]:
     values = np.asarray(scores, dtype=np.int64)
     if keep <= 0 or keep >= len(values):
         return np.arange(len(values), dtype=np.int64)
-    best = np.argsort(-values, kind="stable")[:keep]
-    chosen: npt.NDArray[np.int64] = np.sort(best).astype(np.int64)
+    if keep == 1:  # (the chart's default) the first of the highest
+        return np.array([int(np.argmax(values))], dtype=np.int64)
+    # the keep-th highest score, then every position above it and the first positions at it: O(n), where
+    # a sort of thousands of nodes' scores per pod was not (5,000 nodes: ~60 us against ~10)
+    kth = np.partition(values, len(values) - keep)[len(values) - keep]
+    above = np.flatnonzero(values > kth)
+    at = np.flatnonzero(values == kth)[: keep - len(above)]
+    chosen: npt.NDArray[np.int64] = np.sort(np.concatenate([above, at])).astype(np.int64)
     return chosen

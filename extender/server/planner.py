@@ -33,6 +33,7 @@ from extender.policy.duty import admission_duty
 from extender.policy.filtering import whole_gpu_for, whole_gpu_request
 from extender.policy.fragmentation import DemandMix
 from extender.policy.preemption import arrival_kind
+from extender.policy.reasons import joined
 from extender.policy.usage import is_corrected
 from extender.protocol import PodInfo
 from extender.server.gpu_demand import ModelDemands, OnModel, gpu_model_of, node_model, node_models, on_request
@@ -169,7 +170,9 @@ class Planner:
                          priority_of(inputs, now_s, self.params), True, fallback=source != "override",
                          duty=admission_duty(job.gpu_share, self.ledger.learned_duty(job.signature),
                                              self.settings.policy.share_floor(pod.namespace)),
-                         predicted_run_s=inputs.gpu_seconds, kind=arrival_kind(job.criticality, job.gpus))
+                         predicted_run_s=inputs.gpu_seconds, kind=arrival_kind(job.criticality, job.gpus),
+                         slowdown_margin=self.ledger.slowdown_margin(job.signature)
+                         if job.signature and self.params.sharing_feedback else 1.0)
         self.metrics.predictions.labels(source).inc()
         self.metrics.predicted_memory.observe(admission)
         return Plan(req, job, demand, inputs, source)
@@ -287,11 +290,12 @@ class Planner:
         req = plan.request
         keep = self.settings.policy.filter_shortlist
         if len(result.passed) <= keep:
+            self.ledger.matrix.keep(result.passed)  # the list its prioritize is sent (if more than one)
             return FilterResult(result.passed, {}, {}, result.kinds)
         matrix = self.ledger.matrix
         arrays, mix = matrix.arrays, self.packing_mix(req)
         looked = matrix.lookup(result.passed)  # the filter's own list: remembered, no lookup work
-        versions = arrays.version[np.where(looked.rows >= 0, looked.rows, 0)]  # before the rows are read
+        versions = arrays.version[looked.known_safe()[1]]  # before the rows are read
         scores = self._scores(req, result.passed, mix)
         chosen = shortlist(scores.values, keep)
         picked = tuple(scores.names[i] for i in chosen.tolist())
@@ -397,7 +401,7 @@ class Planner:
         kinds = dict(result.kinds)
         kinds["held"] = kinds.get("held", 0) + len(held)
         return FilterResult(tuple(n for n in result.passed if n not in held), result.failed,
-                            {**result.unresolvable, **held}, kinds)
+                            joined(result.unresolvable, held), kinds)
 
     # ---- GPU pods that fit nowhere (the draining rule) and evicted workloads (preemption's churn rule) ----
     def note_waiting(self, uid: str, priority: float, mono: float) -> None:
