@@ -10,15 +10,14 @@ from pathlib import Path
 
 from devtools import bench_extender
 from tests.fixtures.bench_cli import run_bench
-from tests.fixtures.kube.server import real_predictor_available
+from tests.fixtures.kube.server import PREDICTOR_DOUBLE
 
 
 def test_per_nodes_writes_its_section_and_keeps_the_reports_other_keys(tmp_path: Path) -> None:
     out = tmp_path / "bench-extender.json"
     earlier = {"names": {"pods_per_s": 1.0}, "rss_mib": 2.0, "cluster_nodes": 3}
     out.write_text(json.dumps(earlier))
-    double = "tests.fixtures.kube.doubles:make_predictor"
-    factory = [] if real_predictor_available() else ["--predictor-factory", double]
+    factory = ["--predictor-factory", PREDICTOR_DOUBLE]
     figures = run_bench(bench_extender, out, ["--per-nodes", "40", "30", "--cycle-pods", "10", "--repeats", "1",
                                               *factory])
     assert {k: figures[k] for k in earlier} == earlier  # the other keys as they were

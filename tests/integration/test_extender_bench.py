@@ -11,13 +11,13 @@ import pytest
 
 from devtools import bench_extender
 from tests.fixtures.bench_cli import run_bench
-from tests.fixtures.kube.server import real_predictor_available
+from tests.fixtures.kube.server import PREDICTOR_DOUBLE
 
 MODE_KEYS = ["pods_per_s", "filter_p50_ms", "filter_p99_ms", "prioritize_p50_ms", "prioritize_p99_ms"]
 
 
 def _predictor_argv() -> list[str]:
-    return [] if real_predictor_available() else ["--predictor-factory", "tests.fixtures.kube.doubles:make_predictor"]
+    return ["--predictor-factory", PREDICTOR_DOUBLE]
 
 
 def test_bench_writes_exactly_the_agreed_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
