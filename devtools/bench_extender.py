@@ -507,14 +507,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class _Reporter:
-    """Agents posting at a fixed total rate over several connections, each report a fresh sequence,
-    from a process of their own (agents run on other machines: they must not take the clients' CPU
-    time slices or interpreter lock)."""
+    """Agents posting at a fixed total rate over several connections, each report a fresh sequence, from a
+    process of their own (agents run on other machines: not the clients' CPU time or interpreter lock)."""
 
     def __init__(self, server: _Server, cluster: _Cluster, names: list[str], rate: float) -> None:
         self.server, self.cluster, self.names, self.rate = server, cluster, names, rate
         context = multiprocessing.get_context("fork")
         self.stop_event = context.Event()
+        self.ready = context.Event()  # the first report is in: the agents run (a fork can outlast a short cycle)
         self.sent: Any = context.Value("l", 0)
         self.process = context.Process(target=self._run, daemon=True)
         self.started = 0.0
@@ -522,6 +522,7 @@ class _Reporter:
     def start(self) -> None:
         self.started = time.perf_counter()
         self.process.start()
+        self.ready.wait(timeout=60)
 
     def _run(self) -> None:
         threads = [threading.Thread(target=self._loop, args=(k, REPORTER_CONNECTIONS))
@@ -543,6 +544,7 @@ class _Reporter:
             _post(conn, "/v1/telemetry", body, headers)
             with self.sent.get_lock():
                 self.sent.value += 1
+            self.ready.set()
             next_at += interval
             delay = next_at - time.perf_counter()
             if delay > 0:
