@@ -672,8 +672,9 @@ class Ledger:
             foreign = self._foreign_mib(node, g) if g.processes else 0.0
             waiting = 0.0 if g.processes else pending.get(g.uuid, 0.0)
             shares = tuple(sorted(r.duty for r in on.get(g.uuid, ())))
-            over = self.sharing.feedback.is_over(g.uuid)
-            margin = self.sharing.resident_margin(on.get(g.uuid, ()), g.model)
+            feedback = self.params.sharing_feedback  # off: nothing learned to show (no work per GPU)
+            over = feedback and self.sharing.feedback.is_over(g.uuid)
+            margin = self.sharing.resident_margin(on.get(g.uuid, ()), g.model) if feedback else 1.0
             last = previous.get(g.uuid)
             # a GPU whose inputs did not change keeps its view (frozen): a reservation or a release
             # changes one GPU of the node, and building the other views again was most of the rebuild

@@ -151,6 +151,7 @@ class SharingFeedback:
         self._smoothed: OrderedDict[str, tuple[float, int]] = OrderedDict()  # pod -> (slowdown, samples)
         self._errors: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()  # model|sig -> pod -> ratio
         self._over: OrderedDict[str, float] = OrderedDict()  # GPU -> since when it is over its bound
+        self._models: OrderedDict[str, float] = OrderedDict()  # the GPU models errors were kept for
         self.moves = 0  # pods this feedback asked to move (a counter for metrics and reports)
 
     # ---- the two maps of learned values ----
@@ -166,12 +167,9 @@ class SharingFeedback:
         """Rule 5: the factor on the forecast excess (slowdown - 1) of a job of `signature` on a GPU of
         `model` (None: the largest over the models seen): its largest kept error ratio, between 1 and
         MAX_MARGIN (`judged`)."""
-        if model is not None:
-            keys = [_key(signature, model)] if signature else []
-            models = [_key(ANY, model)]
-        else:
-            keys = [k for k in self._errors if signature and k.endswith(f"|{signature}")]
-            models = [k for k in self._errors if k.endswith(f"|{ANY}")]
+        # O(the GPU models seen), never O(the signatures): the planner asks this of every pod it plans
+        keys = [_key(signature, ANY if model is None else model)] if signature else []
+        models = [_key(ANY, m) for m in (self._models if model is None else (model,))]
         ratios = [r for k in keys if (pods := self._errors.get(k)) for r in pods.values()]
         for k in models:
             pods = self._errors.get(k)
@@ -221,7 +219,9 @@ class SharingFeedback:
             ratio = (smooth - 1.0) / max(predicted - 1.0, MIN_EXCESS)  # the interference's error, not the base
             if s.signature:
                 self._record_error(_key(s.signature, model), s.uid, ratio, ERROR_PODS)
+                self._record_error(_key(s.signature, ANY), s.uid, ratio, ERROR_PODS)  # every model's, for None
             self._record_error(_key(ANY, model), s.uid, ratio, MODEL_PODS)
+            self._put(self._models, model, now_s)
         if not breached:
             self._over.pop(gpu, None)
             return Verdict(False, None, worst)

@@ -221,14 +221,15 @@ class DeepRes(Strategy):
         if cached is not None and cached[0] == self.c.version[i]:
             return cached[1]
         cap, used, res = self.c.cap[i], self.c.used[i], self.c.reserved[i]
+        feedback = self.params.sharing_feedback
         gpus = tuple(GpuView(uuid=f"{self.c.names[i]}-gpu{g}", index=g, capacity_mib=float(cap[g]),
                              used_mib=float(used[g]), reserved_mib=float(res[g]),
                              utilization=min(1.0, len(self.c.jobs_on[i][g]) / 2.0),
                              duties=tuple(sorted(self._duty_of(j) for j in self.c.jobs_on[i][g])),
                              strict=any(CRITICALITY.get(self.jobs[j].qos, 1) >= 2 for j in self.c.jobs_on[i][g]),
-                             over_bound=self.feedback.is_over(f"{self.c.names[i]}-gpu{g}"),
+                             over_bound=feedback and self.feedback.is_over(f"{self.c.names[i]}-gpu{g}"),
                              resident_margin=max((self.feedback.margin(self.jobs[j].spec_key, "")
-                                                  for j in self.c.jobs_on[i][g]), default=1.0))
+                                                  for j in self.c.jobs_on[i][g]), default=1.0) if feedback else 1.0)
                      for g in range(len(cap)) if self.c.present[i, g])
         nv = NodeView(name=self.c.names[i], gpus=gpus, received_s=0.0)
         self._views[i] = (int(self.c.version[i]), nv)
